@@ -1,0 +1,42 @@
+# mpflow — the two commands of a new user:
+#   make serve   set up everything and serve
+#   make test    set up everything and run the tests
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(VENV)/bin/pip
+STAMP   = $(VENV)/.installed
+
+.PHONY: setup serve test lint bench bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU build of torch first: an unpinned torch would pull gigabytes of CUDA packages.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+serve: setup
+	@echo "mpflow: the HTTP service is coming with the service issue; the inference engine is installed."
+	@echo "Try: $(PY) -m benchmarks.engine --quick"
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench-quick: setup
+	$(PY) -m benchmarks.engine --quick
+
+bench: setup
+	$(PY) -m benchmarks.engine
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

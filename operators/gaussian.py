@@ -1,0 +1,76 @@
+"""Batched multivariate Gaussian algebra used across the package.
+
+Shapes: a batch of B streams, N points in R^d. ``mean`` [B, d], ``cov`` [B, d, d], ``x`` [B, N, d].
+All functions work in the dtype of their inputs (references and metrics call them in float64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def cholesky(cov: torch.Tensor, jitter: float = 0.0) -> torch.Tensor:
+    """Lower Cholesky factor of ``cov``, retrying with growing jitter·mean(diag)·I if it is not PD."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    scale = torch.diagonal(cov, dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-30)[..., None, None]
+    for j in [jitter, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2]:
+        L, info = torch.linalg.cholesky_ex(cov + j * scale * eye if j else cov)
+        if not bool(info.any()):
+            return L
+    raise ValueError("covariance is not positive definite even with jitter")
+
+
+def log_prob(x: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """log N(x; m, LLᵀ) for x [B, N, d], m [B, d], L [B, d, d] → [B, N]."""
+    d = x.shape[-1]
+    diff = (x - mean[:, None, :]).transpose(-1, -2)  # [B, d, N]
+    z = torch.linalg.solve_triangular(chol, diff, upper=False)
+    half_logdet = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)  # [B]
+    return -0.5 * (z * z).sum(-2) - half_logdet[:, None] - 0.5 * d * LOG_2PI
+
+
+def precision_times(diff: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """Σ⁻¹ (x − m) for diff [B, N, d], Σ = LLᵀ → [B, N, d]."""
+    return torch.cholesky_solve(diff.transpose(-1, -2), chol).transpose(-1, -2)
+
+
+def entropy(chol: torch.Tensor) -> torch.Tensor:
+    """H[N(m, LLᵀ)] = ½ log|2πe Σ| → [B]."""
+    d = chol.shape[-1]
+    return torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1) + 0.5 * d * (1 + LOG_2PI)
+
+
+def moments(x: torch.Tensor, log_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted mean [B, d] and covariance [B, d, d] of a particle cloud (the 1/N, biased estimate,
+    as GPF eq. 15 uses: C = Σ_i w_i (x_i − m)(x_i − m)ᵀ)."""
+    if log_weights is None:
+        w = torch.full(x.shape[:2], 1.0 / x.shape[1], dtype=x.dtype, device=x.device)
+    else:
+        w = torch.softmax(log_weights.to(x.dtype), dim=-1)
+    mean = torch.einsum("bn,bnd->bd", w, x)
+    diff = x - mean[:, None, :]
+    cov = torch.einsum("bn,bnd,bne->bde", w, diff, diff)
+    return mean, 0.5 * (cov + cov.transpose(-1, -2))
+
+
+def affine_push(
+    mean: torch.Tensor, cov: torch.Tensor, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Moments of F x + c + N(0, Q) for x ~ N(mean, cov) (the Kalman predict step)."""
+    m = torch.einsum("bij,bj->bi", F, mean) + c
+    C = F @ cov @ F.transpose(-1, -2) + Q
+    return m, 0.5 * (C + C.transpose(-1, -2))
+
+
+def match_moments(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """Affinely map the cloud x so that its empirical mean and covariance equal (mean, cov) exactly:
+    x' = m + L_target L_emp⁻¹ (x − m_emp). Needs N > d (a full-rank empirical covariance)."""
+    m_emp, c_emp = moments(x)
+    L_emp = cholesky(c_emp)
+    L_tgt = cholesky(cov)
+    z = torch.linalg.solve_triangular(L_emp, (x - m_emp[:, None]).transpose(-1, -2), upper=False)
+    return mean[:, None, :] + (L_tgt @ z).transpose(-1, -2)

@@ -1,0 +1,176 @@
+"""The model-family base class.
+
+A family is a small class whose parameters are tensors with a leading batch dimension B (one row per
+stream), so B streams with different parameters are updated in one tensor call. Particles are
+x [B, N, d]; one step's observation is obs [B, *obs_shape]; a sequence is [B, T, *obs_shape].
+
+Subclasses declare ``name``, ``dynamic``, ``param_specs`` (how to validate each parameter from JSON) and
+implement ``log_likelihood``; they may override ``score`` with a closed form (the default differentiates
+``log_likelihood`` with autograd), and dynamic families give their transition as
+x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from operators import validation
+from operators.rng import Generators, randn
+
+# (name, parser(value, state_dim, dtype) -> tensor, default(state_dim, dtype) -> tensor or None if required)
+ParamSpec = tuple[str, Callable[..., torch.Tensor], Callable[[int, torch.dtype], torch.Tensor] | None]
+
+
+class ModelFamily:
+    name: ClassVar[str]
+    dynamic: ClassVar[bool] = False
+    #: exact Kalman/conjugate updates apply (linear transition and linear-Gaussian observation)
+    linear_gaussian: ClassVar[bool] = False
+    param_specs: ClassVar[tuple[ParamSpec, ...]] = ()
+    #: fixed state dimension, when the family has one (gmm: 2)
+    fixed_state_dim: ClassVar[int | None] = None
+
+    def __init__(self, params: dict[str, torch.Tensor], state_dim: int):
+        self.params = params
+        self.state_dim = state_dim
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_params(
+        cls, params: dict[str, Any] | None, state_dim: int, dtype: torch.dtype = torch.float32
+    ) -> ModelFamily:
+        """Validate the API's ``model.params`` for one stream and build a B = 1 model."""
+        params = dict(params or {})
+        validation.positive_int("state_dim", state_dim)
+        if cls.fixed_state_dim is not None and state_dim != cls.fixed_state_dim:
+            raise ValueError(
+                f"prior: the {cls.name} family has a {cls.fixed_state_dim}-dimensional state, got {state_dim}"
+            )
+        validation.unknown_keys("model.params", params, [n for n, _, _ in cls.param_specs])
+        parsed = {}
+        for name, parse, default in cls.param_specs:
+            field = f"model.params.{name}"
+            if name in params:
+                parsed[name] = parse(field, params[name], state_dim, dtype)
+            elif default is not None:
+                parsed[name] = default(state_dim, dtype)
+            else:
+                raise ValueError(f"{field}: required for the {cls.name} family")
+        model = cls({k: v[None] for k, v in parsed.items()}, state_dim)
+        model.check()
+        return model
+
+    def check(self) -> None:
+        """Cross-parameter checks (shapes that must agree); raise ValueError naming the field."""
+
+    @classmethod
+    def stack(cls, models: list[ModelFamily]) -> ModelFamily:
+        dims = {m.state_dim for m in models}
+        if len(dims) != 1:
+            raise ValueError("models of different state dimensions cannot be batched")
+        try:
+            params = {k: torch.cat([m.params[k] for m in models]) for k in models[0].params}
+        except RuntimeError as exc:
+            raise ValueError(f"models with differently shaped parameters cannot be batched ({exc})") from None
+        return cls(params, dims.pop())
+
+    def to(self, dtype: torch.dtype) -> ModelFamily:
+        return type(self)({k: v.to(dtype) for k, v in self.params.items()}, self.state_dim)
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self.params.values())).shape[0] if self.params else 1
+
+    # ----------------------------------------------------------------- observations
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def parse_observation(self, value: Any, field: str = "observation", dtype=torch.float32) -> torch.Tensor:
+        """Validate one step's observation from JSON → tensor of ``obs_shape``."""
+        return validation.check_shape(field, validation.as_tensor(field, value, dtype), list(self.obs_shape))
+
+    # ----------------------------------------------------------------- likelihood
+    def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """log p(o | x) for obs [B, *obs_shape], x [B, N, d] → [B, N]."""
+        raise NotImplementedError
+
+    def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """∇x log p(o | x) → [B, N, d] (autograd unless a family gives the closed form)."""
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.log_likelihood(obs, xg).sum(), xg)
+        return g
+
+    def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """Draw o ~ p(o | x) for true states x [B, d] → [B, *obs_shape]."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- dynamics
+    def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(F [B,d,d], c [B,d], Q [B,d,d]) with x_m = F x_{m-1} + c + N(0, Q)."""
+        raise TypeError(f"the {self.name} family is static: it has no transition")
+
+    def transition(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """Sample x_m ~ p(x_m | x_{m-1}) for x [B, N, d] (identity for static families)."""
+        if not self.dynamic:
+            return x
+        F, c, Q = self.transition_affine()
+        L = torch.linalg.cholesky(Q)
+        noise = randn(gens, x.shape[1:], x.dtype) @ L.transpose(-1, -2)
+        return x @ F.transpose(-1, -2) + c[:, None] + noise
+
+    # ----------------------------------------------------------------- simulation
+    def simulate(self, T: int, x0: torch.Tensor, gens: Generators) -> tuple[torch.Tensor, torch.Tensor]:
+        """Simulate T steps from the true initial state x0 [B, d]: states [B, T, d] and
+        observations [B, T, *obs_shape]. Static families keep x fixed; dynamic ones move it first."""
+        xs, obs = [], []
+        x = x0
+        for _ in range(T):
+            x = self.transition(x[:, None], gens)[:, 0]
+            xs.append(x)
+            obs.append(self.sample_observation(x, gens))
+        return torch.stack(xs, 1), torch.stack(obs, 1)
+
+    # ----------------------------------------------------------------- description
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        return {
+            "family": cls.name,
+            "dynamic": cls.dynamic,
+            "linear_gaussian": cls.linear_gaussian,
+            "parameters": [n for n, _, _ in cls.param_specs],
+            "required": [n for n, _, d in cls.param_specs if d is None],
+            "fixed_state_dim": cls.fixed_state_dim,
+        }
+
+
+def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:
+    return lambda d, dtype: scale * torch.eye(d, dtype=dtype)
+
+
+def filled(value: float) -> Callable[[int, torch.dtype], torch.Tensor]:
+    return lambda d, dtype: torch.full((d,), value, dtype=dtype)
+
+
+def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.matrix(name, value, None, None, dtype)
+
+
+def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.covariance(name, value, None, dtype)
+
+
+def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A number (broadcast to all d dimensions) or a vector of length d."""
+    t = validation.as_tensor(name, value, dtype)
+    if t.dim() == 0:
+        return t.expand(d).clone()
+    return validation.check_shape(name, t, [d])
+
+
+def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.positive(name, value, dtype)

@@ -1,0 +1,61 @@
+"""The linear-Gaussian observation o ~ N(H x, R) shared by ``linear_gaussian`` and ``lds``.
+
+log p(o|x) = −½ (o − Hx)ᵀ R⁻¹ (o − Hx) − ½ log|2πR|,   ∇x log p(o|x) = Hᵀ R⁻¹ (o − Hx).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from operators import gaussian
+from operators.models.base import ModelFamily
+from operators.rng import Generators, randn
+
+
+class LinearObservationFamily(ModelFamily):
+    linear_gaussian = True
+    #: the parameter names of the observation matrix and noise covariance
+    obs_matrix_name = "H"
+    obs_cov_name = "R"
+
+    @property
+    def H(self) -> torch.Tensor:
+        return self.params[self.obs_matrix_name]
+
+    @property
+    def R(self) -> torch.Tensor:
+        return self.params[self.obs_cov_name]
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return (self.H.shape[-2],)
+
+    def check(self) -> None:
+        h, r = self.obs_matrix_name, self.obs_cov_name
+        k, d = self.H.shape[-2:]
+        if d != self.state_dim:
+            raise ValueError(
+                f"model.params.{h}: expected {k}x{self.state_dim} (observation dim x state dim {self.state_dim} "
+                f"of the prior), got {k}x{d}"
+            )
+        if self.R.shape[-1] != k:
+            raise ValueError(f"model.params.{r}: expected {k}x{k} to match the rows of {h}, got {list(self.R.shape[1:])}")
+
+    def observation_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H [B, k, d], R [B, k, k])."""
+        return self.H, self.R
+
+    def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        pred = x @ self.H.transpose(-1, -2)  # [B, N, k]
+        L = gaussian.cholesky(self.R)
+        # log N(o; Hx, R) = log N(Hx; o, R)
+        return gaussian.log_prob(pred, obs, L)
+
+    def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        resid = obs[:, None, :] - x @ self.H.transpose(-1, -2)  # [B, N, k]
+        return gaussian.precision_times(resid, gaussian.cholesky(self.R)) @ self.H
+
+    def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        L = torch.linalg.cholesky(self.R)
+        noise = (L @ randn(gens, [self.H.shape[-2]], x.dtype)[..., None]).squeeze(-1)
+        return torch.einsum("bkd,bd->bk", self.H, x) + noise

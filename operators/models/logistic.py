@@ -1,0 +1,79 @@
+"""``logistic``: Bayesian logistic regression on streamed minibatches (MPF paper §5.4)
+
+    w ∈ R^d,   y_j ~ Bernoulli(σ(wᵀ a_j)) for each row a_j of a minibatch,
+    log p(o | w) = Σ_j [y_j log σ(wᵀa_j) + (1 − y_j) log σ(−wᵀa_j)],
+    ∇w log p(o | w) = Σ_j (y_j − σ(wᵀa_j)) a_j.
+
+One step's observation is ``{"x": [[...], ...], "y": [0, 1, ...]}`` (M rows of d features); internally it
+is packed as a tensor [M, d + 1] whose last column is y, so it batches like any other observation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from operators import validation
+from operators.models.base import ModelFamily
+from operators.rng import Generators, rand, randn
+
+
+class Logistic(ModelFamily):
+    name = "logistic"
+    dynamic = False
+    param_specs = ()
+    #: minibatch size used by ``simulate``
+    simulate_batch = 32
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return (-1, self.state_dim + 1)  # M rows of [features, label]; M may vary between steps
+
+    @property
+    def batch_size(self) -> int:  # no parameters: the batch is set by the observations
+        return self._batch
+
+    def __init__(self, params, state_dim, batch: int = 1):
+        super().__init__(params, state_dim)
+        self._batch = batch
+
+    @classmethod
+    def stack(cls, models):
+        dims = {m.state_dim for m in models}
+        if len(dims) != 1:
+            raise ValueError("models of different state dimensions cannot be batched")
+        return cls({}, dims.pop(), batch=sum(m.batch_size for m in models))
+
+    def to(self, dtype):
+        return self
+
+    def parse_observation(self, value, field: str = "observation", dtype=torch.float32) -> torch.Tensor:
+        if not isinstance(value, dict) or set(value) != {"x", "y"}:
+            raise ValueError(f'{field}: expected a minibatch {{"x": [[...], ...], "y": [0, 1, ...]}}')
+        feats = validation.matrix(f"{field}.x", value["x"], None, self.state_dim, dtype)
+        labels = validation.vector(f"{field}.y", value["y"], feats.shape[0], dtype)
+        if feats.shape[0] == 0:
+            raise ValueError(f"{field}.x: the minibatch is empty")
+        if not bool(((labels == 0) | (labels == 1)).all()):
+            raise ValueError(f"{field}.y: labels must be 0 or 1")
+        return torch.cat([feats, labels[:, None]], dim=1)
+
+    @staticmethod
+    def _split(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return obs[..., :-1], obs[..., -1]
+
+    def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        a, y = self._split(obs)  # [B, M, d], [B, M]
+        logits = x @ a.transpose(-1, -2)  # [B, N, M]
+        return (y[:, None] * F.logsigmoid(logits) + (1 - y[:, None]) * F.logsigmoid(-logits)).sum(-1)
+
+    def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        a, y = self._split(obs)
+        resid = y[:, None] - torch.sigmoid(x @ a.transpose(-1, -2))  # [B, N, M]
+        return resid @ a
+
+    def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        feats = randn(gens, [self.simulate_batch, self.state_dim], x.dtype)
+        p = torch.sigmoid(torch.einsum("bmd,bd->bm", feats, x))
+        labels = (rand(gens, [self.simulate_batch], x.dtype) < p).to(x.dtype)
+        return torch.cat([feats, labels[..., None]], dim=-1)

@@ -1,0 +1,164 @@
+"""Priors a stream can start from: Gaussian, Gaussian mixture, or a given particle cloud.
+
+A Gaussian is a one-component :class:`GaussianMixture`, so every density prior has the same batched
+shape — weights [B, K], means [B, K, d], covs [B, K, d, d] — and the same operations:
+
+* ``log_prob(x)``  log Σ_k π_k N(x; μ_k, Σ_k)
+* ``score(x)``     ∇x log p(x) = Σ_k r_k(x) Σ_k⁻¹ (μ_k − x),  r_k = responsibilities
+* ``push(F, c, Q)`` the law of F x + c + N(0, Q): components (F μ_k + c, F Σ_k Fᵀ + Q) — exact for the
+  linear-Gaussian transitions of the ``lds`` and ``stochastic_volatility`` families
+* ``sample(n, gens)`` and ``moments()``.
+
+:class:`ParticlePrior` holds particles used as given (no density: updaters that need one fit a Gaussian).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from operators import gaussian, validation
+from operators.rng import Generators, rand, randn
+
+
+@dataclass
+class GaussianMixture:
+    weights: torch.Tensor  # [B, K], sums to 1
+    means: torch.Tensor  # [B, K, d]
+    covs: torch.Tensor  # [B, K, d, d]
+    _chol_cache: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[-1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.means.shape[0]
+
+    def to(self, dtype: torch.dtype) -> GaussianMixture:
+        if dtype == self.means.dtype:
+            return self
+        return GaussianMixture(self.weights.to(dtype), self.means.to(dtype), self.covs.to(dtype))
+
+    @classmethod
+    def gaussian(cls, mean: torch.Tensor, cov: torch.Tensor) -> GaussianMixture:
+        """A batch of single Gaussians: mean [B, d], cov [B, d, d]."""
+        w = torch.ones(mean.shape[0], 1, dtype=mean.dtype)
+        return cls(w, mean[:, None], cov[:, None])
+
+    @classmethod
+    def stack(cls, priors: list[GaussianMixture]) -> GaussianMixture:
+        k = {p.weights.shape[1] for p in priors}
+        if len(k) != 1:
+            raise ValueError("prior: mixtures with different numbers of components cannot be batched")
+        return cls(*(torch.cat([getattr(p, f) for p in priors]) for f in ("weights", "means", "covs")))
+
+    def _chol(self) -> torch.Tensor:
+        if self._chol_cache is None:  # the covariances never change after construction
+            self._chol_cache = gaussian.cholesky(self.covs.flatten(0, 1)).unflatten(0, self.covs.shape[:2])
+        return self._chol_cache
+
+    def component_log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """log π_k + log N(x; μ_k, Σ_k) → [B, K, N]."""
+        B, K, d = self.means.shape
+        chol = self._chol().flatten(0, 1)
+        xs = x[:, None].expand(B, K, *x.shape[1:]).flatten(0, 1)
+        lp = gaussian.log_prob(xs, self.means.flatten(0, 1), chol).unflatten(0, (B, K))
+        return lp + torch.log(self.weights)[..., None]
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(self.component_log_prob(x), dim=1)
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        B, K, d = self.means.shape
+        resp = torch.softmax(self.component_log_prob(x), dim=1)  # [B, K, N]
+        chol = self._chol().flatten(0, 1)
+        diff = (x[:, None] - self.means[:, :, None]).flatten(0, 1)  # [B*K, N, d]
+        grad = -gaussian.precision_times(diff, chol).unflatten(0, (B, K))
+        return (resp[..., None] * grad).sum(1)
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.weights
+        mean = torch.einsum("bk,bkd->bd", w, self.means)
+        diff = self.means - mean[:, None]
+        cov = torch.einsum("bk,bkde->bde", w, self.covs) + torch.einsum("bk,bkd,bke->bde", w, diff, diff)
+        return mean, cov
+
+    def push(self, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor) -> GaussianMixture:
+        B, K, d = self.means.shape
+        rep = lambda t: t.repeat_interleave(K, 0)  # noqa: E731
+        m, C = gaussian.affine_push(self.means.flatten(0, 1), self.covs.flatten(0, 1), rep(F), rep(c), rep(Q))
+        return GaussianMixture(self.weights, m.unflatten(0, (B, K)), C.unflatten(0, (B, K)))
+
+    def sample(self, n: int, gens: Generators) -> torch.Tensor:
+        """n draws per stream [B, n, d]: a component by inverse-CDF on its weight, then μ_k + L_k ξ."""
+        B, K, d = self.means.shape
+        dtype = self.means.dtype
+        u = rand(gens, [n], dtype)  # [B, n]
+        cdf = torch.cumsum(self.weights, -1)
+        k = torch.searchsorted(cdf, u.contiguous()).clamp_max(K - 1)  # [B, n]
+        xi = randn(gens, [n, d], dtype)
+        chol = self._chol()  # [B, K, d, d]
+        bidx = torch.arange(B)[:, None]
+        return self.means[bidx, k] + (chol[bidx, k] @ xi[..., None]).squeeze(-1)
+
+
+@dataclass
+class ParticlePrior:
+    particles: torch.Tensor  # [B, N, d]
+
+    @property
+    def dim(self) -> int:
+        return self.particles.shape[-1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.particles.shape[0]
+
+    def to(self, dtype: torch.dtype) -> ParticlePrior:
+        return ParticlePrior(self.particles.to(dtype))
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return gaussian.moments(self.particles)
+
+
+Prior = GaussianMixture | ParticlePrior
+
+
+def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = torch.float32) -> Prior:
+    """Build a (B = 1) prior from the API's JSON form, validating every field.
+
+    ``{"type": "gaussian", "mean": [...], "cov": [[...]]}``,
+    ``{"type": "mixture", "weights": [...], "means": [[...]], "covs": [[[...]]]}`` or
+    ``{"type": "particles", "particles": [[...], ...]}``. ``dim`` (when given) is the required state dimension.
+    """
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ValueError("prior: expected an object with a 'type' of gaussian, mixture or particles")
+    kind = spec["type"]
+    if kind == "gaussian":
+        validation.unknown_keys("prior", spec, {"type", "mean", "cov"})
+        mean = validation.vector("prior.mean", spec.get("mean"), dim, dtype)
+        cov = validation.covariance("prior.cov", spec.get("cov"), mean.shape[0], dtype)
+        return GaussianMixture.gaussian(mean[None], cov[None])
+    if kind == "mixture":
+        validation.unknown_keys("prior", spec, {"type", "weights", "means", "covs"})
+        w = validation.vector("prior.weights", spec.get("weights"), None, torch.float64)
+        if len(w) == 0 or (w < 0).any() or float(w.sum()) <= 0:
+            raise ValueError("prior.weights: expected non-negative weights with a positive sum")
+        means = validation.matrix("prior.means", spec.get("means"), len(w), dim, dtype)
+        covs_raw = spec.get("covs")
+        if not isinstance(covs_raw, list | tuple) or len(covs_raw) != len(w):
+            raise ValueError(f"prior.covs: expected {len(w)} covariance matrices, one per component")
+        covs = torch.stack(
+            [validation.covariance(f"prior.covs[{k}]", c, means.shape[1], dtype) for k, c in enumerate(covs_raw)]
+        )
+        return GaussianMixture((w / w.sum()).to(dtype)[None], means[None], covs[None])
+    if kind == "particles":
+        validation.unknown_keys("prior", spec, {"type", "particles"})
+        p = validation.matrix("prior.particles", spec.get("particles"), None, dim, dtype)
+        if p.shape[0] < 2:
+            raise ValueError("prior.particles: need at least 2 particles")
+        return ParticlePrior(p[None])
+    raise ValueError(f"prior.type: unknown prior type {kind!r}; use gaussian, mixture or particles")

@@ -1,0 +1,49 @@
+"""``stochastic_volatility``: a multivariate log-volatility model (Kim, Shephard & Chib 1998)
+
+    x_m = μ + φ (x_{m-1} − μ) + σ ε_m,   ε_m ~ N(0, I),
+    o_m ~ N(0, diag(exp(x_m))),
+    log p(o|x) = Σ_d −½ (log 2π + x_d + o_d² e^{−x_d}),   ∇x log p(o|x) = −½ + ½ o² e^{−x}.
+
+μ = 0, φ = 0.95, σ = 0.3 by default; each may be a number or a vector of length d.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from operators.models.base import ModelFamily, filled, parse_per_dim
+from operators.rng import Generators, randn
+
+
+class StochasticVolatility(ModelFamily):
+    name = "stochastic_volatility"
+    dynamic = True
+    param_specs = (
+        ("mu", parse_per_dim, filled(0.0)),
+        ("phi", parse_per_dim, filled(0.95)),
+        ("sigma", parse_per_dim, filled(0.3)),
+    )
+
+    def check(self) -> None:
+        if bool((self.params["sigma"] <= 0).any()):
+            raise ValueError("model.params.sigma: must be positive")
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return (self.state_dim,)
+
+    def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        mu, phi, sigma = (self.params[k] for k in ("mu", "phi", "sigma"))
+        return torch.diag_embed(phi), (1 - phi) * mu, torch.diag_embed(sigma**2)
+
+    def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        o2 = (obs**2)[:, None, :]
+        return -0.5 * (math.log(2 * math.pi) + x + o2 * torch.exp(-x)).sum(-1)
+
+    def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return -0.5 + 0.5 * (obs**2)[:, None, :] * torch.exp(-x)
+
+    def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        return torch.exp(0.5 * x) * randn(gens, [self.state_dim], x.dtype)

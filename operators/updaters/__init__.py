@@ -1,0 +1,31 @@
+"""Updaters by name: the registry the service and benchmarks use (cf. torchdiffeq's ``SOLVERS``).
+
+A new method is one module here plus one line in ``UPDATERS``. The ``mpf`` slot is filled by the Meta
+Particle Flow operator (``operators.updaters.mpf``) once trained operators exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operators.updaters.base import NonFiniteError, Updater
+from operators.updaters.gpf import GPFUpdater
+from operators.updaters.kalman import KalmanUpdater
+from operators.updaters.smc import SMCUpdater
+from operators.updaters.svgd import SVGDUpdater
+
+UPDATERS: dict[str, type[Updater]] = {
+    cls.name: cls for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater)
+}
+
+
+def get_updater(name: str, **options: Any) -> Updater:
+    """An updater instance by method name (``options`` override its ``defaults``)."""
+    try:
+        cls = UPDATERS[name]
+    except KeyError:
+        raise ValueError(f"method: unknown method {name!r}; choose one of {sorted(UPDATERS)}") from None
+    return cls(**options)
+
+
+__all__ = ["UPDATERS", "NonFiniteError", "Updater", "get_updater"]

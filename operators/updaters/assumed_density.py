@@ -1,0 +1,116 @@
+"""Flow methods used as assumed-density filters (GPF, SVGD, NVGD).
+
+At step m the target is
+
+    π_m(x) ∝ p̂_{m-1}(x) · p(o_m | x),
+
+where p̂_{m-1} is the exact prior at step 0 (a Gaussian or mixture, pushed through the transition for
+dynamic families) and afterwards the Gaussian N(m, C) fitted to the current particles (pushed through the
+linear-Gaussian transition x' = F x + c + N(0, Q) of ``lds`` / ``stochastic_volatility``: F m + c,
+F C Fᵀ + Q). The particles — moved through the transition for dynamic families — are then transported to
+π_m by the method's ``solve`` (a particle flow run to convergence). Old observations are never kept.
+
+Evidence (option ``evidence``): ``predictive`` (log mean_i p(o | x_i) over the predicted particles),
+``importance`` (IS from the Gaussian fitted to the updated particles) or ``kl`` (KL integration, Zaki et
+al. eq. 6, from the integral the flow accumulated; GPF and SVGD only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from operators import evidence, gaussian
+from operators.models.base import ModelFamily
+from operators.models.priors import GaussianMixture, Prior
+from operators.rng import Generators
+from operators.state import ParticleState, StepInfo
+from operators.updaters.base import Updater, prior_extras, prior_from_extras, without_prior
+
+EVIDENCE_ESTIMATORS = ("predictive", "importance", "kl")
+
+
+@dataclass
+class PosteriorTarget:
+    """π(x) = p̂(x) p(o | x) for a batch: ``log_prob`` [B, N] and ``score`` ∇x log π [B, N, d]."""
+
+    prior: GaussianMixture
+    model: ModelFamily
+    obs: torch.Tensor
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prior.log_prob(x) + self.model.log_likelihood(self.obs, x)
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        return self.prior.score(x) + self.model.score(self.obs, x)
+
+
+@dataclass
+class FlowResult:
+    particles: torch.Tensor  # [B, N, d]
+    iterations: torch.Tensor  # [B] int64
+    kl_decrease: torch.Tensor | None = None  # [B] float64: ∫ dKL/dt dt along the flow (≤ 0)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class AssumedDensityUpdater(Updater):
+    """Base class: builds π_m, runs ``solve`` and estimates the evidence."""
+
+    defaults = {"evidence": "predictive"}
+    supports_kl = False
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        est = self.options["evidence"]
+        if est not in EVIDENCE_ESTIMATORS or (est == "kl" and not self.supports_kl):
+            allowed = [e for e in EVIDENCE_ESTIMATORS if e != "kl" or self.supports_kl]
+            raise ValueError(f"options.evidence: {est!r} is not available for {self.name}; use one of {allowed}")
+
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
+        return state.replace(extras=prior_extras(prior))
+
+    @staticmethod
+    def predicted_prior(state: ParticleState, model: ModelFamily) -> GaussianMixture:
+        """p̂_{m-1} pushed through the transition: the exact prior at step 0, else the fitted Gaussian."""
+        prior = prior_from_extras(state.extras)
+        if prior is None:
+            mean, cov = gaussian.moments(state.particles.to(torch.float64), state.log_weights)
+            prior = GaussianMixture.gaussian(mean, cov)
+        prior = prior.to(torch.float64)
+        if model.dynamic:
+            prior = prior.push(*(t.to(torch.float64) for t in model.transition_affine()))
+        return prior.to(state.particles.dtype)
+
+    def start(self, x: torch.Tensor, prior: GaussianMixture) -> torch.Tensor:
+        """Hook: adjust the predicted particles before the flow (GPF matches their moments)."""
+        return x
+
+    def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
+        raise NotImplementedError
+
+    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        B, N, _ = state.particles.shape
+        prior = self.predicted_prior(state, model)
+        x0 = self.start(model.transition(state.particles, gens), prior)
+        target = PosteriorTarget(prior, model, obs)
+        ll0 = model.log_likelihood(obs, x0)
+        est = self.options["evidence"]
+        result = self.solve(x0, target, gens, want_kl=est == "kl")
+        if est == "predictive":
+            inc = evidence.predictive(ll0)
+        elif est == "kl":
+            h0, v0 = evidence.flow_start_terms(x0, prior.log_prob(x0) + ll0)
+            inc = evidence.kl_integration(h0, v0, result.kl_decrease)
+        else:
+            mean, cov = gaussian.moments(result.particles.to(torch.float64))
+            log_target = lambda xs: target.log_prob(xs.to(x0.dtype))  # noqa: E731
+            inc = evidence.importance(log_target, mean, cov, gens, N)
+        new = state.replace(
+            particles=result.particles,
+            log_weights=torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype),
+            extras=without_prior(state.extras),
+        )
+        n_eff = torch.full((B,), float(N), dtype=torch.float64)
+        return new, StepInfo(inc, n_eff, iterations=result.iterations, extras=result.extras)

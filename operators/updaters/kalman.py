@@ -1,0 +1,43 @@
+"""``kalman``: the exact Kalman / conjugate update for linear-Gaussian families.
+
+The state keeps the exact filtering mean and covariance (float64, extras ``mean`` [B, d] and ``cov``
+[B, d, d]); particles are N fresh draws from N(mean, cov) after each step, so every summary the service
+computes from particles works the same. log p(o_m | o_<m) is exact: log N(o; H m⁻, H P⁻ Hᵀ + R).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from operators import gaussian
+from operators.models.base import ModelFamily
+from operators.models.priors import GaussianMixture, Prior
+from operators.references.conjugate import conjugate_update
+from operators.references.kalman import kalman_predict
+from operators.rng import Generators, randn
+from operators.state import ParticleState, StepInfo
+from operators.updaters.base import Updater
+
+
+class KalmanUpdater(Updater):
+    name = "kalman"
+    needs_linear_gaussian = True
+
+    def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
+        super().check_compatible(model, prior)
+        if prior is not None and not (isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1):
+            raise ValueError("prior: kalman needs a gaussian prior (mean, cov); use smc or gpf for other priors")
+
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
+        mean, cov = prior.moments()
+        return state.replace(extras={"mean": mean.to(torch.float64), "cov": cov.to(torch.float64)})
+
+    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        H, R = model.observation_affine()
+        m, P = kalman_predict(state.extras["mean"], state.extras["cov"], model)
+        m, P, log_pred = conjugate_update(m, P, H, R, obs)
+        L = gaussian.cholesky(P)
+        xi = randn(gens, [state.num_particles, state.dim], torch.float64)
+        particles = (m[:, None] + xi @ L.transpose(-1, -2)).to(state.particles.dtype)
+        n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
+        return state.replace(particles=particles, extras={"mean": m, "cov": P}), StepInfo(log_pred, n)

@@ -1,0 +1,75 @@
+"""``smc``: the bootstrap particle filter (Gordon, Salmond & Smith 1993) — the baseline every other
+method is compared with.
+
+Per step m, for each stream:
+  1. propagate   x_i ← x_i' ~ p(x_m | x_{m-1} = x_i)            (dynamic families)
+  2. weight      log w_i ← log w_i + log p(o_m | x_i)            (log domain; never NaN)
+  3. evidence    log p(o_m | o_<m) ≈ log Σ_i w̄_i p(o_m | x_i)   with w̄ the normalised previous weights
+  4. resample    systematic, when ESS = 1/Σ w_i² < ``ess_threshold``·N
+  5. rejuvenate  (static families, ``rejuvenate="auto"``) after resampling, move each copy with the
+     Liu–West shrinkage kernel x ← a x + (1 − a) m + √(1 − a²) L ξ, LLᵀ = C: it keeps the cloud's mean and
+     covariance while breaking ties — the "one-pass SMC with KDE rejuvenation" baseline of the MPF code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from operators import evidence, gaussian
+from operators.models.base import ModelFamily
+from operators.rng import Generators, rand, randn
+from operators.state import ParticleState, StepInfo, ess
+from operators.updaters.base import Updater
+
+
+def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Indices [B, N] by systematic resampling: points (u_b + i)/N, i = 0..N−1, through the weights' CDF.
+    ``u`` [B] uniform in [0, 1)."""
+    B, N = log_weights.shape
+    cdf = torch.cumsum(torch.softmax(log_weights.to(torch.float64), -1), -1)
+    cdf[:, -1] = 1.0
+    points = (u.to(torch.float64)[:, None] + torch.arange(N, dtype=torch.float64)) / N
+    return torch.searchsorted(cdf, points).clamp_max(N - 1)
+
+
+class SMCUpdater(Updater):
+    name = "smc"
+    weighted = True
+    defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": 0.98}
+
+    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        B, N, d = state.particles.shape
+        x = model.transition(state.particles, gens)
+        prev_lw = torch.log_softmax(state.log_weights, -1)
+        ll = model.log_likelihood(obs, x)
+        ll = torch.nan_to_num(ll, nan=-math.inf)
+        log_pred = evidence.predictive(ll, prev_lw)
+        lw = torch.log_softmax(prev_lw + ll, -1)
+        # every particle impossible (−inf likelihood everywhere): keep the previous weights
+        lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_lw)
+        log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
+        ess_now = ess(lw)
+        resample = ess_now < self.options["ess_threshold"] * N
+        if bool(resample.any()):
+            idx = systematic_resample(lw, rand(gens, [1], torch.float64)[:, 0])
+            xr = torch.gather(x, 1, idx[..., None].expand(B, N, d))
+            if self._rejuvenates(model):
+                xr = self._liu_west(xr, x, lw, gens)
+            x = torch.where(resample[:, None, None], xr, x)
+            lw = torch.where(resample[:, None], torch.full_like(lw, -math.log(N)), lw)
+        return state.replace(particles=x, log_weights=lw), StepInfo(log_pred, ess_now.to(torch.float64))
+
+    def _rejuvenates(self, model: ModelFamily) -> bool:
+        mode = self.options["rejuvenate"]
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"options.rejuvenate: expected auto, always or never, got {mode!r}")
+        return mode == "always" or (mode == "auto" and not model.dynamic)
+
+    def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
+        a = float(self.options["shrinkage"])
+        mean, cov = gaussian.moments(x.to(torch.float64), lw)
+        L = gaussian.cholesky(cov).to(x.dtype)
+        xi = randn(gens, list(xr.shape[1:]), x.dtype)
+        return a * xr + (1 - a) * mean.to(x.dtype)[:, None] + math.sqrt(1 - a * a) * xi @ L.transpose(-1, -2)
