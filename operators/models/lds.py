@@ -28,9 +28,13 @@ class LDS(LinearObservationFamily):
     def check(self) -> None:
         d = self.state_dim
         if tuple(self.params["A"].shape[1:]) != (d, d):
-            raise ValueError(f"model.params.A: expected {d}x{d} (the prior's dimension), got {list(self.params['A'].shape[1:])}")
+            raise ValueError(
+                f"model.params.A: expected {d}x{d} (the prior's dimension), got {list(self.params['A'].shape[1:])}"
+            )
         if tuple(self.params["Q"].shape[1:]) != (d, d):
-            raise ValueError(f"model.params.Q: expected {d}x{d} (the prior's dimension), got {list(self.params['Q'].shape[1:])}")
+            raise ValueError(
+                f"model.params.Q: expected {d}x{d} (the prior's dimension), got {list(self.params['Q'].shape[1:])}"
+            )
         super().check()
 
     def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from operators import gaussian
-from operators.models.base import ModelFamily
+from operators.models.base import ModelFamily, parse_matrix
 from operators.rng import Generators, randn
 
 
@@ -17,6 +17,18 @@ class LinearObservationFamily(ModelFamily):
     #: the parameter names of the observation matrix and noise covariance
     obs_matrix_name = "H"
     obs_cov_name = "R"
+
+    @classmethod
+    def from_params(cls, params, state_dim: int, dtype: torch.dtype = torch.float32) -> ModelFamily:
+        """As :meth:`ModelFamily.from_params`, except that the default noise covariance (scale·I) takes the
+        observation dimension k — the rows of the given observation matrix — not the state dimension."""
+        params = dict(params or {})
+        h, r = cls.obs_matrix_name, cls.obs_cov_name
+        if h in params and r not in params:
+            H = parse_matrix(f"model.params.{h}", params[h], state_dim, dtype)
+            default = {n: dflt for n, _, dflt in cls.param_specs}[r]
+            params[r] = default(H.shape[0], dtype)
+        return super().from_params(params, state_dim, dtype)
 
     @property
     def H(self) -> torch.Tensor:
@@ -35,11 +47,13 @@ class LinearObservationFamily(ModelFamily):
         k, d = self.H.shape[-2:]
         if d != self.state_dim:
             raise ValueError(
-                f"model.params.{h}: expected {k}x{self.state_dim} (observation dim x state dim {self.state_dim} "
-                f"of the prior), got {k}x{d}"
+                f"model.params.{h}: expected {k}x{self.state_dim} (observation dim x state dim "
+                f"{self.state_dim} of the prior), got {k}x{d}"
             )
         if self.R.shape[-1] != k:
-            raise ValueError(f"model.params.{r}: expected {k}x{k} to match the rows of {h}, got {list(self.R.shape[1:])}")
+            raise ValueError(
+                f"model.params.{r}: expected {k}x{k} to match the rows of {h}, got {list(self.R.shape[1:])}"
+            )
 
     def observation_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(H [B, k, d], R [B, k, k])."""

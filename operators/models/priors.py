@@ -69,10 +69,14 @@ class GaussianMixture:
         return lp + torch.log(self.weights)[..., None]
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weights.shape[1] == 1:  # a single Gaussian: skip the mixture bookkeeping
+            return gaussian.log_prob(x, self.means[:, 0], self._chol()[:, 0])
         return torch.logsumexp(self.component_log_prob(x), dim=1)
 
     def score(self, x: torch.Tensor) -> torch.Tensor:
         B, K, d = self.means.shape
+        if K == 1:
+            return -gaussian.precision_times(x - self.means[:, :1], self._chol()[:, 0])
         resp = torch.softmax(self.component_log_prob(x), dim=1)  # [B, K, N]
         chol = self._chol().flatten(0, 1)
         diff = (x[:, None] - self.means[:, :, None]).flatten(0, 1)  # [B*K, N, d]
@@ -152,7 +156,10 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
         if not isinstance(covs_raw, list | tuple) or len(covs_raw) != len(w):
             raise ValueError(f"prior.covs: expected {len(w)} covariance matrices, one per component")
         covs = torch.stack(
-            [validation.covariance(f"prior.covs[{k}]", c, means.shape[1], dtype) for k, c in enumerate(covs_raw)]
+            [
+                validation.covariance(f"prior.covs[{k}]", c, means.shape[1], dtype)
+                for k, c in enumerate(covs_raw)
+            ]
         )
         return GaussianMixture((w / w.sum()).to(dtype)[None], means[None], covs[None])
     if kind == "particles":

@@ -11,11 +11,12 @@ from typing import Any
 from operators.updaters.base import NonFiniteError, Updater
 from operators.updaters.gpf import GPFUpdater
 from operators.updaters.kalman import KalmanUpdater
+from operators.updaters.nvgd import NVGDUpdater
 from operators.updaters.smc import SMCUpdater
 from operators.updaters.svgd import SVGDUpdater
 
 UPDATERS: dict[str, type[Updater]] = {
-    cls.name: cls for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater)
+    cls.name: cls for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater, NVGDUpdater)
 }
 
 

@@ -66,9 +66,13 @@ class AssumedDensityUpdater(Updater):
         est = self.options["evidence"]
         if est not in EVIDENCE_ESTIMATORS or (est == "kl" and not self.supports_kl):
             allowed = [e for e in EVIDENCE_ESTIMATORS if e != "kl" or self.supports_kl]
-            raise ValueError(f"options.evidence: {est!r} is not available for {self.name}; use one of {allowed}")
+            raise ValueError(
+                f"options.evidence: {est!r} is not available for {self.name}; use one of {allowed}"
+            )
 
-    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
+    def _init(
+        self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators
+    ) -> ParticleState:
         return state.replace(extras=prior_extras(prior))
 
     @staticmethod

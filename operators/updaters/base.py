@@ -40,7 +40,9 @@ class Updater:
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
-            raise ValueError(f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}")
+            raise ValueError(
+                f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}"
+            )
         self.options = {**self.defaults, **options}
 
     # ------------------------------------------------------------------ compatibility
@@ -64,7 +66,9 @@ class Updater:
             raise ValueError(f"seed: expected {B} seeds, got {len(seeds)}")
         gens = [generator(s) for s in seeds]
         if prior.dim != model.state_dim:
-            raise ValueError(f"prior: dimension {prior.dim} does not match the model's state dimension {model.state_dim}")
+            raise ValueError(
+                f"prior: dimension {prior.dim} does not match the model's state dimension {model.state_dim}"
+            )
         if isinstance(prior, ParticlePrior):
             if prior.particles.shape[1] != num_particles:
                 raise ValueError(
@@ -83,12 +87,16 @@ class Updater:
         )
         return self._init(state, prior, model, gens)
 
-    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
+    def _init(
+        self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators
+    ) -> ParticleState:
         """Method-specific initialisation (extras); the default keeps the sampled cloud."""
         return state
 
     # ------------------------------------------------------------------ update
-    def update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> tuple[ParticleState, StepInfo]:
+    def update(
+        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily
+    ) -> tuple[ParticleState, StepInfo]:
         B = state.batch_size
         if obs.shape[0] != B:
             raise ValueError(f"observations: expected a batch of {B}, got {obs.shape[0]}")
@@ -98,8 +106,14 @@ class Updater:
             raise ValueError("observations: contain NaN or infinite values")
         gens = generators_from_state(state.rng)
         new, info = self._update(state, obs.to(state.particles.dtype), model, gens)
-        if not bool(torch.isfinite(new.particles).all()) or not bool(torch.isfinite(info.log_evidence_increment).all()):
-            raise NonFiniteError(f"{self.name} produced non-finite particles or evidence")
+        finite = (
+            torch.isfinite(new.particles).all()
+            & torch.isfinite(info.log_evidence_increment).all()
+            & ~torch.isnan(new.log_weights).any()  # −inf is a legitimate zero weight; NaN never is
+            & (torch.logsumexp(new.log_weights, -1) > -torch.inf).all()
+        )
+        if not bool(finite):
+            raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
         new = new.replace(
             step=state.step + 1,
             log_evidence=state.log_evidence + info.log_evidence_increment.to(torch.float64),

@@ -53,12 +53,17 @@ class SMCUpdater(Updater):
         ess_now = ess(lw)
         resample = ess_now < self.options["ess_threshold"] * N
         if bool(resample.any()):
-            idx = systematic_resample(lw, rand(gens, [1], torch.float64)[:, 0])
-            xr = torch.gather(x, 1, idx[..., None].expand(B, N, d))
+            # only the resampling streams draw (from their own generators), so a stream's random sequence
+            # does not depend on whether other streams of its batch resample
+            rs = resample.nonzero().flatten()
+            sub_gens = [gens[b] for b in rs.tolist()]
+            x_rs, lw_rs = x[rs], lw[rs]
+            idx = systematic_resample(lw_rs, rand(sub_gens, [1], torch.float64)[:, 0])
+            xr = torch.gather(x_rs, 1, idx[..., None].expand(len(rs), N, d))
             if self._rejuvenates(model):
-                xr = self._liu_west(xr, x, lw, gens)
-            x = torch.where(resample[:, None, None], xr, x)
-            lw = torch.where(resample[:, None], torch.full_like(lw, -math.log(N)), lw)
+                xr = self._liu_west(xr, x_rs, lw_rs, sub_gens)
+            x = x.index_copy(0, rs, xr)
+            lw = lw.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
         return state.replace(particles=x, log_weights=lw), StepInfo(log_pred, ess_now.to(torch.float64))
 
     def _rejuvenates(self, model: ModelFamily) -> bool:
@@ -67,7 +72,9 @@ class SMCUpdater(Updater):
             raise ValueError(f"options.rejuvenate: expected auto, always or never, got {mode!r}")
         return mode == "always" or (mode == "auto" and not model.dynamic)
 
-    def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
+    def _liu_west(
+        self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators
+    ) -> torch.Tensor:
         a = float(self.options["shrinkage"])
         mean, cov = gaussian.moments(x.to(torch.float64), lw)
         L = gaussian.cholesky(cov).to(x.dtype)

@@ -1,0 +1,1 @@
+"""The online service (FastAPI app, Redis state store, update engine). Imports ``operators`` only."""
