@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,20 @@ def add_smc_ratios(rows: list[dict[str, Any]]) -> None:
 # the whole benchmark
 
 
+def run_config(family: str, d: int, N: int, method: str, problems: list[Problem]) -> dict[str, Any]:
+    """One table row: ``method`` with N particles on every seed's problem."""
+    try:
+        traces = [run_one(method, N, p, s) for s, p in enumerate(problems)]
+    except NonFiniteError as exc:
+        return failed_row(family, method, d, N, exc)
+    return summarize(family, method, d, N, traces)
+
+
+def run_config_fresh(family: str, d: int, N: int, method: str, steps: int, seeds: int) -> dict[str, Any]:
+    """``run_config`` in a worker process: the problems are rebuilt there (deterministic from the seeds)."""
+    return run_config(family, d, N, method, [make_problem(family, d, steps, s) for s in range(seeds)])
+
+
 @contextmanager
 def single_thread() -> Iterator[None]:
     previous = torch.get_num_threads()
@@ -215,9 +230,11 @@ def run_benchmark(
     seeds: int = FULL["seeds"],
     out: str | Path | None = RESULTS / "engine",
     progress: bool = True,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run every (family, method, d, N) configuration; return ``{"meta": ..., "rows": [...]}`` and, when
-    ``out`` is given, write ``<out>.json`` and ``<out>.png``."""
+    ``out`` is given, write ``<out>.json`` and ``<out>.png``. ``jobs`` > 1 runs configurations in that many
+    single-threaded worker processes (use at most one per core, or the timings measure contention)."""
     from tqdm import tqdm
 
     for name in methods:  # fail on a misspelt name before any work is done
@@ -227,25 +244,35 @@ def run_benchmark(
     if steps < 1 or seeds < 1 or min(dims, default=0) < 1 or min(particles, default=0) < 2:
         raise ValueError("steps: steps, seeds and dims must be ≥ 1 and particles ≥ 2")
     configs = [(f, d, N, m) for f in families for d in dims for N in particles for m in methods]
-    rows: list[dict[str, Any]] = []
     wall = time.perf_counter()
-    with single_thread():
-        problems: dict[tuple[str, int], list[Problem]] = {}
-        bar = tqdm(configs, desc="engine", unit="config", file=sys.stderr, disable=not progress)
-        for family, d, N, method in bar:
-            bar.set_postfix_str(f"{family} {method} d={d} N={N}")
-            key = (family, d)
-            if key not in problems:
-                problems[key] = [make_problem(family, d, steps, s) for s in range(seeds)]
-            try:
-                traces = [run_one(method, N, p, s) for s, p in enumerate(problems[key])]
-            except NonFiniteError as exc:
-                rows.append(failed_row(family, method, d, N, exc))
-                continue
-            rows.append(summarize(family, method, d, N, traces))
+    bar = tqdm(total=len(configs), desc="engine", unit="config", file=sys.stderr, disable=not progress)
+    if jobs <= 1:
+        with single_thread():
+            problems: dict[tuple[str, int], list[Problem]] = {}
+            by_config = {}
+            for family, d, N, method in configs:
+                bar.set_postfix_str(f"{family} {method} d={d} N={N}")
+                if (family, d) not in problems:
+                    problems[family, d] = [make_problem(family, d, steps, s) for s in range(seeds)]
+                by_config[family, d, N, method] = run_config(family, d, N, method, problems[family, d])
+                bar.update()
+    else:
+        # one single-threaded worker per core; the slowest configurations (large N, svgd/gpf) start first
+        heavy_first = sorted(configs, key=lambda c: (-c[2], c[3] not in ("svgd", "gpf", "nvgd"), c[0] != "lds"))
+        with ProcessPoolExecutor(max_workers=jobs, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            futures = {pool.submit(run_config_fresh, *c, steps, seeds): c for c in heavy_first}
+            by_config = {}
+            for fut in as_completed(futures):
+                by_config[futures[fut]] = fut.result()
+                bar.update()
+    bar.close()
+    rows = [by_config[c] for c in configs]
     add_smc_ratios(rows)
     result = {
-        "meta": metadata(families, methods, dims, particles, steps, seeds, time.perf_counter() - wall),
+        "meta": {
+            **metadata(families, methods, dims, particles, steps, seeds, time.perf_counter() - wall),
+            "jobs": jobs,
+        },
         "rows": rows,
     }
     if out is not None:
@@ -300,9 +327,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         if r["error"] is not None:
-            lines.append(
-                f"| {r['family']} | {r['method']} | {r['d']} | {r['N']} | failed: {r['error']} |" + " |" * 6
-            )
+            lines.append(f"| {r['family']} | {r['method']} | {r['d']} | {r['N']} | failed: {r['error']} |" + " |" * 6)
             continue
         lines.append(
             f"| {r['family']} | {r['method']} | {r['d']} | {r['N']} | {_fmt(r['ms_median'], '.2f')} "
@@ -339,9 +364,7 @@ def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
         ("var_ratio_avg", "var_q / var_p (avg)", False),
         ("ms_median", "ms / update (median)", True),
     )
-    fig, axes = plt.subplots(
-        len(panels), len(Ns), figsize=(max(6.0, 4.5 * len(Ns)), 3.2 * len(panels)), squeeze=False
-    )
+    fig, axes = plt.subplots(len(panels), len(Ns), figsize=(max(6.0, 4.5 * len(Ns)), 3.2 * len(panels)), squeeze=False)
     colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in ok))}
     families = dict.fromkeys(r["family"] for r in ok)
     styles = dict(zip(families, (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")), strict=False))
@@ -352,9 +375,7 @@ def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
             for method, color in colors.items():
                 for family, (style, marker) in styles.items():
                     pts = sorted(
-                        (r["d"], r[key])
-                        for r in ok
-                        if r["N"] == N and r["method"] == method and r["family"] == family
+                        (r["d"], r[key]) for r in ok if r["N"] == N and r["method"] == method and r["family"] == family
                     )
                     if pts:
                         ax.plot(
@@ -408,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, help="S, sequences (seeds 0..S−1; default 5)")
     p.add_argument("--out", help="output path without suffix (default benchmarks/results/engine[-quick])")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes, one thread each (≤ cores; default 1)")
     a = p.parse_args(argv)
     base = QUICK if a.quick else FULL
     out = a.out or RESULTS / ("engine-quick" if a.quick else "engine")
@@ -420,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds=a.seeds or base["seeds"],
         out=out,
         progress=not a.no_progress,
+        jobs=a.jobs,
     )
     meta = result["meta"]
     print(
@@ -432,8 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(ratio_summary(result["rows"]))
     print(
-        f"wall time {meta['wall_s']:.1f} s; wrote {Path(out).with_suffix('.json')} and "
-        f"{Path(out).with_suffix('.png')}"
+        f"wall time {meta['wall_s']:.1f} s; wrote {Path(out).with_suffix('.json')} and {Path(out).with_suffix('.png')}"
     )
     return 0
 
