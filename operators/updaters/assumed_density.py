@@ -55,6 +55,26 @@ class FlowResult:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def target_scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Cholesky factor of the target covariance estimated by Stein's identity, Σ̂ = C (−E[s (x−m)ᵀ])⁻¹
+    symmetrised; the particle covariance C where that is not positive definite."""
+    B, N, d = x.shape
+    mean, C = gaussian.moments(x.to(torch.float64))
+    xc = x.to(torch.float64) - mean[:, None]
+    M = -torch.einsum("bni,bnj->bij", s.to(torch.float64), xc) / N  # ≈ Λ C
+    # Λ ≈ M C⁻¹ (C is PSD; the jittered Cholesky keeps a collapsed cloud from raising)
+    prec = torch.cholesky_solve(M.transpose(-1, -2), gaussian.cholesky(C)).transpose(-1, -2)
+    prec = 0.5 * (prec + prec.transpose(-1, -2))
+    Lp, info = torch.linalg.cholesky_ex(prec)
+    ok = (info == 0) & torch.isfinite(Lp).all((-1, -2))
+    eye = torch.eye(d, dtype=torch.float64).expand(B, d, d)
+    Lp = torch.where(ok[:, None, None], Lp, eye)
+    # Σ̂ = Λ⁻¹ = (Lp Lpᵀ)⁻¹ → its lower Cholesky factor via the inverse
+    sigma = torch.cholesky_inverse(Lp)
+    sigma = torch.where(ok[:, None, None], sigma, C)
+    return gaussian.cholesky(0.5 * (sigma + sigma.transpose(-1, -2))).to(x.dtype)
+
+
 class AssumedDensityUpdater(Updater):
     """Base class: builds π_m, runs ``solve`` and estimates the evidence."""
 
@@ -66,13 +86,9 @@ class AssumedDensityUpdater(Updater):
         est = self.options["evidence"]
         if est not in EVIDENCE_ESTIMATORS or (est == "kl" and not self.supports_kl):
             allowed = [e for e in EVIDENCE_ESTIMATORS if e != "kl" or self.supports_kl]
-            raise ValueError(
-                f"options.evidence: {est!r} is not available for {self.name}; use one of {allowed}"
-            )
+            raise ValueError(f"options.evidence: {est!r} is not available for {self.name}; use one of {allowed}")
 
-    def _init(
-        self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators
-    ) -> ParticleState:
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         return state.replace(extras=prior_extras(prior))
 
     @staticmethod

@@ -40,9 +40,7 @@ class Updater:
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
-            raise ValueError(
-                f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}"
-            )
+            raise ValueError(f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}")
         self.options = {**self.defaults, **options}
 
     # ------------------------------------------------------------------ compatibility
@@ -87,16 +85,12 @@ class Updater:
         )
         return self._init(state, prior, model, gens)
 
-    def _init(
-        self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators
-    ) -> ParticleState:
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         """Method-specific initialisation (extras); the default keeps the sampled cloud."""
         return state
 
     # ------------------------------------------------------------------ update
-    def update(
-        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily
-    ) -> tuple[ParticleState, StepInfo]:
+    def update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> tuple[ParticleState, StepInfo]:
         B = state.batch_size
         if obs.shape[0] != B:
             raise ValueError(f"observations: expected a batch of {B}, got {obs.shape[0]}")

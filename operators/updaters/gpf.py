@@ -99,11 +99,7 @@ def gaussian_particle_flow(
         xc = x - m
         gbar = g.mean(1)
         A = torch.einsum("bni,bnj->bij", g, xc) / N - eye
-        b = (
-            torch.einsum("bij,bj->bi", torch.einsum("bni,bnj->bij", xc, xc) / N, gbar)
-            if natural_mean
-            else gbar
-        )
+        b = torch.einsum("bij,bj->bi", torch.einsum("bni,bnj->bij", xc, xc) / N, gbar) if natural_mean else gbar
         rate = torch.where(active, (b * gbar).sum(-1) + (A * A).sum((-1, -2)), rate)
         active = active & (rate > tol) & (stalled < patience)
         if not bool(active.any()):
@@ -161,17 +157,15 @@ class GPFUpdater(AssumedDensityUpdater):
     def start(self, x: torch.Tensor, prior: GaussianMixture) -> torch.Tensor:
         if prior.weights.shape[1] == 1 and x.shape[1] > x.shape[2]:
             mean, cov = prior.moments()
-            return gaussian.match_moments(
-                x.to(torch.float64), mean.to(torch.float64), cov.to(torch.float64)
-            ).to(x.dtype)
+            return gaussian.match_moments(x.to(torch.float64), mean.to(torch.float64), cov.to(torch.float64)).to(
+                x.dtype
+            )
         return x
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
         o = self.options
         # in float64: F̃ must resolve changes far below float32's 1e-7 relative precision
-        t64 = PosteriorTarget(
-            target.prior.to(torch.float64), target.model.to(torch.float64), target.obs.double()
-        )
+        t64 = PosteriorTarget(target.prior.to(torch.float64), target.model.to(torch.float64), target.obs.double())
         x64, trace = gaussian_particle_flow(
             x.double(),
             t64.log_prob,
@@ -183,6 +177,4 @@ class GPFUpdater(AssumedDensityUpdater):
             natural_mean=o["natural_mean"],
             optimizer=o["optimizer"],
         )
-        return FlowResult(
-            x64.to(x.dtype), trace.iterations, trace.kl_decrease, {"converged": trace.converged}
-        )
+        return FlowResult(x64.to(x.dtype), trace.iterations, trace.kl_decrease, {"converged": trace.converged})

@@ -26,13 +26,9 @@ class KalmanUpdater(Updater):
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)
         if prior is not None and not (isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1):
-            raise ValueError(
-                "prior: kalman needs a gaussian prior (mean, cov); use smc or gpf for other priors"
-            )
+            raise ValueError("prior: kalman needs a gaussian prior (mean, cov); use smc or gpf for other priors")
 
-    def _init(
-        self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators
-    ) -> ParticleState:
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         mean, cov = prior.moments()
         return state.replace(extras={"mean": mean.to(torch.float64), "cov": cov.to(torch.float64)})
 

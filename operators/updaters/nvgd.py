@@ -42,8 +42,7 @@ from torch.nn import functional
 
 from operators import rng
 from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget
-from operators.updaters.svgd import _target_scale
+from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, target_scale
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 DIVERGENCES = ("auto", "exact", "hutchinson")
@@ -210,7 +209,7 @@ def nvgd(
     exact = divergence == "exact" or (divergence == "auto" and d <= AUTO_EXACT_MAX_DIM)
     m = x.mean(1)
     if whiten:
-        L = _target_scale(x, score(x))
+        L = target_scale(x, score(x))
     else:
         L = torch.eye(d, dtype=dtype).expand(B, d, d)
         m = torch.zeros_like(m)

@@ -72,9 +72,7 @@ class SMCUpdater(Updater):
             raise ValueError(f"options.rejuvenate: expected auto, always or never, got {mode!r}")
         return mode == "always" or (mode == "auto" and not model.dynamic)
 
-    def _liu_west(
-        self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators
-    ) -> torch.Tensor:
+    def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
         a = float(self.options["shrinkage"])
         mean, cov = gaussian.moments(x.to(torch.float64), lw)
         L = gaussian.cholesky(cov).to(x.dtype)

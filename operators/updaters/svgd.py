@@ -28,7 +28,7 @@ import torch
 
 from operators import gaussian
 from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget
+from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, target_scale
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 
@@ -92,7 +92,7 @@ def svgd(
     dtype = x.dtype
     m = x.mean(1)
     if whiten:
-        L = _target_scale(x, score(x))
+        L = target_scale(x, score(x))
     else:
         L = torch.eye(d, dtype=dtype).expand(B, d, d)
         m = torch.zeros_like(m)
@@ -128,26 +128,6 @@ def svgd(
             phi, K = stein_direction(z, s)
             kl = kl - prev[0] * 0.5 * (prev[1] + rkhs_norm_sq(phi, K, nu))
     return to_x(z), SVGDTrace(iters, kl, ~active)
-
-
-def _target_scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """Cholesky factor of the target covariance estimated by Stein's identity, Σ̂ = C (−E[s (x−m)ᵀ])⁻¹
-    symmetrised; the particle covariance C where that is not positive definite."""
-    B, N, d = x.shape
-    mean, C = gaussian.moments(x.to(torch.float64))
-    xc = x.to(torch.float64) - mean[:, None]
-    M = -torch.einsum("bni,bnj->bij", s.to(torch.float64), xc) / N  # ≈ Λ C
-    # Λ ≈ M C⁻¹ (C is PSD; the jittered Cholesky keeps a collapsed cloud from raising)
-    prec = torch.cholesky_solve(M.transpose(-1, -2), gaussian.cholesky(C)).transpose(-1, -2)
-    prec = 0.5 * (prec + prec.transpose(-1, -2))
-    Lp, info = torch.linalg.cholesky_ex(prec)
-    ok = (info == 0) & torch.isfinite(Lp).all((-1, -2))
-    eye = torch.eye(d, dtype=torch.float64).expand(B, d, d)
-    Lp = torch.where(ok[:, None, None], Lp, eye)
-    # Σ̂ = Λ⁻¹ = (Lp Lpᵀ)⁻¹ → its lower Cholesky factor via the inverse
-    sigma = torch.cholesky_inverse(Lp)
-    sigma = torch.where(ok[:, None, None], sigma, C)
-    return gaussian.cholesky(0.5 * (sigma + sigma.transpose(-1, -2))).to(x.dtype)
 
 
 class SVGDUpdater(AssumedDensityUpdater):
