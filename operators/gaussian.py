@@ -74,3 +74,10 @@ def match_moments(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> tor
     L_tgt = cholesky(cov)
     z = torch.linalg.solve_triangular(L_emp, (x - m_emp[:, None]).transpose(-1, -2), upper=False)
     return mean[:, None, :] + (L_tgt @ z).transpose(-1, -2)
+
+
+def moment_matched(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """:func:`match_moments` in float64 where the cloud can carry a full covariance (N > d), else x as is."""
+    if x.shape[1] <= x.shape[2]:
+        return x
+    return match_moments(x.to(torch.float64), mean.to(torch.float64), cov.to(torch.float64)).to(x.dtype)

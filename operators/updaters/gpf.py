@@ -155,12 +155,7 @@ class GPFUpdater(AssumedDensityUpdater):
     }
 
     def start(self, x: torch.Tensor, prior: GaussianMixture) -> torch.Tensor:
-        if prior.weights.shape[1] == 1 and x.shape[1] > x.shape[2]:
-            mean, cov = prior.moments()
-            return gaussian.match_moments(x.to(torch.float64), mean.to(torch.float64), cov.to(torch.float64)).to(
-                x.dtype
-            )
-        return x
+        return gaussian.moment_matched(x, *prior.moments()) if prior.weights.shape[1] == 1 else x
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
         o = self.options
