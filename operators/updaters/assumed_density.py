@@ -18,6 +18,7 @@ al. eq. 6, from the integral the flow accumulated; GPF and SVGD only).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +74,33 @@ def target_scale(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     sigma = torch.cholesky_inverse(Lp)
     sigma = torch.where(ok[:, None, None], sigma, C)
     return gaussian.cholesky(0.5 * (sigma + sigma.transpose(-1, -2))).to(x.dtype)
+
+
+@dataclass
+class Whitening:
+    """The affine map x = m + L z of the flow methods' whitened coordinates (identity when disabled):
+    ``to_z``, ``to_x`` and the score's pull-back ∇z log π = Lᵀ ∇x log π (row vectors: s @ L)."""
+
+    mean: torch.Tensor  # [B, d]
+    chol: torch.Tensor  # [B, d, d]
+
+    @classmethod
+    def fit(cls, x: torch.Tensor, score: Callable[[torch.Tensor], torch.Tensor], enabled: bool = True) -> Whitening:
+        """From the particles' mean and the target scale :func:`target_scale` (or the identity)."""
+        B, _, d = x.shape
+        if not enabled:
+            return cls(torch.zeros(B, d, dtype=x.dtype), torch.eye(d, dtype=x.dtype).expand(B, d, d))
+        return cls(x.mean(1), target_scale(x, score(x)))
+
+    def to_z(self, x: torch.Tensor) -> torch.Tensor:
+        diff = (x - self.mean[:, None]).transpose(-1, -2)
+        return torch.linalg.solve_triangular(self.chol, diff, upper=False).transpose(-1, -2)
+
+    def to_x(self, z: torch.Tensor) -> torch.Tensor:
+        return self.mean[:, None] + z @ self.chol.transpose(-1, -2)
+
+    def score_z(self, score_x: torch.Tensor) -> torch.Tensor:
+        return score_x @ self.chol
 
 
 class AssumedDensityUpdater(Updater):

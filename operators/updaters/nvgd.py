@@ -42,7 +42,7 @@ from torch.nn import functional
 
 from operators import rng
 from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, target_scale
+from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 DIVERGENCES = ("auto", "exact", "hutchinson")
@@ -207,14 +207,8 @@ def nvgd(
             raise ValueError(f"options.{field}: expected a positive integer, got {value}")
     dtype = x.dtype
     exact = divergence == "exact" or (divergence == "auto" and d <= AUTO_EXACT_MAX_DIM)
-    m = x.mean(1)
-    if whiten:
-        L = target_scale(x, score(x))
-    else:
-        L = torch.eye(d, dtype=dtype).expand(B, d, d)
-        m = torch.zeros_like(m)
-    z = torch.linalg.solve_triangular(L, (x - m[:, None]).transpose(-1, -2), upper=False).transpose(-1, -2)
-    to_x = lambda z_: m[:, None] + z_ @ L.transpose(-1, -2)  # noqa: E731
+    w = Whitening.fit(x, score, whiten)
+    z = w.to_z(x)
 
     theta = init_witness(gens, d, hidden, dtype)
     adam = {"m": torch.zeros_like(theta), "v": torch.zeros_like(theta), "t": torch.zeros(B, dtype=torch.int64)}
@@ -224,7 +218,7 @@ def nvgd(
     inner_total = torch.zeros(B, dtype=torch.int64)
     size = torch.full((B,), float("inf"), dtype=dtype)
     for _ in range(max_iters):
-        s = score(to_x(z)) @ L  # ∇z log π = Lᵀ ∇x log π (row vectors)
+        s = w.score_z(score(w.to_x(z)))
         # RandomSplit: the first N/2 of a random permutation train, the rest validate
         perm = _draw(rng.rand, gens, active, (N,), dtype).argsort(-1)
         train = torch.zeros(B, N, dtype=dtype).scatter_(1, perm[:, :n_train], 1.0)
@@ -263,7 +257,7 @@ def nvgd(
         eps = torch.where(active, eps, torch.zeros_like(eps))
         z = z + eps[:, None, None] * f
         iters += active.to(torch.int64)
-    return to_x(z), NVGDTrace(iters, inner_total, size, size <= tol)
+    return w.to_x(z), NVGDTrace(iters, inner_total, size, size <= tol)
 
 
 class NVGDUpdater(AssumedDensityUpdater):

@@ -28,7 +28,7 @@ import torch
 
 from operators import gaussian
 from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, target_scale
+from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 
@@ -88,22 +88,15 @@ def svgd(
     nu: float = 1e-2,
 ) -> tuple[torch.Tensor, SVGDTrace]:
     """Move x [B, N, d] towards π (``score`` = ∇ log π). See the module docstring."""
-    B, N, d = x.shape
-    dtype = x.dtype
-    m = x.mean(1)
-    if whiten:
-        L = target_scale(x, score(x))
-    else:
-        L = torch.eye(d, dtype=dtype).expand(B, d, d)
-        m = torch.zeros_like(m)
-    z = torch.linalg.solve_triangular(L, (x - m[:, None]).transpose(-1, -2), upper=False).transpose(-1, -2)
-    to_x = lambda z_: m[:, None] + z_ @ L.transpose(-1, -2)  # noqa: E731
+    B = x.shape[0]
+    w = Whitening.fit(x, score, whiten)
+    z = w.to_z(x)
     active = torch.ones(B, dtype=torch.bool)
     iters = torch.zeros(B, dtype=torch.int64)
     kl = torch.zeros(B, dtype=torch.float64) if want_kl else None
     prev = None  # (ε, dKL/dt) of the previous step, for the trapezoid rule
     for _ in range(max_iters):
-        s = score(to_x(z)) @ L  # ∇z log π = Lᵀ ∇x log π (row vectors)
+        s = w.score_z(score(w.to_x(z)))
         phi, K = stein_direction(z, s)
         rate = rkhs_norm_sq(phi, K, nu) if kl is not None else None
         if prev is not None:  # ∫ dKL/dt over the last step, trapezoid rule
@@ -124,10 +117,10 @@ def svgd(
         iters += active.to(torch.int64)
     else:
         if kl is not None and prev is not None:  # close the last interval with the final velocity
-            s = score(to_x(z)) @ L
+            s = w.score_z(score(w.to_x(z)))
             phi, K = stein_direction(z, s)
             kl = kl - prev[0] * 0.5 * (prev[1] + rkhs_norm_sq(phi, K, nu))
-    return to_x(z), SVGDTrace(iters, kl, ~active)
+    return w.to_x(z), SVGDTrace(iters, kl, ~active)
 
 
 class SVGDUpdater(AssumedDensityUpdater):
