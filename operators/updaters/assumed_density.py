@@ -131,6 +131,10 @@ class AssumedDensityUpdater(Updater):
             prior = prior.push(*(t.to(torch.float64) for t in model.transition_affine()))
         return prior.to(state.particles.dtype)
 
+    def solver_options(self) -> dict:
+        """The options that are the solver's keyword arguments (all but ``evidence``)."""
+        return {k: v for k, v in self.options.items() if k != "evidence"}
+
     def start(self, x: torch.Tensor, prior: GaussianMixture) -> torch.Tensor:
         """Hook: adjust the predicted particles before the flow (GPF matches their moments)."""
         return x

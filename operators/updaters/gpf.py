@@ -158,18 +158,7 @@ class GPFUpdater(AssumedDensityUpdater):
         return gaussian.moment_matched(x, *prior.moments()) if prior.weights.shape[1] == 1 else x
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
-        o = self.options
         # in float64: F̃ must resolve changes far below float32's 1e-7 relative precision
         t64 = PosteriorTarget(target.prior.to(torch.float64), target.model.to(torch.float64), target.obs.double())
-        x64, trace = gaussian_particle_flow(
-            x.double(),
-            t64.log_prob,
-            t64.score,
-            step_size=o["step_size"],
-            max_step=o["max_step"],
-            max_iters=o["max_iters"],
-            tol=o["tol"],
-            natural_mean=o["natural_mean"],
-            optimizer=o["optimizer"],
-        )
+        x64, trace = gaussian_particle_flow(x.double(), t64.log_prob, t64.score, **self.solver_options())
         return FlowResult(x64.to(x.dtype), trace.iterations, trace.kl_decrease, {"converged": trace.converged})

@@ -279,22 +279,6 @@ class NVGDUpdater(AssumedDensityUpdater):
     }
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
-        o = self.options
-        x, trace = nvgd(
-            x,
-            target.score,
-            gens,
-            step_size=o["step_size"],
-            max_iters=o["max_iters"],
-            tol=o["tol"],
-            max_move=o["max_move"],
-            inner_steps=o["inner_steps"],
-            patience=o["patience"],
-            lr=o["lr"],
-            hidden=tuple(o["hidden"]),
-            divergence=o["divergence"],
-            probes=o["probes"],
-            whiten=o["whiten"],
-        )
+        x, trace = nvgd(x, target.score, gens, **self.solver_options())
         extras = {"converged": trace.converged, "inner_steps": trace.inner_steps, "witness_norm": trace.witness_norm}
         return FlowResult(x, trace.iterations, None, extras)

@@ -137,16 +137,5 @@ class SVGDUpdater(AssumedDensityUpdater):
     }
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
-        o = self.options
-        x, trace = svgd(
-            x,
-            target.score,
-            step_size=o["step_size"],
-            max_iters=o["max_iters"],
-            tol=o["tol"],
-            max_move=o["max_move"],
-            whiten=o["whiten"],
-            want_kl=want_kl,
-            nu=o["nu"],
-        )
+        x, trace = svgd(x, target.score, want_kl=want_kl, **self.solver_options())
         return FlowResult(x, trace.iterations, trace.kl_decrease, {"converged": trace.converged})
