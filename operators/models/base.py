@@ -99,7 +99,13 @@ class ModelFamily:
         raise NotImplementedError
 
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """∇x log p(o | x) → [B, N, d] (autograd unless a family gives the closed form)."""
+        """∇x log p(o | x) → [B, N, d] (autograd unless a family gives the closed form).
+
+        When x is part of a graph (an ODE whose divergence differentiates the velocity, which contains the
+        score), the result stays differentiable in x, as the closed forms are; otherwise it is detached."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            (g,) = torch.autograd.grad(self.log_likelihood(obs, x).sum(), x, create_graph=True)
+            return g
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
             (g,) = torch.autograd.grad(self.log_likelihood(obs, xg).sum(), xg)

@@ -97,3 +97,13 @@ class DaumHuangFlow:
     def divergence(self, lam: torch.Tensor) -> torch.Tensor:
         """∇·(A x + b) = tr A(λ) → [B]."""
         return torch.diagonal(self.matrices(lam)[0], dim1=-2, dim2=-1).sum(-1)
+
+
+def linearised_likelihood(model, obs: torch.Tensor, x: torch.Tensor) -> GaussianLikelihood:
+    """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
+    else :func:`statistical_linearisation` of the scores at the (detached) particles x [B, N, d]."""
+    if model.linear_gaussian:
+        H, R = model.observation_affine()
+        return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
+    x = x.detach()
+    return statistical_linearisation(x, model.score(obs, x))

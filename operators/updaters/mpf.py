@@ -27,7 +27,7 @@ import torch
 from operators import evidence, gaussian
 from operators.models.base import ModelFamily
 from operators.models.priors import GaussianMixture, Prior
-from operators.mpf.gaussian_flow import linear_gaussian_likelihood, statistical_linearisation
+from operators.mpf.gaussian_flow import linearised_likelihood
 from operators.mpf.network import MPFVelocity
 from operators.mpf.ode import integrate
 from operators.rng import Generators
@@ -77,11 +77,7 @@ class MPFUpdater(Updater):
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
         x, log_q = self._predict(state, model, gens)
-        if model.linear_gaussian:
-            H, R = model.observation_affine()
-            lik = linear_gaussian_likelihood(H.double(), R.double(), obs.double())
-        else:
-            lik = statistical_linearisation(x, model.score(obs, x))
+        lik = linearised_likelihood(model, obs, x)
         net = self.network(d)
         with torch.no_grad():
             ctx = net.context(x, lik)

@@ -492,3 +492,22 @@ def test_mixture_stack_rejects_different_component_counts():
     g = prior_from_spec({"type": "gaussian", "mean": [0, 0], "cov": [[1, 0], [0, 1]]})
     with raises_field("prior"):
         GaussianMixture.stack([g, _mixtures()])
+
+
+def test_autograd_score_keeps_the_graph_when_x_is_part_of_one():
+    """MPF's divergence differentiates the velocity, which contains the score: for families without a
+    closed-form score (gmm) the autograd score must stay differentiable in x, as the closed forms are."""
+    model = make_model("gmm", {}, 2, dtype=F64)
+    obs = torch.tensor([[0.7]], dtype=F64)
+    x = torch.randn(1, 5, 2, dtype=F64, requires_grad=True)
+    s = model.score(obs, x)
+    assert s.requires_grad
+    (hess_diag_sum,) = torch.autograd.grad(s[..., 0].sum(), x)
+    # finite differences of the score's first component along x₁
+    eps = 1e-6
+    e = torch.zeros_like(x)
+    e[..., 0] = eps
+    with torch.no_grad():
+        fd = (model.score(obs, x + e)[..., 0] - model.score(obs, x - e)[..., 0]) / (2 * eps)
+    assert torch.allclose(hess_diag_sum[..., 0], fd, atol=1e-5)
+    assert not model.score(obs, x.detach()).requires_grad
