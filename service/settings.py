@@ -1,0 +1,101 @@
+"""Service settings from the environment (``MPFLOW_*``), via pydantic-settings.
+
+Every field reads ``MPFLOW_<FIELD>`` (case-insensitive), e.g. ``MPFLOW_REDIS_URL=redis://host:6379/0``,
+``MPFLOW_MAX_PARTICLES=4096``. Limits default to API.md "Limits"; numeric limits must be positive and a
+bad value fails at start with a message naming the field.
+
+- ``redis_url``: the state store; ``None`` means the embedded local Redis (DESIGN.md "Service internals").
+- ``api_keys``: ``"tenantA:key1,tenantB:key2"``; empty means open (no auth, one tenant).
+- ``operator_dirs``: extra folders of trained operators, separated by ``,`` or the OS path separator.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+_POSITIVE = (
+    "max_particles",
+    "max_state_dim",
+    "max_observations_per_request",
+    "max_body_bytes",
+    "max_samples_per_request",
+    "batch_max_size",
+    "batch_max_wait_ms",
+    "default_ttl_seconds",
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MPFLOW_", case_sensitive=False, extra="ignore")
+
+    redis_url: str | None = None
+    api_keys: str = ""
+    max_particles: int = 65536
+    max_state_dim: int = 512
+    max_observations_per_request: int = 1000
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_samples_per_request: int = 100_000
+    batch_max_size: int = 64
+    batch_max_wait_ms: float = 2.0
+    operator_dirs: str = ""
+    log_level: str = "INFO"
+    default_ttl_seconds: int = 86400
+    data_dir: str = "./data"
+
+    @field_validator(*_POSITIVE)
+    @classmethod
+    def _positive(cls, v: Any, info: ValidationInfo) -> Any:
+        if not v > 0:
+            raise ValueError(f"{info.field_name}: must be positive, got {v}")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _empty_url_is_none(cls, v: str | None) -> str | None:
+        return (v.strip() or None) if v is not None else None
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, v: str) -> str:
+        level = v.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {v!r}")
+        return level
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, v: str) -> str:
+        parse_api_keys(v)  # raises ValueError naming the field
+        return v
+
+    @property
+    def api_key_tenants(self) -> dict[str, str]:
+        """``{api_key: tenant}``; empty when auth is off."""
+        return parse_api_keys(self.api_keys)
+
+    @property
+    def operator_dir_list(self) -> list[str]:
+        parts = self.operator_dirs.replace(os.pathsep, ",").split(",")
+        return [p.strip() for p in parts if p.strip()]
+
+
+def parse_api_keys(spec: str) -> dict[str, str]:
+    """Parse ``"tenantA:key1,tenantB:key2"`` into ``{key: tenant}`` (keys must be unique)."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        tenant, sep, key = entry.partition(":")
+        tenant, key = tenant.strip(), key.strip()
+        if not sep or not tenant or not key:
+            raise ValueError("api_keys: expected 'tenant:key' pairs separated by commas")
+        if key in out:
+            raise ValueError(f"api_keys: a key is listed twice (tenants {out[key]!r} and {tenant!r})")
+        out[key] = tenant
+    return out

@@ -1,0 +1,35 @@
+"""Service settings from MPFLOW_* environment variables."""
+
+import pydantic
+import pytest
+
+from service.settings import Settings, parse_api_keys
+
+
+def test_defaults_and_environment_overrides(monkeypatch):
+    for var in ("MPFLOW_REDIS_URL", "MPFLOW_API_KEYS", "MPFLOW_MAX_PARTICLES", "MPFLOW_BATCH_MAX_WAIT_MS"):
+        monkeypatch.delenv(var, raising=False)
+    s = Settings()
+    assert s.redis_url is None and s.max_particles == 65536 and s.max_body_bytes == 8 * 1024 * 1024
+    monkeypatch.setenv("MPFLOW_REDIS_URL", "redis://127.0.0.1:6379/3")
+    monkeypatch.setenv("MPFLOW_MAX_PARTICLES", "1024")
+    monkeypatch.setenv("MPFLOW_BATCH_MAX_WAIT_MS", "0.5")
+    s = Settings()
+    assert s.redis_url == "redis://127.0.0.1:6379/3" and s.max_particles == 1024 and s.batch_max_wait_ms == 0.5
+    monkeypatch.setenv("MPFLOW_REDIS_URL", "")
+    assert Settings().redis_url is None  # empty means "use the embedded store"
+
+
+def test_non_positive_limits_are_refused_naming_the_field(monkeypatch):
+    monkeypatch.setenv("MPFLOW_MAX_PARTICLES", "0")
+    with pytest.raises(pydantic.ValidationError, match="max_particles"):
+        Settings()
+
+
+def test_api_keys_map_keys_to_tenants():
+    assert parse_api_keys("tenantA:key1, tenantB:key2") == {"key1": "tenantA", "key2": "tenantB"}
+    assert parse_api_keys("") == {}
+    with pytest.raises(ValueError, match="api_keys"):
+        parse_api_keys("tenantA")  # no key
+    with pytest.raises(ValueError, match="api_keys"):
+        parse_api_keys("a:k,b:k")  # one key for two tenants
