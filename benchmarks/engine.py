@@ -58,7 +58,7 @@ from operators.models import ModelFamily, make_model
 from operators.models import family as family_class
 from operators.models.priors import Prior, prior_from_spec
 from operators.references import kalman_filter
-from operators.rng import generator
+from operators.rng import generator, haar_orthogonal
 from operators.updaters import NonFiniteError, get_updater
 
 FAMILIES = ("linear_gaussian", "lds")
@@ -102,8 +102,7 @@ class Problem:
 
 def lds_params(d: int, gen: torch.Generator) -> dict[str, Any]:
     """A = 0.9·U with U Haar-orthogonal (QR of a Gaussian matrix, signs fixed by diag R), B ~ N(0, 1)."""
-    U, Rm = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
-    U = U * torch.sign(torch.diagonal(Rm))[None, :]
+    U = haar_orthogonal([gen], d)[0]
     B = torch.randn(d, d, generator=gen, dtype=torch.float64)
     return {"A": (LDS_A_SCALE * U).tolist(), "B": B.tolist()}
 

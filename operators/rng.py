@@ -49,3 +49,10 @@ def rand(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.floa
 def rademacher(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """±1 draws [B, *shape] (Hutchinson probes)."""
     return rand(gens, shape, dtype).lt(0.5).to(dtype) * 2 - 1
+
+
+def haar_orthogonal(gens: Generators, d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Haar-random orthogonal matrices [B, d, d]: Q of the QR decomposition of a standard Gaussian matrix,
+    with the column signs fixed by diag(R) (Mezzadri 2007), drawn in float64."""
+    q, r = torch.linalg.qr(randn(gens, [d, d], torch.float64))
+    return (q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]).to(dtype)

@@ -30,9 +30,7 @@ from operators.updaters import UPDATERS, get_updater
 def _info(_: argparse.Namespace) -> int:
     out = {
         "families": [cls.describe() for cls in FAMILIES.values()],
-        "methods": {
-            name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()
-        },
+        "methods": {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()},
     }
     print(json.dumps(out, indent=2, default=str))
     return 0
@@ -49,9 +47,7 @@ def _filter(args: argparse.Namespace) -> int:
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
     updater = get_updater(args.method)
     _, obs = model.simulate(args.steps, torch.ones(1, d), [generator(args.seed + 1)])
-    exact = (
-        kalman_filter(torch.zeros(1, d), torch.eye(d)[None], model, obs) if model.linear_gaussian else None
-    )
+    exact = kalman_filter(torch.zeros(1, d), torch.eye(d)[None], model, obs) if model.linear_gaussian else None
     state = updater.init(prior, model, args.particles, args.seed)
     print(f"{'step':>4} {'ms':>8} {'log Z':>10} {'mean err (sd)':>14} {'var ratio':>10}")
     for t in range(args.steps):
@@ -82,15 +78,34 @@ def _train(args: argparse.Namespace) -> int:
     net = MPFVelocity(args.dim, **arch)
     out = Path(args.out)
     training = {
-        "iterations": args.iterations, "batch": args.batch, "steps_per_seq": args.steps_per_seq,
-        "particles": args.particles, "lr": args.lr, "weight_decay": args.weight_decay, "seed": args.seed,
-        "val_every": args.val_every, "val_tasks": args.val_tasks, "loss": "MPF eq. 19 (cumulative)",
+        "iterations": args.iterations,
+        "batch": args.batch,
+        "steps_per_seq": args.steps_per_seq,
+        "particles": args.particles,
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "seed": args.seed,
+        "val_every": args.val_every,
+        "val_tasks": args.val_tasks,
+        "loss": "MPF eq. 19 (cumulative)",
     }
     result = meta_train(
-        net, args.family, args.dim, iterations=args.iterations, batch=args.batch, T=args.steps_per_seq,
-        N=args.particles, lr=args.lr, weight_decay=args.weight_decay, steps=args.ode_steps, seed=args.seed,
-        val_every=args.val_every, val_tasks=args.val_tasks, progress=not args.quiet,
-        checkpoint=out / "_training" / f"{args.family}-d{args.dim}-seed{args.seed}.pt", resume=args.resume,
+        net,
+        args.family,
+        args.dim,
+        iterations=args.iterations,
+        batch=args.batch,
+        T=args.steps_per_seq,
+        N=args.particles,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        steps=args.ode_steps,
+        seed=args.seed,
+        val_every=args.val_every,
+        val_tasks=args.val_tasks,
+        progress=not args.quiet,
+        checkpoint=out / "_training" / f"{args.family}-d{args.dim}-seed{args.seed}.pt",
+        resume=args.resume,
         log_path=out / "_training" / f"{args.family}-d{args.dim}-seed{args.seed}.jsonl",
     )
     probe = sample_tasks(args.family, args.dim, 1, 1, torch.Generator().manual_seed(0))
@@ -102,8 +117,11 @@ def _train(args: argparse.Namespace) -> int:
         "training": training,
         "solver": {"method": "rk4", "steps": args.ode_steps},
     }
-    metrics = {"val_loss_best": result["val_loss_best"], "val_loss_untrained": result["val_loss_untrained"],
-               "best_iteration": result["best_iteration"]}
+    metrics = {
+        "val_loss_best": result["val_loss_best"],
+        "val_loss_untrained": result["val_loss_untrained"],
+        "best_iteration": result["best_iteration"],
+    }
     command = shlex.join(["mpflow", *(args.argv or [])])
     readme = f"# MPF operator ({args.family}, d = {args.dim})\n\nTrained with\n\n    {command}\n"
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}

@@ -43,9 +43,8 @@ from tqdm.auto import tqdm
 
 from operators import gaussian
 from operators.models.priors import GaussianMixture
-from operators.mpf.gaussian_flow import linearised_likelihood
 from operators.mpf.network import MPFVelocity
-from operators.mpf.ode import integrate
+from operators.mpf.step import flow_step
 from operators.rng import generator
 from training.tasks import Tasks, sample_tasks
 
@@ -83,13 +82,7 @@ def task_loss(
         log_q = prior.log_prob(x)
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
         for m in range(tasks.length):
-            obs = tasks.obs[:, m]
-            ctx = net.context(x, linearised_likelihood(model, obs, x))
-
-            def velocity(xt: torch.Tensor, lam: torch.Tensor, obs=obs, ctx=ctx) -> torch.Tensor:
-                return net(xt, lam, model.score(obs, xt), ctx)
-
-            x, log_q = integrate(velocity, x, log_q, 0.0, 1.0, method="rk4", steps=steps, create_graph=create_graph)
+            x, log_q = flow_step(net, model, tasks.obs[:, m], x, log_q, steps=steps, create_graph=create_graph)
             log_joint = prior.log_prob(x)  # eq. 22: log π(x_m) + Σ_{s≤m} log p(o_s | x_m)
             for s in range(m + 1):
                 log_joint = log_joint + model.log_likelihood(tasks.obs[:, s], x)

@@ -24,7 +24,7 @@ import torch
 from operators.models import make_model
 from operators.models.base import ModelFamily
 from operators.models.priors import GaussianMixture
-from operators.rng import generator, rand, randn
+from operators.rng import generator, haar_orthogonal, rand, randn
 
 TASK_FAMILIES = ("linear_gaussian", "gmm")
 
@@ -48,12 +48,6 @@ class Tasks:
         return self.obs.shape[1]
 
 
-def _random_rotation(gens: list[torch.Generator], d: int, dtype: torch.dtype) -> torch.Tensor:
-    """Haar-random orthogonal matrices [B, d, d]: QR of a Gaussian matrix with the signs of diag(R) fixed."""
-    q, r = torch.linalg.qr(randn(gens, [d, d], torch.float64))
-    return (q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]).to(dtype)
-
-
 def _linear_gaussian_prior(
     gens: list[torch.Generator], d: int, dtype: torch.dtype, scale_range: tuple[float, float]
 ) -> GaussianMixture:
@@ -62,7 +56,7 @@ def _linear_gaussian_prior(
         raise ValueError(f"scale_range: must satisfy 0 < lo <= hi, got {scale_range!r}")
     mean = randn(gens, [d], dtype)
     log_s = math.log(lo) + (math.log(hi) - math.log(lo)) * rand(gens, [d], dtype)
-    Q = _random_rotation(gens, d, dtype)
+    Q = haar_orthogonal(gens, d, dtype)
     cov = Q @ torch.diag_embed(torch.exp(log_s)) @ Q.transpose(-1, -2)
     return GaussianMixture.gaussian(mean, 0.5 * (cov + cov.transpose(-1, -2)))
 

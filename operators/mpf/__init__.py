@@ -6,6 +6,7 @@ log q_{m+1}(x_{m+1}) = log q_m(x_m) − ∫ ∇ₓ·f dt (eq. 8).
   linearisation of a likelihood from particle scores;
 - :mod:`operators.mpf.network` — f_θ (eq. 16–18): DeepSet context, gated time-conditioned layers, score
   input, a zero-initialised residual on the base flow;
+- :mod:`operators.mpf.step` — :func:`flow_step`: one Bayes step, shared by serving and meta-training;
 - :mod:`operators.mpf.divergence` — ∇ₓ·f exactly (d autograd calls) or by Hutchinson probes;
 - :mod:`operators.mpf.ode` — :func:`integrate`: the (x, log q) ODE with torchdiffeq, per-stream time spans,
   plain or adjoint gradients, detached outputs for serving.

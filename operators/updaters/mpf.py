@@ -27,9 +27,8 @@ import torch
 from operators import evidence, gaussian
 from operators.models.base import ModelFamily
 from operators.models.priors import GaussianMixture, Prior
-from operators.mpf.gaussian_flow import linearised_likelihood
 from operators.mpf.network import MPFVelocity
-from operators.mpf.ode import integrate
+from operators.mpf.step import flow_step
 from operators.rng import Generators
 from operators.state import ParticleState, StepInfo
 from operators.updaters.base import Updater
@@ -77,18 +76,11 @@ class MPFUpdater(Updater):
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
         x, log_q = self._predict(state, model, gens)
-        lik = linearised_likelihood(model, obs, x)
-        net = self.network(d)
+        o = self.options
         with torch.no_grad():
-            ctx = net.context(x, lik)
             inc = evidence.predictive(model.log_likelihood(obs, x))
-
-            def velocity(xt: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-                return net(xt, lam, model.score(obs, xt), ctx)
-
-            o = self.options
-            x1, log_q1 = integrate(
-                velocity, x, log_q, 0.0, 1.0, method=o["solver"], steps=o["steps"], divergence=o["divergence"]
+            x1, log_q1 = flow_step(
+                self.network(d), model, obs, x, log_q, method=o["solver"], steps=o["steps"], divergence=o["divergence"]
             )
         n_eff = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
