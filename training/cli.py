@@ -4,7 +4,7 @@
     mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
     mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
 
-``evaluate``, ``fit-sampler`` and ``serve`` join as their issues land.
+    mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from operators.models.priors import prior_from_spec
 from operators.references import kalman_filter
 from operators.rng import generator
 from operators.updaters import UPDATERS, get_updater
+from training.tasks import TASK_FAMILIES
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -66,29 +67,60 @@ def _filter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_distributed() -> tuple[int, int]:
+    """Under ``torchrun`` (WORLD_SIZE > 1) join the process group — NCCL when CUDA is present, else gloo —
+    and return (rank, world size); (0, 1) otherwise."""
+    import os
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), dist.get_world_size()
+
+
 def _train(args: argparse.Namespace) -> int:
     """Meta-train an MPF operator on sampled tasks, then save it with :func:`operators.registry.save_operator`."""
     from operators.mpf.network import MPFVelocity
     from operators.registry import save_operator
-    from training.meta_train import meta_train
+    from training.meta_train import meta_train, resolve_device
     from training.tasks import sample_tasks
 
+    rank, world = _init_distributed()
+    torch.set_num_threads(args.threads)
+    task_kwargs = json.loads(args.task_options) if args.task_options else {}
     arch = {"hidden": args.hidden, "layers": args.layers, "embed": args.embed, "use_base": True}
-    torch.manual_seed(args.seed)  # the network's initial weights
+    torch.manual_seed(args.seed)  # the network's initial weights (the same on every rank)
     net = MPFVelocity(args.dim, **arch)
     out = Path(args.out)
+    device = resolve_device(args.device)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", torch.cuda.current_device())
     training = {
         "iterations": args.iterations,
         "batch": args.batch,
         "steps_per_seq": args.steps_per_seq,
+        "segment": args.segment,
+        "segment_prior": args.segment_prior,
+        "predicted_prior": args.predicted_prior,
+        "curriculum": args.curriculum,
         "particles": args.particles,
         "lr": args.lr,
         "weight_decay": args.weight_decay,
         "seed": args.seed,
         "val_every": args.val_every,
         "val_tasks": args.val_tasks,
-        "loss": "MPF eq. 19 (cumulative)",
+        "task_kwargs": task_kwargs,
+        "world_size": world,
+        "device": device.type,
+        "loss": "MPF eq. 19 (cumulative; eq. 21 segments; dynamic families: per-step loss vs the predicted density)",
     }
+    stem = f"{args.family}-d{args.dim}-seed{args.seed}"
     result = meta_train(
         net,
         args.family,
@@ -104,15 +136,28 @@ def _train(args: argparse.Namespace) -> int:
         val_every=args.val_every,
         val_tasks=args.val_tasks,
         progress=not args.quiet,
-        checkpoint=out / "_training" / f"{args.family}-d{args.dim}-seed{args.seed}.pt",
+        checkpoint=out / "_training" / f"{stem}.pt",
         resume=args.resume,
-        log_path=out / "_training" / f"{args.family}-d{args.dim}-seed{args.seed}.jsonl",
+        log_path=out / "_training" / f"{stem}.jsonl",
+        device=device,
+        task_kwargs=task_kwargs,
+        segment=args.segment,
+        segment_prior=args.segment_prior,
+        predicted_prior=args.predicted_prior,
+        curriculum=args.curriculum,
+        adjoint=args.adjoint,
+        max_minutes=args.max_minutes,
     )
-    probe = sample_tasks(args.family, args.dim, 1, 1, torch.Generator().manual_seed(0))
+    if rank != 0:
+        return 0
+    training["iterations_done"] = result["iterations"]
+    training["seconds"] = round(result["seconds"], 1)
+    training["it_per_s"] = round(result["it_per_s"], 3)
+    probe = sample_tasks(args.family, args.dim, 1, 1, torch.Generator().manual_seed(0), **task_kwargs)
     config = {
         "family": args.family,
         "state_dim": args.dim,
-        "obs_dim": math.prod(probe.model.obs_shape),
+        "obs_dim": math.prod(abs(n) for n in probe.obs.shape[2:]),
         "architecture": arch,
         "training": training,
         "solver": {"method": "rk4", "steps": args.ode_steps},
@@ -123,7 +168,12 @@ def _train(args: argparse.Namespace) -> int:
         "best_iteration": result["best_iteration"],
     }
     command = shlex.join(["mpflow", *(args.argv or [])])
-    readme = f"# MPF operator ({args.family}, d = {args.dim})\n\nTrained with\n\n    {command}\n"
+    readme = (
+        f"# MPF operator ({args.family}, d = {args.dim})\n\nTrained with\n\n    {command}\n\n"
+        f"({result['iterations']} iterations, {result['seconds'] / 60:.1f} min on {device.type}, {world} process(es); "
+        f"validation loss {result['val_loss_untrained']:.4f} untrained → {result['val_loss_best']:.4f} "
+        f"at iteration {result['best_iteration']}.)\n"
+    )
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     record = save_operator(out, None, config, state, metrics, readme)
     print(json.dumps({"saved": str(record.path), "metrics": metrics}))
@@ -146,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--params", help="model parameters as JSON (lds defaults: A = 0.9 I, B = I)")
     f.set_defaults(func=_filter)
     t = sub.add_parser("train", help="meta-train an MPF operator and save it to a registry folder")
-    t.add_argument("--family", required=True, choices=["gmm", "linear_gaussian"])
+    t.add_argument("--family", required=True, choices=sorted(TASK_FAMILIES))
     t.add_argument("--dim", type=int, required=True)
     t.add_argument("--iterations", type=int, required=True)
     t.add_argument("--batch", type=int, default=8, help="tasks per iteration")
@@ -163,8 +213,22 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--hidden", type=int, default=64)
     t.add_argument("--layers", type=int, default=3)
     t.add_argument("--embed", type=int, default=64)
+    t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (eq. 21)")
+    t.add_argument("--segment-prior", default="kde", choices=["kde", "gaussian"], help="prior of a segment")
+    t.add_argument(
+        "--predicted-prior", default="gaussian", choices=["kde", "gaussian"], help="dynamic families' step prior"
+    )
+    t.add_argument("--curriculum", type=float, default=0.0, help="fraction of the run over which T grows from 1")
+    t.add_argument("--task-options", help="task distribution options as JSON (training.tasks.TASK_OPTIONS)")
+    t.add_argument("--adjoint", action="store_true", help="adjoint-method gradients (O(1) memory in ODE steps)")
+    t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    t.add_argument("--max-minutes", type=float, help="stop after this much training time (validates first)")
+    t.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
+    from training.evaluate import add_parser as add_evaluate_parser
+
+    add_evaluate_parser(sub)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -25,8 +25,10 @@ validation seed stream, disjoint from the training one); the best θ (lowest val
 loaded into ``net`` at the end. Training tasks of iteration i depend only on (seed, i), so a run resumed from
 a checkpoint continues exactly as a straight run would.
 
-Not implemented yet: the KDE prior and sequence segmentation of eq. 20–21, dynamic families (predict step),
-the adaptive time span of the reference, the adjoint method, multi-GPU (torchrun/DDP).
+Sequence segmentation with a KDE prior (eq. 20–21), the dynamic-family loss (predict, then the per-step
+loss against the predicted density), a curriculum on sequence length, adjoint gradients and data-parallel
+training under torchrun (DistributedDataParallel; gloo on CPU, NCCL on GPUs) are options of
+:func:`meta_train`. Not implemented: the reference's learned integration span.
 """
 
 from __future__ import annotations
@@ -35,16 +37,20 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 from tqdm.auto import tqdm
 
-from operators import gaussian
+from operators import gaussian, metrics
 from operators.models.priors import GaussianMixture
+from operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
 from operators.mpf.network import MPFVelocity
-from operators.mpf.step import flow_step
+from operators.mpf.step import flow_step, predict
 from operators.rng import generator
 from training.tasks import Tasks, sample_tasks
 
@@ -67,10 +73,45 @@ def _to_device(tasks: Tasks, device: torch.device) -> Tasks:
     return Tasks(model, prior, tasks.obs.to(device), tasks.x_true.to(device), tasks.gens)
 
 
+def _density(kind: str, particles: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A density fitted to (detached) particles [B, N, d]: the KDE π̂(x; X) of eq. 20 (Silverman widths per
+    dimension) or the moment-matched Gaussian (exact when the cloud is Gaussian) → log π̂ as a function."""
+    X = particles.detach()
+    if kind == "kde":
+        return lambda x: metrics.kde_log_density(x, X).to(x.dtype)
+    if kind == "gaussian":
+        mean, cov = gaussian.moments(X.double())
+        chol = gaussian.cholesky(cov)
+        return lambda x: gaussian.log_prob(x.double(), mean, chol).to(x.dtype)
+    raise ValueError(f"segment_prior: expected 'kde' or 'gaussian', got {kind!r}")
+
+
 def task_loss(
-    net: MPFVelocity, tasks: Tasks, N: int, *, steps: int = 1, create_graph: bool = True, device=None
+    net: MPFVelocity,
+    tasks: Tasks,
+    N: int,
+    *,
+    steps: int = 1,
+    create_graph: bool = True,
+    device=None,
+    segment: int | None = None,
+    segment_prior: str = "kde",
+    predicted_prior: str = "gaussian",
+    adjoint: bool = False,
 ) -> torch.Tensor:
-    """The eq. 19 loss of each task [B] (summed over the T steps, mean over particles)."""
+    """The eq. 19 loss of each task [B] (summed over the T steps, mean over particles).
+
+    Static families: the cumulative loss with eq. 22. ``segment`` = S cuts the sequence every S steps
+    (eq. 21): at a cut the particles are detached, the new segment's prior is π̂(x; X_cut) (``segment_prior``:
+    the KDE of eq. 20 or the moment-matched Gaussian), log q restarts at log π̂, and the inner sum of eq. 22
+    runs over the segment's observations only.
+    Dynamic families (MPF §5 LDS): each step predicts (:func:`operators.mpf.step.predict`) and its loss is
+    (1/N) Σ_n [log q_m(x_m^n) − log p(o_m | x_m^n) − log p̂_m(x_m^n)] with p̂_m the predicted density — the
+    Gaussian pushed through the transition (exact for linear-Gaussian models, and what the updater uses), or
+    the KDE of the predicted particles with ``predicted_prior="kde"``.
+    For d > 8 the divergence is Hutchinson's with one Rademacher probe per particle and step (drawn from the
+    task's generator), else exact (:mod:`operators.mpf.divergence`).
+    """
     device = torch.device("cpu") if device is None else device
     x = tasks.prior.sample(N, tasks.gens)  # X_0 ~ π, drawn on CPU from the per-task generators
     tasks = _to_device(tasks, device)
@@ -80,11 +121,24 @@ def task_loss(
         if prior.weights.shape[1] == 1:  # as MPFUpdater._init: exact prior moments at step 0
             x = gaussian.moment_matched(x, *prior.moments())
         log_q = prior.log_prob(x)
+        log_prior, start = prior.log_prob, 0
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
         for m in range(tasks.length):
-            x, log_q = flow_step(net, model, tasks.obs[:, m], x, log_q, steps=steps, create_graph=create_graph)
-            log_joint = prior.log_prob(x)  # eq. 22: log π(x_m) + Σ_{s≤m} log p(o_s | x_m)
-            for s in range(m + 1):
+            obs = tasks.obs[:, m]
+            if model.dynamic:
+                x, _ = predict(model, x, tasks.gens)
+                log_prior = _density(predicted_prior, x)
+                log_q, start = log_prior(x), m
+            elif segment and m > 0 and m % segment == 0:  # eq. 21: a new task from the particles at the cut
+                x = x.detach()
+                log_prior = _density(segment_prior, x)
+                log_q, start = log_prior(x), m
+            probes = rademacher_probes(tasks.gens, 1, N, x.shape[-1], x.dtype) if x.shape[-1] > EXACT_MAX_DIM else None
+            x, log_q = flow_step(
+                net, model, obs, x, log_q, steps=steps, create_graph=create_graph, adjoint=adjoint, probes=probes
+            )
+            log_joint = log_prior(x)  # eq. 22: log π(x_m) + Σ_{start≤s≤m} log p(o_s | x_m)
+            for s in range(start, m + 1):
                 log_joint = log_joint + model.log_likelihood(tasks.obs[:, s], x)
             total = total + (log_q - log_joint).mean(-1)
     return total
@@ -99,18 +153,46 @@ def validation_loss(
     val_tasks: int,
     T: int,
     N: int,
-    steps: int = 1,
     device=None,
     task_kwargs: dict[str, Any] | None = None,
+    **loss_kw: Any,
 ) -> float:
-    """Mean eq. 19 loss over ``val_tasks`` held-out tasks (a fixed seed stream never used for training)."""
+    """Mean eq. 19 loss over ``val_tasks`` held-out tasks (a fixed seed stream never used for training);
+    ``loss_kw`` as for :func:`task_loss` (steps, segment, segment_prior)."""
     tasks = sample_tasks(family, dim, val_tasks, T, generator(seed * _SEED_STRIDE), **(task_kwargs or {}))
     was_training = net.training
     net.eval()
     with torch.no_grad():
-        loss = task_loss(net, tasks, N, steps=steps, create_graph=False, device=device).mean()
+        loss = task_loss(net, tasks, N, create_graph=False, device=device, **loss_kw).mean()
     net.train(was_training)
     return float(loss)
+
+
+class TaskLoss(nn.Module):
+    """The batch loss as a module, so DistributedDataParallel can wrap it (its forward is where DDP hooks
+    in; the network's own methods — context, field — are called inside)."""
+
+    def __init__(self, net: MPFVelocity):
+        super().__init__()
+        self.net = net
+
+    def forward(self, tasks: Tasks, N: int, **loss_kw: Any) -> torch.Tensor:
+        return task_loss(self.net, tasks, N, create_graph=True, **loss_kw).mean()
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) under torch.distributed (torchrun), else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def curriculum_length(T: int, iteration: int, iterations: int, curriculum: float) -> int:
+    """Sequence length of training iteration ``iteration`` (0-based): grows linearly from 1 to T over the
+    first ``curriculum`` fraction of the run (0 = always T)."""
+    if curriculum <= 0:
+        return T
+    return max(1, min(T, math.ceil(T * (iteration + 1) / (curriculum * iterations))))
 
 
 def meta_train(
@@ -135,8 +217,27 @@ def meta_train(
     log_path: str | Path | None = None,
     device: str | torch.device = "auto",
     task_kwargs: dict[str, Any] | None = None,
+    segment: int | None = None,
+    segment_prior: str = "kde",
+    predicted_prior: str = "gaussian",
+    curriculum: float = 0.0,
+    adjoint: bool = False,
+    skip_above: float = 1e7,
+    max_minutes: float | None = None,
 ) -> dict[str, Any]:
     """Algorithm 1 (module docstring). Trains ``net`` in place and leaves the best validated θ in it.
+
+    ``segment``/``segment_prior``: sequence segmentation (eq. 21, :func:`task_loss`); ``curriculum``: the
+    fraction of the run over which the training sequence length grows from 1 to T
+    (:func:`curriculum_length`; validation always uses T); ``adjoint``: adjoint-method gradients.
+    An iteration whose loss is non-finite, above ``skip_above`` or raises on a degenerate particle cloud is
+    skipped (no update; counted in the log as ``skipped``); more than max(10, iterations/10) skips abort.
+    ``max_minutes`` stops after that much training time (validating first); the result's ``iterations`` says
+    where, and rerunning with that many ``iterations`` and no time limit reproduces the run exactly.
+    Under ``torchrun`` (torch.distributed initialised) the loss is wrapped in DistributedDataParallel:
+    every rank draws its own ``batch`` tasks (the global batch is batch × world size; tasks of iteration i
+    on rank r come from the seed stream position i·world + r, so one process reproduces the plain run)
+    and gradients are averaged; rank 0 validates, logs, checkpoints and shows the progress bar.
 
     ``iterations`` is the total count: with ``resume`` and an existing ``checkpoint`` the run continues
     from the saved iteration. The checkpoint (torch.save; a training artefact, not an operator) is written
@@ -151,10 +252,18 @@ def meta_train(
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
     dev = resolve_device(device)
     net.to(dev)
+    rank, world = _world()
+    loss_kw = dict(steps=steps, segment=segment, segment_prior=segment_prior, predicted_prior=predicted_prior)
+    loss_module: nn.Module = TaskLoss(net)
+    if world > 1:
+        loss_module = nn.parallel.DistributedDataParallel(
+            loss_module, device_ids=[dev.index] if dev.type == "cuda" else None
+        )
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    val_kw = dict(seed=seed, val_tasks=val_tasks, T=T, N=N, steps=steps, device=dev, task_kwargs=task_kwargs)
+    val_kw = dict(seed=seed, val_tasks=val_tasks, T=T, N=N, device=dev, task_kwargs=task_kwargs, **loss_kw)
+    lead = rank == 0
     ckpt = Path(checkpoint) if checkpoint is not None else None
-    start, seconds, history = 0, 0.0, []
+    start, seconds, history, skipped = 0, 0.0, [], 0
     if resume and ckpt is not None and ckpt.exists():
         # weights_only=False: the file is one this trainer wrote, at a path the caller gave
         state = torch.load(ckpt, map_location=dev, weights_only=False)
@@ -169,11 +278,11 @@ def meta_train(
         )
         torch.set_rng_state(state["torch_rng"])
     else:
-        untrained = validation_loss(net, family, dim, **val_kw)
+        untrained = validation_loss(net, family, dim, **val_kw) if lead else math.nan
         best_val, best_state, best_it = untrained, copy.deepcopy(net.state_dict()), 0
 
     def save(iteration: int) -> None:
-        if ckpt is None:
+        if ckpt is None or not lead:
             return
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -193,32 +302,59 @@ def meta_train(
         tmp.replace(ckpt)
 
     log = None
-    if log_path is not None:  # a fresh run starts a fresh log; a resumed one appends to it
+    if log_path is not None and lead:  # a fresh run starts a fresh log; a resumed one appends to it
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "a" if start > 0 else "w", encoding="utf-8")  # noqa: SIM115
     net.train()
-    bar = tqdm(range(start, iterations), initial=start, total=iterations, disable=not progress, desc="meta-train")
+    bar = tqdm(
+        range(start, iterations), initial=start, total=iterations, disable=not (progress and lead), desc="meta-train"
+    )
     try:
         for it in bar:
             t0 = time.perf_counter()
+            T_it = curriculum_length(T, it, iterations, curriculum)
+            position = it * world + rank
             tasks = sample_tasks(
-                family, dim, batch, T, generator(seed * _SEED_STRIDE + 2 * it + 1), **(task_kwargs or {})
+                family, dim, batch, T_it, generator(seed * _SEED_STRIDE + 2 * position + 1), **(task_kwargs or {})
             )
-            loss = task_loss(net, tasks, N, steps=steps, create_graph=True, device=dev).mean()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"train loss is {float(loss.detach())} at iteration {it + 1}")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
-            opt.step()
+            try:
+                loss = loss_module(tasks, N, device=dev, adjoint=adjoint, **loss_kw)
+                ok = bool(torch.isfinite(loss)) and float(loss.detach()) < skip_above
+            except ValueError:  # a degenerate cloud (covariance not PD) from a bad θ on a hard task
+                loss, ok = torch.tensor(math.nan), False
+            if world > 1:  # every rank must agree to step (DDP all-reduces in backward)
+                flag = torch.tensor([float(ok)], device=dev)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                ok = bool(flag.item() > 0)
+            if ok:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                opt.step()
+            else:
+                skipped += 1
+                if skipped > max(10, iterations // 10):
+                    raise FloatingPointError(f"{skipped} iterations skipped (non-finite or exploding loss); lower lr")
             seconds += time.perf_counter() - t0
             done = it + 1
             val = None
-            if done % val_every == 0 or done == iterations:
+            out_of_time = max_minutes is not None and seconds >= 60 * max_minutes
+            if world > 1 and max_minutes is not None:  # stop together
+                flag = torch.tensor([float(out_of_time)], device=dev)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                out_of_time = bool(flag.item() > 0)
+            if lead and (done % val_every == 0 or done == iterations or out_of_time):
                 val = validation_loss(net, family, dim, **val_kw)
                 if val < best_val:
                     best_val, best_state, best_it = val, copy.deepcopy(net.state_dict()), done
-            row = {"iteration": done, "train_loss": float(loss.detach()), "val_loss": val, "seconds": round(seconds, 4)}
+            row = {
+                "iteration": done,
+                "T": T_it,
+                "train_loss": float(loss.detach()),
+                "val_loss": val,
+                "skipped": skipped,
+                "seconds": round(seconds, 4),
+            }
             history.append(row)
             if log is not None:
                 log.write(json.dumps(row) + "\n")
@@ -226,18 +362,21 @@ def meta_train(
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", best=f"{best_val:.3f}")
             if val is not None:
                 save(done)
+            if out_of_time:
+                break
     finally:
         if log is not None:
             log.close()
     final_state = copy.deepcopy(net.state_dict())
     net.load_state_dict(best_state)
-    n_done = iterations - start
+    last = history[-1]["iteration"] if history else start
+    n_done = last - start
     return {
         "val_loss_untrained": untrained,
         "val_loss_best": best_val,
         "best_iteration": best_it,
         "final_state": final_state,
-        "iterations": iterations,
+        "iterations": last,
         "seconds": seconds,
         "it_per_s": (len(history) / seconds) if seconds > 0 and n_done > 0 else math.nan,
         "history": history,

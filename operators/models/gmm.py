@@ -41,6 +41,17 @@ class GMM(ModelFamily):
         l2 = -0.5 * ((o - m2) / s) ** 2
         return torch.logaddexp(l1, l2) + norm
 
+    def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """∇x log p(o | x) = w₁ r₁ (1, 0) + w₂ r₂ (1, 1), r_k = (o − μ_k)/s², w_k the component
+        responsibilities (closed form; differentiable in x when x is)."""
+        s2 = (self.params["s"] ** 2)[:, None]
+        o = obs[:, :1]
+        r1 = (o - x[..., 0]) / s2
+        r2 = (o - x[..., 0] - x[..., 1]) / s2
+        w1 = torch.sigmoid(-0.5 * s2 * (r1**2 - r2**2))  # l1 − l2 = −½ s² (r1² − r2²)
+        w2r2 = (1 - w1) * r2
+        return torch.stack([w1 * r1 + w2r2, w2r2], -1)
+
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         pick = rand(gens, [1], x.dtype)[:, 0] < 0.5
         centre = torch.where(pick, x[:, 0], x[:, 0] + x[:, 1])

@@ -1,20 +1,46 @@
 """One MPF Bayes step, shared by serving (:class:`operators.updaters.mpf.MPFUpdater`) and meta-training
 (:func:`training.meta_train.task_loss`), so the two can never drift apart.
 
-Given the particles x [B, N, d] of p(x | o_<m) (after any transition) and their log-density log q:
-linearise the likelihood of o_m (:func:`operators.mpf.gaussian_flow.linearised_likelihood`), build the
-network's context from the detached cloud (eq. 16), and integrate dx/dλ = f_θ(X_m, o_m, x(λ), λ) with
-d log q/dλ = −∇·f over λ ∈ [0, 1] (eq. 4, 8). The likelihood score enters f along the path (§2.4 (ii)).
+Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
+
+1. :func:`predict` (dynamic families only; MPF §5 LDS: "predict with the transition, then apply F"): move
+   the particles through the transition, mapped affinely onto the pushed moments (F m + c, F C Fᵀ + Q) of
+   the previous cloud so the moments carry no Monte Carlo noise; their log-density becomes that
+   Gaussian's at the predicted particles (exact for linear-Gaussian models);
+2. :func:`flow_step`: linearise the likelihood of o_m (:func:`operators.mpf.gaussian_flow.linearised_likelihood`),
+   build the network's context from the detached cloud (eq. 16), whiten z = L⁻¹ (x − m) and integrate
+   dz/dλ = f_z(X_m, o_m, z(λ), λ) with d log q/dλ = −∇_z·f_z over λ ∈ [0, 1] (eq. 4, 8; the divergence is
+   invariant under the affine map), then map back x = m + L z. The likelihood score enters f along the
+   path (§2.4 (ii)). The integration runs in the base flow's co-moving frame (w with z = U(Φ(λ) w + ψ(λ)),
+   :mod:`operators.mpf.network`): dw/dλ = Φ⁻¹ Uᵀ h_θ and d log q_w/dλ = −∇_w·(dw/dλ) (= −∇_z·h_θ: similar
+   Jacobians), then log q_z = log q_w + ½ Σ log(1 + e_k) adds the base flow's exact −∫ tr A dλ.
 """
 
 from __future__ import annotations
 
 import torch
 
+from operators import gaussian
 from operators.models.base import ModelFamily
 from operators.mpf.gaussian_flow import linearised_likelihood
 from operators.mpf.network import MPFVelocity
 from operators.mpf.ode import integrate
+from operators.rng import Generators
+
+
+def predict(
+    model: ModelFamily, x: torch.Tensor, gens: Generators, log_weights: torch.Tensor | None = None, *, density=True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The transition step of a dynamic family (module docstring, 1.) → (x_pred, log N(x_pred; F m + c, F C Fᵀ + Q))
+    (the density only when ``density``); static families return (x, None)."""
+    if not model.dynamic:
+        return x, None
+    mean, cov = gaussian.moments(x.detach().double(), log_weights)
+    mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
+    x = gaussian.moment_matched(model.transition(x, gens), mean, cov)  # no Monte Carlo noise in the moments
+    if not density:
+        return x, None
+    return x, gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(x.dtype)
 
 
 def flow_step(
@@ -28,14 +54,45 @@ def flow_step(
     steps: int = 1,
     divergence: str = "auto",
     create_graph: bool = False,
+    adjoint: bool = False,
+    probes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Transport (x, log q) through one observation → (x1, log_q1). ``create_graph`` keeps the graph for
-    training; serving calls it under ``torch.no_grad()``."""
+    """Transport (x, log q) through one observation → (x1, log_q1). ``divergence="none"`` skips the density
+    (log_q1 is None: serving, where nobody reads it). ``create_graph`` keeps the graph for training;
+    serving calls it under ``torch.no_grad()``. ``adjoint`` (training) takes gradients by torchdiffeq's
+    adjoint method: O(1) memory in the ODE steps, θ its parameters.
+    ``probes`` [P, B, N, d]: Hutchinson probes, used by ``divergence="auto"`` when d > 8."""
     ctx = net.context(x, linearised_likelihood(model, obs, x))
+    L, U = ctx.chol, ctx.eigvec
 
-    def velocity(xt: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        return net(xt, lam, model.score(obs, xt), ctx)
+    def position(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """z = U (Φ(λ) ⊙ w + ψ(λ)) for w [B, N, d] (row vectors)."""
+        phi, psi = ctx.frame(lam)
+        return (w * phi[:, None] + psi[:, None]) @ U.transpose(-1, -2)
 
-    return integrate(
-        velocity, x, log_q, 0.0, 1.0, method=method, steps=steps, divergence=divergence, create_graph=create_graph
+    def velocity(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        z = position(w, lam)
+        h = net.residual_z(z, lam, model.score(obs, ctx.to_x(z)) @ L, ctx)
+        return (h @ U) * torch.rsqrt(ctx.frame(lam)[0])[:, None]  # Φ⁻¹ Uᵀ h
+
+    if divergence == "none":
+        log_q = None
+    w1, log_q1 = integrate(
+        velocity,
+        ctx.to_z(x) @ U,  # w(0) = y(0) = Uᵀ z(0)
+        log_q,
+        0.0,
+        1.0,
+        method=method,
+        steps=steps,
+        divergence=divergence,
+        probes=probes,
+        create_graph=create_graph,
+        adjoint=adjoint,
+        # θ only: the per-step context biases hold their graph to θ, so the adjoint's vjp w.r.t. θ already
+        # runs through them — listing them too would count that path twice
+        adjoint_params=list(net.parameters()) if adjoint else (),
     )
+    if log_q1 is not None:  # log q_z = log q_w − log|det Φ(1)| = log q_w + ½ Σ_k log(1 + e_k)
+        log_q1 = log_q1 + 0.5 * torch.log1p(ctx.eigval).sum(-1, keepdim=True)
+    return ctx.to_x(position(w1, torch.ones(x.shape[0], dtype=x.dtype, device=x.device))), log_q1

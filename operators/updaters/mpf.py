@@ -1,86 +1,145 @@
 """``mpf``: the Meta Particle Flow updater (Chen, Dai & Song, §2–3): one short ODE integration per observation
-moves the particles from p(x | o_<m) to p(x | o_≤m) and carries their log-density (eq. 4, 8).
+moves the particles from p(x | o_<m) to p(x | o_≤m) (eq. 4), optionally carrying their log-density (eq. 8).
 
-Per step, for each stream:
-  1. predict   dynamic families move the particles through the transition (MPF §5 LDS: "predict with the
-               transition, then apply F"), mapped affinely onto the pushed moments (F m + c, F C Fᵀ + Q) of
-               the previous cloud; their log-density becomes that Gaussian's at the predicted particles;
+Per step, for each stream (:mod:`operators.mpf.step`, shared with meta-training):
+  1. predict   dynamic families move the particles through the transition, mapped affinely onto the pushed
+               moments of the previous cloud (MPF §5 LDS: "predict with the transition, then apply F");
   2. linearise the likelihood: exactly (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families, else by Stein's
                identity from the scores at the particles (:mod:`operators.mpf.gaussian_flow`);
   3. flow      integrate dx/dλ = f_θ(X_m, o, x(λ), λ) over λ ∈ [0, 1] with ``solver`` (RK4 with ``steps``
-               equal steps by default: the reference used one) and d log q/dλ = −∇·f;
+               equal steps by default: the reference used one);
   4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles.
 
-f_θ is :class:`operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual. With
-``network=None`` the residual is zero — the updater is then the exact Daum–Huang filter, exact for
-linear-Gaussian models up to the ODE error — and a trained operator (see :mod:`operators.registry`)
-supplies θ. At step 0 with a Gaussian prior and N > d the particles are mapped onto the prior's exact mean
-and covariance and their log-density is the prior's.
-
-Not registered in ``UPDATERS`` until trained operators ship (the API's ``mpf`` means "a trained operator").
+f_θ is :class:`operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual. A
+trained operator comes from the registry (:mod:`operators.registry`): ``MPFUpdater(operator="lds-d2-v1")``
+(a name or a folder); its ``config.json`` gives the architecture and the solver. Without an operator the
+residual is zero — the updater is then the exact Daum–Huang filter, exact for linear-Gaussian models up to
+the ODE error. ``track_density=True`` also integrates d log q/dλ = −∇·f (exact divergence for d ≤ 8, so
+costlier); serving leaves it off since nothing the API returns reads it. At step 0 with a Gaussian prior
+and N > d the particles are mapped onto the prior's exact mean and covariance.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
 import torch
 
-from operators import evidence, gaussian
+from operators import evidence, gaussian, registry
 from operators.models.base import ModelFamily
 from operators.models.priors import GaussianMixture, Prior
 from operators.mpf.network import MPFVelocity
-from operators.mpf.step import flow_step
+from operators.mpf.step import flow_step, predict
 from operators.rng import Generators
 from operators.state import ParticleState, StepInfo
 from operators.updaters.base import Updater
 
 
+def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
+    """The newest trained operator for (family, state_dim) in ``dirs`` (default: the registry's default dirs,
+    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None."""
+    found = [
+        r
+        for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
+        if r.kind == "operator" and r.family == family and r.state_dim == state_dim
+    ]
+    return max(found, key=lambda r: r.version, default=None)
+
+
+def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
+    """Build the MPFVelocity described by ``config.json`` and load its weights (eval mode)."""
+    arch = record.config["architecture"]
+    if not isinstance(arch, dict):
+        raise ValueError(f"operator: {record.name} is not an MPF operator (architecture {arch!r})")
+    net = MPFVelocity(record.state_dim, **arch)
+    try:
+        net.load_state_dict(registry.load_weights(record))
+    except RuntimeError as exc:
+        raise ValueError(f"operator: weights of {record.name} do not fit its architecture ({exc})") from None
+    return net.eval()
+
+
+@lru_cache(maxsize=64)
+def _load(path: str, content_hash: str) -> MPFVelocity:
+    return network_from_record(registry.load_record(path, "operator"))
+
+
+def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.OperatorRecord, MPFVelocity]:
+    """(record, network) of a registered operator; networks are cached per folder and content hash."""
+    rec = registry.resolve(name_or_dir, dirs)
+    return rec, _load(str(rec.path), rec.content_hash)
+
+
 class MPFUpdater(Updater):
     name = "mpf"
-    defaults = {"network": None, "solver": "rk4", "steps": 1, "divergence": "auto"}
+    defaults = {"operator": None, "network": None, "solver": None, "steps": None, "track_density": False}
 
     def __init__(self, **options):
         super().__init__(**options)
-        net = self.options["network"]
+        o = self.options
+        self.record = None
+        if o["operator"] is not None and o["network"] is not None:
+            raise ValueError("options: give either operator (a registered name or folder) or network, not both")
+        if o["operator"] is not None:
+            self.record, o["network"] = load_operator(o["operator"])
+        net = o["network"]
         if net is not None and not isinstance(net, MPFVelocity):
             raise ValueError("options.network: expected an MPFVelocity (load one with operators.registry)")
+        solver = (self.record.config.get("solver", {}) if self.record is not None else {}) or {}
+        o["solver"] = o["solver"] or solver.get("method", "rk4")
+        o["steps"] = o["steps"] or solver.get("steps", 1)
         self._untrained: dict[int, MPFVelocity] = {}
+
+    def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
+        super().check_compatible(model, prior)
+        if self.record is not None and (self.record.family, self.record.state_dim) != (model.name, model.state_dim):
+            raise ValueError(
+                f"method: operator {self.record.name} is for {self.record.family} with d = {self.record.state_dim}, "
+                f"not {model.name} with d = {model.state_dim}"
+            )
 
     def network(self, dim: int) -> MPFVelocity:
         net = self.options["network"]
         if net is None:  # the zero residual: the exact Daum–Huang flow
-            net = self._untrained.setdefault(dim, MPFVelocity(dim).eval())
+            if dim not in self._untrained:
+                self._untrained[dim] = MPFVelocity(dim).eval()
+            net = self._untrained[dim]
         if net.dim != dim:
             raise ValueError(f"options.network: the operator is for d = {net.dim}, the model has d = {dim}")
         return net
 
     def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         x = state.particles
+        if isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1:
+            x = gaussian.moment_matched(x, *prior.moments())
+        if not self.options["track_density"]:
+            return state.replace(particles=x)
         if isinstance(prior, GaussianMixture):
-            if prior.weights.shape[1] == 1:
-                x = gaussian.moment_matched(x, *prior.moments())
             log_q = prior.to(torch.float64).log_prob(x.double()).to(x.dtype)
         else:  # a particle prior has no density: use its fitted Gaussian's
             mean, cov = gaussian.moments(x.double())
             log_q = gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(x.dtype)
         return state.replace(particles=x, log_density=log_q)
 
-    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators):
-        x, log_q = state.particles, state.log_density
-        if not model.dynamic:
-            return x, log_q
-        mean, cov = gaussian.moments(x.double(), state.log_weights)
-        mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
-        x = gaussian.moment_matched(model.transition(x, gens), mean, cov)  # no Monte Carlo noise in the moments
-        return x, gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(x.dtype)
-
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
-        x, log_q = self._predict(state, model, gens)
         o = self.options
+        track = o["track_density"]
+        x, log_q = predict(model, state.particles, gens, state.log_weights, density=track)
+        if log_q is None and track:
+            log_q = state.log_density
         with torch.no_grad():
             inc = evidence.predictive(model.log_likelihood(obs, x))
             x1, log_q1 = flow_step(
-                self.network(d), model, obs, x, log_q, method=o["solver"], steps=o["steps"], divergence=o["divergence"]
+                self.network(d),
+                model,
+                obs,
+                x,
+                log_q,
+                method=o["solver"],
+                steps=o["steps"],
+                divergence="auto" if track else "none",
             )
         n_eff = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)

@@ -5,6 +5,7 @@ resume bit-for-bit, and ``mpflow train`` writes a registry folder that loads bac
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -114,3 +115,66 @@ def test_cli_train_writes_a_loadable_operator(tmp_path, capsys):
     with torch.no_grad():
         outs = [m(x, lam, tasks.model.score(obs, x), m.context(x, lik)) for m in (net, reference)]
     assert torch.equal(outs[0], outs[1])
+
+
+def _kalman_increments(tasks):
+    mean, cov = tasks.prior.moments()
+    return kalman_filter(mean, cov, tasks.model, tasks.obs)[2]  # log p(o_m | o_<m) [B, T]
+
+
+def test_segmented_loss_of_the_exact_flow_is_the_segment_evidence():
+    """With segments of S steps and a Gaussian segment prior (exact here), the exact flow's eq. 19/21 loss is
+    −Σ_m log p(o_{start(m)..m} | o_<start(m)) — cumulative sums restarted at every cut."""
+    tasks = sample_tasks("linear_gaussian", 2, 3, 5, generator(11))
+    inc = _kalman_increments(tasks)
+    expected = torch.zeros(3, dtype=torch.float64)
+    for m in range(5):
+        start = (m // 2) * 2
+        expected -= inc[:, start : m + 1].sum(1)
+    with torch.no_grad():
+        loss = task_loss(MPFVelocity(2).eval(), tasks, 64, create_graph=False, segment=2, segment_prior="gaussian")
+        unsegmented = task_loss(MPFVelocity(2).eval(), tasks, 64, create_graph=False)
+    assert torch.allclose(loss.double(), expected, atol=2e-3), (loss, expected)
+    assert not torch.allclose(unsegmented.double(), expected, atol=1e-1)
+
+
+def test_lds_loss_of_the_exact_flow_is_minus_the_log_evidence():
+    """Dynamic family: predict, then the per-step loss against the predicted Gaussian. For the exact flow each
+    step's loss is −log p(o_m | o_<m), so the task loss is −log p(o_1:T) (Kalman, float64)."""
+    tasks = sample_tasks("lds", 2, 3, 6, generator(5))
+    with torch.no_grad():
+        loss = task_loss(MPFVelocity(2).eval(), tasks, 64, create_graph=False)
+    assert torch.allclose(loss.double(), -_kalman_increments(tasks).sum(1), atol=2e-3)
+
+
+@pytest.mark.parametrize(("family", "dim"), [("lds", 2), ("logistic", 3), ("stochastic_volatility", 2)])
+def test_every_family_trains_a_few_iterations(family, dim):
+    torch.manual_seed(0)
+    net = MPFVelocity(dim, hidden=16, layers=2, embed=8)
+    result = meta_train(
+        net, family, dim, iterations=2, batch=2, T=3, N=16, val_every=1, val_tasks=2, progress=False, device="cpu"
+    )
+    assert all(math.isfinite(r["train_loss"]) for r in result["history"])
+    assert result["final_state"].keys() == net.state_dict().keys()
+
+
+def test_adjoint_gradients_match_backpropagation():
+    grads = []
+    for adjoint in (False, True):
+        tasks = sample_tasks("gmm", 2, 2, 2, generator(2))  # fresh: the task generators draw X_0
+        net = _net()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator(1)))
+        task_loss(net, tasks, 16, steps=4, adjoint=adjoint).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-3, atol=1e-4 * grads[0].abs().max())
+
+
+def test_curriculum_grows_the_sequence_length():
+    from training.meta_train import curriculum_length
+
+    lengths = [curriculum_length(10, it, 100, 0.5) for it in range(100)]
+    assert lengths[0] == 1 and lengths[49] == 10 and lengths[-1] == 10
+    assert lengths == sorted(lengths)
+    assert curriculum_length(10, 0, 100, 0.0) == 10

@@ -22,7 +22,7 @@ def test_untrained_mpf_is_the_exact_daum_huang_filter(family, params):
     model = make_model(family, params, 2)
     _, obs = model.simulate(20, torch.tensor([[1.0, -1.0]]), [generator(3)])
     means, covs, logz = kalman_filter(torch.zeros(1, 2), torch.eye(2)[None], model, obs)
-    up = MPFUpdater(steps=4)
+    up = MPFUpdater(steps=4, track_density=True)
     state = up.init(prior_from_spec(PRIOR2, 2), model, 256, 0)
     for t in range(20):
         state, info = up.update(state, obs[:, t], model)
@@ -39,7 +39,7 @@ def test_untrained_mpf_is_the_exact_daum_huang_filter(family, params):
 def test_non_gaussian_likelihood_runs_and_stays_finite():
     model = make_model("stochastic_volatility", {}, 2)
     _, obs = model.simulate(10, torch.zeros(1, 2), [generator(5)])
-    up = MPFUpdater()
+    up = MPFUpdater(track_density=True)
     state = up.init(prior_from_spec(PRIOR2, 2), model, 128, 0)
     for t in range(10):
         state, _ = up.update(state, obs[:, t], model)

@@ -1,0 +1,148 @@
+"""MPF serving latency: the compute of one Bayes step of one stream on one CPU thread, against ``smc`` in the
+same run (issue 3: median ≤ 2 ms at N = 256 and ≤ 5 ms at N = 1024, d = 2).
+
+``python -m benchmarks.mpf_latency [--quick] [--repeats R]``
+
+For each family (``linear_gaussian``, ``lds``, ``gmm``, ``stochastic_volatility``; d = 2) and N ∈ {256, 1024}:
+one stream (B = 1) is initialised from N(0, I) and fed R simulated observations (truth x_0 ~ N(0, I); for
+``lds`` the A, B of :func:`benchmarks.engine.lds_params`); every ``updater.update`` is timed with
+``time.perf_counter`` under ``torch.set_num_threads(1)`` after W warm-up updates. ``mpf`` uses the newest
+shipped operator of the family (:func:`operators.updaters.mpf.find_operator`), its solver settings (RK4,
+one step) and no density tracking (as served); a family without a shipped operator runs the untrained base
+flow and says so. The methods alternate update by update (mpf, smc, mpf, …), so a load spike on this shared
+machine hits both alike; the table reports medians, 90th percentiles and the ratio of medians to ``smc``.
+
+Results: a markdown table on stdout, ``benchmarks/results/mpf_latency.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.engine import RESULTS, lds_params, single_thread
+from operators.models import make_model
+from operators.models.priors import prior_from_spec
+from operators.rng import generator
+from operators.updaters import get_updater
+from operators.updaters.mpf import find_operator
+
+FAMILIES = ("linear_gaussian", "lds", "gmm", "stochastic_volatility")
+PARTICLES = (256, 1024)
+TARGET_MS = {256: 2.0, 1024: 5.0}
+
+
+def _problem(family: str, d: int, steps: int, seed: int):
+    gen = generator(10_000 + seed)
+    model = make_model(family, lds_params(d, gen) if family == "lds" else {}, d)
+    prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
+    _, obs = model.simulate(steps, prior.sample(1, [gen])[:, 0], [gen])
+    return model, prior, obs
+
+
+def measure(family: str, N: int, repeats: int, warmup: int, d: int = 2) -> dict[str, Any]:
+    """Interleaved timings of ``mpf`` and ``smc`` on one stream → a result row."""
+    record = find_operator(family, d)
+    mpf = get_updater("mpf", operator=str(record.path)) if record is not None else get_updater("mpf")
+    updaters = {"mpf": mpf, "smc": get_updater("smc")}
+    model, prior, obs = _problem(family, d, repeats + warmup, seed=N)
+    states = {name: u.init(prior, model, N, seed=0) for name, u in updaters.items()}
+    times: dict[str, list[float]] = {name: [] for name in updaters}
+    with single_thread(), torch.no_grad():
+        for t in range(repeats + warmup):
+            for name, u in updaters.items():
+                t0 = time.perf_counter()
+                states[name], _ = u.update(states[name], obs[:, t], model)
+                if t >= warmup:
+                    times[name].append(1000 * (time.perf_counter() - t0))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()}
+    return {
+        "family": family,
+        "d": d,
+        "N": N,
+        "operator": record.name if record is not None else "untrained base flow",
+        "mpf_ms_median": med["mpf"],
+        "mpf_ms_p90": p90["mpf"],
+        "smc_ms_median": med["smc"],
+        "smc_ms_p90": p90["smc"],
+        "ratio_mpf_to_smc": med["mpf"] / med["smc"],
+        "target_ms": TARGET_MS.get(N),
+        "meets_target": med["mpf"] <= TARGET_MS.get(N, float("inf")),
+    }
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = "| family | N | operator | mpf ms (median / p90) | smc ms (median / p90) | mpf ÷ smc | target | met |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | {r['N']} | {r['operator']} | {r['mpf_ms_median']:.2f} / {r['mpf_ms_p90']:.2f} | "
+            f"{r['smc_ms_median']:.2f} / {r['smc_ms_p90']:.2f} | {r['ratio_mpf_to_smc']:.1f} | "
+            f"≤ {r['target_ms']:.0f} ms | {'yes' if r['meets_target'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PARTICLES), figsize=(5 * len(PARTICLES), 3.6), sharey=True)
+    for ax, N in zip(axes, PARTICLES, strict=True):
+        sub = [r for r in rows if r["N"] == N]
+        xs = range(len(sub))
+        ax.bar([x - 0.2 for x in xs], [r["mpf_ms_median"] for r in sub], 0.4, label="mpf")
+        ax.bar([x + 0.2 for x in xs], [r["smc_ms_median"] for r in sub], 0.4, label="smc")
+        ax.axhline(TARGET_MS[N], color="k", ls="--", lw=1, label=f"target {TARGET_MS[N]:.0f} ms")
+        ax.set_xticks(list(xs), [r["family"].replace("_", "\n") for r in sub], fontsize=8)
+        ax.set_title(f"one update, d = 2, N = {N}, 1 thread")
+        ax.set_ylabel("median ms")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mpf_latency", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="30 timed updates instead of 300")
+    parser.add_argument("--repeats", type=int, help="timed updates per configuration")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--out", default=str(RESULTS / "mpf_latency"), help="output stem (.json, .png)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (30 if args.quick else 300)
+    t0 = time.perf_counter()
+    rows = [measure(f, N, repeats, warmup=10) for f in args.families.split(",") for N in PARTICLES]
+    print(format_table(rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "benchmark": "mpf_latency",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": 1,
+        "repeats": repeats,
+        "timing": "updater.update of one stream (B = 1), mpf and smc interleaved, after 10 warm-up updates",
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    plot(rows, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
