@@ -21,8 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: setup
-	@echo "mpflow: the HTTP service is coming with the service issue; the inference engine is installed."
-	@echo "Try: $(PY) -m benchmarks.engine --quick"
+	$(PY) -m service
 
 test: setup
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,10 @@ bad value fails at start with a message naming the field.
 - ``redis_url``: the state store; ``None`` means the embedded local Redis (DESIGN.md "Service internals").
 - ``api_keys``: ``"tenantA:key1,tenantB:key2"``; empty means open (no auth, one tenant).
 - ``operator_dirs``: extra folders of trained operators, separated by ``,`` or the OS path separator.
+- ``redis_prefix``: the key prefix of every stream key (several services, or tests, may share one Redis).
+- ``batching``: micro-batch updates across streams (``false``: one stream per operator call, for benchmarks).
+- ``method_options``: per-method updater options as JSON, e.g. ``{"nvgd": {"max_iters": 30}}`` (the keys of each
+  updater's ``defaults``; checked when the app starts).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     default_ttl_seconds: int = 86400
     data_dir: str = "./data"
+    redis_prefix: str = "mpflow"
+    batching: bool = True
+    method_options: dict[str, dict[str, Any]] = {}
 
     @field_validator(*_POSITIVE)
     @classmethod

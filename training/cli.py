@@ -5,6 +5,7 @@
     mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
 
     mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
+    mpflow serve [--host --port]     the HTTP service (API.md)
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     from training.evaluate import add_parser as add_evaluate_parser
 
     add_evaluate_parser(sub)
+    from service.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -27,7 +27,7 @@ PANELS = (
     ("mmd2", "MMD²"),
     ("cross_entropy", "cross-entropy H(p, q̂)"),
 )
-COLORS = {"mpf": "tab:red", "smc": "tab:blue", "gpf": "tab:green", "reference": "black"}
+COLORS = {"mpf": "tab:red", "mpf-base": "tab:orange", "smc": "tab:blue", "gpf": "tab:green", "reference": "black"}
 LINESTYLES = ("-", "--", ":", "-.")
 GRID = 120
 

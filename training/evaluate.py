@@ -70,7 +70,9 @@ from training.tasks import Tasks, sample_tasks
 EVAL_SEED = 2**41 + 17
 DEFAULT_STEPS = {"linear_gaussian": 100, "lds": 25, "gmm": 30, "logistic": 20, "stochastic_volatility": 50}
 DEFAULT_PARTICLES: dict[str, tuple[int, ...]] = {"lds": (64, 256, 1024)}
-DEFAULT_METHODS = ("mpf", "smc", "gpf")
+#: "mpf-base" is the operator's untrained base flow (the Daum–Huang flow alone, zero residual): the
+#: difference to "mpf" is what meta-training added
+DEFAULT_METHODS = ("mpf", "mpf-base", "smc", "gpf")
 DEFAULT_TASKS = 5
 REPORT_STEPS = (10, 50, 100)
 SNAPSHOT_STEPS = (1, 2, 5, 10, 20, 30)
@@ -95,6 +97,13 @@ def load_operator(record_or_dir: OperatorRecord | str | Path) -> OperatorRecord:
 def mpf_updater(record: OperatorRecord) -> Updater:
     """The ``mpf`` updater running ``record``'s network with its solver settings (from its config)."""
     return get_updater("mpf", operator=str(record.path))
+
+
+def method_updater(method: str, record: OperatorRecord) -> Updater:
+    """"mpf" → the operator, "mpf-base" → its untrained base flow, anything else → that registered method."""
+    if method == "mpf":
+        return mpf_updater(record)
+    return get_updater("mpf" if method == "mpf-base" else method)
 
 
 def task_kwargs(record: OperatorRecord) -> dict[str, Any]:
@@ -406,9 +415,9 @@ def evaluate(
     start = time.perf_counter()
     record = load_operator(record_or_dir)
     family = record.family
-    unknown = sorted(set(methods) - {"mpf", *get_methods()})
+    unknown = sorted(set(methods) - {"mpf-base", *get_methods()})
     if unknown or not methods:
-        raise ValueError(f"methods: unknown method(s) {unknown}; choose from {['mpf', *get_methods()]}")
+        raise ValueError(f"methods: unknown method(s) {unknown}; choose from {['mpf-base', *get_methods()]}")
     n_tasks = tasks if tasks is not None else (QUICK_TASKS if quick else DEFAULT_TASKS)
     T = steps if steps is not None else DEFAULT_STEPS.get(family, 20)
     if quick:
@@ -426,7 +435,7 @@ def evaluate(
     for i, N in enumerate(Ns):
         for method in methods:
             bar.set_postfix_str(f"{method} N={N}")
-            updater = mpf_updater(record) if method == "mpf" else get_updater(method)
+            updater = method_updater(method, record)
             snap = SNAPSHOT_STEPS if i == 0 else ()
             runs.append(run_method(method, updater, data, N, seeds, ref, snapshot_steps=snap, bar=bar))
     bar.close()

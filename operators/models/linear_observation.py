@@ -5,6 +5,8 @@ log p(o|x) = −½ (o − Hx)ᵀ R⁻¹ (o − Hx) − ½ log|2πR|,   ∇x log 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from operators import gaussian
@@ -38,6 +40,11 @@ class LinearObservationFamily(ModelFamily):
     def R(self) -> torch.Tensor:
         return self.params[self.obs_cov_name]
 
+    @functools.cached_property
+    def R_chol(self) -> torch.Tensor:
+        """Cholesky factor of R, computed once per model (the parameters never change after validation)."""
+        return gaussian.cholesky(self.R)
+
     @property
     def obs_shape(self) -> tuple[int, ...]:
         return (self.H.shape[-2],)
@@ -61,13 +68,12 @@ class LinearObservationFamily(ModelFamily):
 
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         pred = x @ self.H.transpose(-1, -2)  # [B, N, k]
-        L = gaussian.cholesky(self.R)
         # log N(o; Hx, R) = log N(Hx; o, R)
-        return gaussian.log_prob(pred, obs, L)
+        return gaussian.log_prob(pred, obs, self.R_chol)
 
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         resid = obs[:, None, :] - x @ self.H.transpose(-1, -2)  # [B, N, k]
-        return gaussian.precision_times(resid, gaussian.cholesky(self.R)) @ self.H
+        return gaussian.precision_times(resid, self.R_chol) @ self.H
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         L = torch.linalg.cholesky(self.R)

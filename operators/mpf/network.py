@@ -3,7 +3,7 @@
 The field works in the prior's whitened coordinates z = L⁻¹ (x − m) (prior moments m, P = LLᵀ of the
 step's particles — the normalised inputs):
 
-    f_z(z, λ) = DH_z(z, λ) + h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),     f_x = L f_z,   λ ∈ [0, 1].
+    f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
 
 * DH_z is the exact Daum–Huang flow (:mod:`operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
   under the whitened, statistically linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)). With the
@@ -30,7 +30,8 @@ Divergence is invariant under the affine change x = m + L z, so d log q/dλ = �
 The base flow is stiff when the observation is much more informative than the prior (e_k ≫ 1: one RK4
 step would blow up), but it has the closed-form solution y(λ) = Φ(λ) y(0) + ψ(λ) (:meth:`StepContext.frame`).
 :func:`operators.mpf.step.flow_step` therefore integrates in the co-moving frame w = Φ⁻¹ (y − ψ), where only
-the residual remains: dw/dλ = Φ⁻¹ Uᵀ h_θ — exact for an untrained operator, whatever the step count.
+the residual remains: dw/dλ = Uᵀ h_θ (so dz/dλ = DH_z + U Φ(λ) Uᵀ h_θ: the learned residual is measured in
+the whitened scale of the current posterior) — exact for an untrained operator, whatever the step count.
 """
 
 from __future__ import annotations
@@ -175,8 +176,9 @@ class MPFVelocity(nn.Module):
         return self.residual_bound * torch.tanh(h / self.residual_bound)
 
     def field_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """f_z = DH_z + h_θ [B, N, d], the whole whitened field."""
-        h = self.residual_z(z, lam, score_z, ctx)
+        """f_z = DH_z + U Φ(λ) Uᵀ h_θ [B, N, d], the whole whitened field (the module docstring)."""
+        U = ctx.eigvec
+        h = ((self.residual_z(z, lam, score_z, ctx) @ U) * ctx.frame(lam)[0][:, None]) @ U.transpose(-1, -2)
         return h + ctx.base_z(z, lam) if ctx.use_base else h
 
     def forward(self, x: torch.Tensor, lam: torch.Tensor, score: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -12,8 +12,9 @@ Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
    dz/dλ = f_z(X_m, o_m, z(λ), λ) with d log q/dλ = −∇_z·f_z over λ ∈ [0, 1] (eq. 4, 8; the divergence is
    invariant under the affine map), then map back x = m + L z. The likelihood score enters f along the
    path (§2.4 (ii)). The integration runs in the base flow's co-moving frame (w with z = U(Φ(λ) w + ψ(λ)),
-   :mod:`operators.mpf.network`): dw/dλ = Φ⁻¹ Uᵀ h_θ and d log q_w/dλ = −∇_w·(dw/dλ) (= −∇_z·h_θ: similar
-   Jacobians), then log q_z = log q_w + ½ Σ log(1 + e_k) adds the base flow's exact −∫ tr A dλ.
+   :mod:`operators.mpf.network`): dw/dλ = Uᵀ h_θ, i.e. dz/dλ = DH_z(z, λ) + U Φ(λ) Uᵀ h_θ — the residual
+   is expressed in units of the current (λ) posterior's whitened scale — and d log q_w/dλ = −∇_w·(dw/dλ);
+   then log q_z = log q_w + ½ Σ log(1 + e_k) adds the base flow's exact −∫ tr A dλ.
 """
 
 from __future__ import annotations
@@ -64,16 +65,23 @@ def flow_step(
     ``probes`` [P, B, N, d]: Hutchinson probes, used by ``divergence="auto"`` when d > 8."""
     ctx = net.context(x, linearised_likelihood(model, obs, x))
     L, U = ctx.chol, ctx.eigvec
+    exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
 
-    def position(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        """z = U (Φ(λ) ⊙ w + ψ(λ)) for w [B, N, d] (row vectors)."""
+    def position(w: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, z) with y = Φ(λ) ⊙ w + ψ(λ) and z = U y, for w [B, N, d] (row vectors)."""
         phi, psi = ctx.frame(lam)
-        return (w * phi[:, None] + psi[:, None]) @ U.transpose(-1, -2)
+        y = w * phi[:, None] + psi[:, None]
+        return y, y @ U.transpose(-1, -2)
+
+    def score_z(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Lᵀ ∇x log p(o | x) at x = m + L z; for linear-Gaussian families exactly η_z − Λ_z z = U (Uᵀη_z − e ⊙ y)."""
+        if exact:
+            return (ctx.eta_y[:, None] - y * ctx.eigval[:, None]) @ U.transpose(-1, -2)
+        return model.score(obs, ctx.to_x(z)) @ L
 
     def velocity(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        z = position(w, lam)
-        h = net.residual_z(z, lam, model.score(obs, ctx.to_x(z)) @ L, ctx)
-        return (h @ U) * torch.rsqrt(ctx.frame(lam)[0])[:, None]  # Φ⁻¹ Uᵀ h
+        y, z = position(w, lam)
+        return net.residual_z(z, lam, score_z(y, z), ctx) @ U  # dw/dλ = Uᵀ h
 
     if divergence == "none":
         log_q = None
@@ -95,4 +103,4 @@ def flow_step(
     )
     if log_q1 is not None:  # log q_z = log q_w − log|det Φ(1)| = log q_w + ½ Σ_k log(1 + e_k)
         log_q1 = log_q1 + 0.5 * torch.log1p(ctx.eigval).sum(-1, keepdim=True)
-    return ctx.to_x(position(w1, torch.ones(x.shape[0], dtype=x.dtype, device=x.device))), log_q1
+    return ctx.to_x(position(w1, torch.ones(x.shape[0], dtype=x.dtype, device=x.device))[1]), log_q1

@@ -72,7 +72,7 @@ def test_quick_report_files_and_keys(lg_run, capsys):
     s = m["settings"]
     assert (s["quick"], s["tasks"], s["steps"], s["particles"], s["seed"]) == (True, 2, 6, [64], ev.EVAL_SEED)
     assert m["reference"]["kind"] == "kalman" and len(m["reference"]["entropy_curve"]) == 6
-    assert [(r["method"], r["particles"]) for r in m["results"]] == [("mpf", 64), ("smc", 64), ("gpf", 64)]
+    assert [(r["method"], r["particles"]) for r in m["results"]] == [("mpf", 64), ("mpf-base", 64), ("smc", 64), ("gpf", 64)]
     for r in m["results"]:
         assert "error" not in r
         for name in ev.METRICS:
@@ -114,7 +114,7 @@ def test_table_and_registry_merge(lg_run, capsys):
     assert after.content_hash == record.content_hash  # metrics.json is outside the hash
     evaluation = after.metrics["evaluation"]
     assert after.metrics["val_loss_best"] == 1.0  # merged, not replaced
-    assert [r["method"] for r in evaluation["results"]] == ["mpf", "smc", "gpf"]
+    assert [r["method"] for r in evaluation["results"]] == ["mpf", "mpf-base", "smc", "gpf"]
     assert "curves" not in evaluation["results"][0]
 
 

@@ -7,6 +7,7 @@ import torch
 from operators import gaussian
 from operators.models import make_model
 from operators.models.priors import prior_from_spec
+from operators.mpf.network import MPFVelocity
 from operators.references import kalman_filter
 from operators.rng import generator
 from operators.updaters.mpf import MPFUpdater
@@ -49,3 +50,42 @@ def test_non_gaussian_likelihood_runs_and_stays_finite():
 def test_network_option_is_validated():
     with pytest.raises(ValueError, match=r"^options\.network"):
         MPFUpdater(network="lds-d2-v1")
+
+
+def _save_operator(root, family="linear_gaussian", dim=2, seed=0):
+    from operators.registry import save_operator
+
+    torch.manual_seed(seed)
+    net = MPFVelocity(dim, hidden=8, layers=2, embed=8)
+    with torch.no_grad():
+        net.layers[-1].linear.weight.normal_(0, 0.05)  # a non-zero residual
+    config = {
+        "family": family,
+        "state_dim": dim,
+        "obs_dim": dim,
+        "architecture": {"hidden": 8, "layers": 2, "embed": 8, "use_base": True},
+        "solver": {"method": "rk4", "steps": 2},
+    }
+    return save_operator(root, None, config, net.state_dict(), {"note": "test"}, "made by a test"), net
+
+
+def test_registered_operator_is_found_loaded_and_checked(tmp_path):
+    from operators.updaters import get_updater
+    from operators.updaters.mpf import find_operator
+
+    first, _ = _save_operator(tmp_path)
+    second, net = _save_operator(tmp_path, seed=1)
+    assert find_operator("linear_gaussian", 2, [tmp_path]).name == second.name == "linear_gaussian-d2-v2"
+    assert find_operator("gmm", 2, [tmp_path]) is None
+    up = get_updater("mpf", operator=str(second.path))
+    assert up.options["steps"] == 2 and up.options["solver"] == "rk4"  # the operator's own solver settings
+    for a, b in zip(up.network(2).parameters(), net.parameters(), strict=True):
+        assert torch.equal(a, b)
+    model = make_model("linear_gaussian", {}, 2)
+    state = up.init(prior_from_spec(PRIOR2, 2), model, 32, 0)
+    state, _ = up.update(state, torch.tensor([[0.5, -0.5]]), model)
+    assert bool(torch.isfinite(state.particles).all())
+    with pytest.raises(ValueError, match="method: operator linear_gaussian-d2-v2 is for linear_gaussian"):
+        up.init(prior_from_spec(PRIOR2, 2), make_model("gmm", {}, 2), 32, 0)
+    with pytest.raises(ValueError, match="operator: unknown operator"):
+        get_updater("mpf", operator="nope-d2-v1")

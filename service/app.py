@@ -1,0 +1,122 @@
+"""The FastAPI application: ``create_app(settings) -> FastAPI`` (uvicorn: ``service.app:create_app --factory``).
+
+The lifespan opens what a replica needs and closes it on shutdown:
+
+1. the state store — ``MPFLOW_REDIS_URL``, or the embedded Redis of :mod:`service.embedded` under ``data_dir``;
+   an unreachable store does not stop the start (``/readyz`` answers 503, requests 503 until it is back);
+2. the trained-operator catalogue (listed once);
+3. the update engine (micro-batching dispatcher and its worker threads).
+
+Middleware, outermost first: metrics and the JSON access log (:class:`~service.middleware.Observe`), then the
+body limit (:class:`~service.middleware.BodyLimit`). Every error has the body of :mod:`service.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import errors, routes, ws
+from service.auth import Authenticator
+from service.catalogue import OperatorCatalogue
+from service.embedded import EmbeddedRedis
+from service.engine import UpdateEngine
+from service.metrics import Metrics
+from service.middleware import BodyLimit, Observe
+from service.settings import Settings
+from service.store import StreamStore
+from service.streams import StreamService, check_method_options
+
+log = logging.getLogger("mpflow.app")
+
+DESCRIPTION = """Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
+as they arrive, read posterior summaries, samples and log-evidence after each. Methods: `mpf` (a learned Meta
+Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`. Errors: `{"error": {"code", "message"}}`."""
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    embedded: EmbeddedRedis | None = None
+    url = settings.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(settings.data_dir)
+        url = await asyncio.to_thread(embedded.start)
+    store = StreamStore.from_url(url, prefix=settings.redis_prefix)
+    engine = UpdateEngine(
+        max_batch_size=settings.batch_max_size,
+        max_wait_ms=settings.batch_max_wait_ms,
+        batching=settings.batching,
+        observer=app.state.metrics.observe_batch,
+    )
+    await engine.start()
+    await asyncio.to_thread(app.state.operators.load)
+    app.state.store = store
+    app.state.engine = engine
+    app.state.streams = StreamService(
+        settings, store, engine, app.state.operators, on_store_error=app.state.metrics.store_errors.inc
+    )
+    app.state.auth.warn_if_open()
+    if not await store.ping():
+        log.warning("the state store does not answer yet; /readyz reports 503 until it does")
+    log.info("mpflow ready (batching %s, max batch %d)", "on" if engine.batching else "off", engine.max_batch_size)
+    try:
+        yield
+    finally:
+        await engine.stop()
+        await store.aclose()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app (own metrics registry, own store connection and engine, opened by the lifespan)."""
+    settings = settings or Settings()
+    check_method_options(settings.method_options)
+    logging.getLogger("mpflow").setLevel(settings.log_level)
+    app = FastAPI(
+        title="mpflow",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.auth = Authenticator(settings.api_key_tenants)
+    app.state.operators = OperatorCatalogue(settings.operator_dir_list)
+    errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
+    app.include_router(routes.api)
+    app.include_router(ws.router)
+    app.include_router(routes.ops)
+    # added last = outermost: Observe sees every request, including the 413s of BodyLimit
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Observe, metrics=app.state.metrics)
+    if app.state.auth.open:
+        _document_open_mode(app)
+    return app
+
+
+def _document_open_mode(app: FastAPI) -> None:
+    """Without API keys no request needs ``Authorization``: drop the bearer requirement from the OpenAPI."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            for item in schema.get("paths", {}).values():
+                for op in item.values():
+                    if isinstance(op, dict):
+                        op.pop("security", None)
+                        op.get("responses", {}).pop("401", None)
+            schema.get("components", {}).pop("securitySchemes", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,97 @@
+"""``mpflow serve`` (and ``python -m service``): run the HTTP service under uvicorn.
+
+``add_parser(subparsers)`` registers the subcommand on the ``mpflow`` CLI; ``main(argv)`` is the stand-alone
+entry point of ``python -m service``. Every other setting comes from ``MPFLOW_*`` (see
+:mod:`service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for the worker processes. Without it the
+embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; messages that are JSON objects already (the access log) are merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"ts": self.formatTime(record), "level": record.levelname, "logger": record.name}
+        msg = record.getMessage()
+        if msg.startswith("{"):
+            try:
+                line.update(json.loads(msg))
+            except ValueError:
+                line["msg"] = msg
+        else:
+            line["msg"] = msg
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, separators=(",", ":"))
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """A logging dictConfig for uvicorn (applied in every worker): JSON lines for mpflow and uvicorn."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "mpflow": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+        },
+    }
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=os.environ.get("MPFLOW_HOST", "127.0.0.1"), help="bind address (127.0.0.1)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("MPFLOW_PORT", "8000")), help="port (8000)")
+    p.add_argument("--workers", type=int, default=int(os.environ.get("MPFLOW_WORKERS", "1")), help="processes (1)")
+    p.add_argument("--redis-url", default=None, help="state store URL (default: embedded Redis under ./data)")
+    p.add_argument("--log-level", default=None, help="CRITICAL/ERROR/WARNING/INFO/DEBUG (MPFLOW_LOG_LEVEL)")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``serve`` on the ``mpflow`` CLI."""
+    p = subparsers.add_parser("serve", help="run the HTTP service (uvicorn)")
+    _add_arguments(p)
+    p.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.settings import Settings
+
+    if args.redis_url:
+        os.environ["MPFLOW_REDIS_URL"] = args.redis_url
+    if args.log_level:
+        os.environ["MPFLOW_LOG_LEVEL"] = args.log_level
+    settings = Settings()  # fail here, with the field named, on a bad MPFLOW_* value
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        access_log=False,  # mpflow.access logs one JSON line per request
+        log_config=log_config(settings.log_level),
+        ws_max_size=settings.max_body_bytes,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service", description="run the mpflow HTTP service")
+    _add_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The update engine: one Bayes step per job, micro-batched across streams (DESIGN.md "Service internals").
+
+A job is one observation step of one stream: (updater, model [B=1], state [B=1], observation). Jobs whose
+tensors can be stacked — the same updater (method and operator), model family and parameter shapes, particle
+count N, state dimension d, observation shape and the same set (and shapes) of state fields and extras — share
+a *batch key*. A single dispatcher task takes up to ``max_batch_size`` jobs of one key, waiting at most
+``max_wait_ms`` after the oldest job arrived for the batch to fill (of the keys ready, the one holding the
+oldest job goes first, so a busy key cannot starve the others), and makes ONE
+``updater.update(ParticleState.stack(states) [B, N, d], obs [B, *obs], ModelFamily.stack(models))`` call on a
+worker thread, then scatters the rows back (``ParticleState.unbind``). Every stream carries its own generator,
+so its result does not depend on the batch it ran in. Jobs of one stream are submitted one after the other
+(the caller awaits each step), so per-stream order is the submission order.
+
+If a batched call fails (a ``ValueError`` or non-finite result caused by one stream), the jobs are re-run one
+by one so that only the guilty stream sees the error.
+
+Torch runs off the event loop: batched updates on one worker thread (``torch.set_num_threads(1)``; the
+service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
+work (state initialisation, summaries, draws) on a small auxiliary pool through :meth:`UpdateEngine.run`.
+``batching=False`` (or ``max_batch_size=1``) turns micro-batching off: one stream per call, no waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from operators.models.base import ModelFamily
+from operators.state import ParticleState, StepInfo
+from operators.updaters import Updater
+
+log = logging.getLogger("mpflow.engine")
+
+T = TypeVar("T")
+
+#: (method, family, batch size, seconds of operator compute) after every operator call
+BatchObserver = Callable[[str, str, int, float], None]
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@dataclass
+class StepResult:
+    """One stream's row of a (batched) update: the new state [B=1] and its step info [B=1]."""
+
+    state: ParticleState
+    info: StepInfo
+
+
+@dataclass
+class _Job:
+    key: Hashable
+    method: str
+    updater: Updater
+    model: ModelFamily
+    state: ParticleState
+    obs: torch.Tensor
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape[1:]), t.dtype)
+
+
+def batch_key(updater_key: Hashable, model: ModelFamily, state: ParticleState, obs: torch.Tensor) -> tuple:
+    """Jobs with equal keys can be stacked into one call (module docstring)."""
+    fields = [
+        ("particles", _shape(state.particles)),
+        ("log_weights", _shape(state.log_weights)),
+        ("rng", _shape(state.rng)),
+        ("log_density", None if state.log_density is None else _shape(state.log_density)),
+    ]
+    fields += [(f"extras.{k}", _shape(v)) for k, v in sorted(state.extras.items())]
+    params = tuple((k, _shape(v)) for k, v in sorted(model.params.items()))
+    return (updater_key, type(model), params, tuple(fields), tuple(obs.shape), obs.dtype)
+
+
+def _settle(future: asyncio.Future, result: StepResult | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _split_info(info: StepInfo, batch: int) -> list[StepInfo]:
+    def row(t: torch.Tensor | None, b: int) -> torch.Tensor | None:
+        return None if t is None else t[b : b + 1]
+
+    return [
+        StepInfo(
+            row(info.log_evidence_increment, b),
+            row(info.ess, b),
+            row(info.iterations, b),
+            {k: v[b : b + 1] for k, v in info.extras.items() if isinstance(v, torch.Tensor) and v.dim() > 0},
+        )
+        for b in range(batch)
+    ]
+
+
+class UpdateEngine:
+    """Micro-batching scheduler for updater calls (module docstring). Start with :meth:`start` inside a
+    running event loop, submit with :meth:`update`, stop with :meth:`stop`."""
+
+    def __init__(
+        self,
+        *,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 2.0,
+        batching: bool = True,
+        aux_threads: int = 2,
+        observer: BatchObserver | None = None,
+    ):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be positive, got {max_batch_size}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms: must be non-negative, got {max_wait_ms}")
+        self.max_batch_size = max_batch_size if batching else 1
+        self.max_wait = max_wait_ms / 1000.0
+        self.observer = observer
+        self._pending: dict[Hashable, deque[_Job]] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="mpflow-update", initializer=_one_thread)
+        self._aux = ThreadPoolExecutor(aux_threads, thread_name_prefix="mpflow-aux", initializer=_one_thread)
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 1
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._task is None:
+            self._loop = asyncio.get_running_loop()
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.create_task(self._dispatch_loop(), name="mpflow-engine")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for queue in self._pending.values():
+            for job in queue:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("the update engine stopped"))
+        self._pending.clear()
+        self._worker.shutdown(wait=True)
+        self._aux.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ submission
+    async def update(
+        self,
+        updater: Updater,
+        updater_key: Hashable,
+        method: str,
+        model: ModelFamily,
+        state: ParticleState,
+        obs: torch.Tensor,
+    ) -> StepResult:
+        """One step for one stream: state [B=1], obs of the family's observation shape (no batch dim)."""
+        if self._task is None or self._wakeup is None or self._loop is None:
+            raise RuntimeError("the update engine is not running")
+        if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
+            coro = self.update(updater, updater_key, method, model, state, obs)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        key = batch_key(updater_key, model, state, obs)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future))
+        self._wakeup.set()
+        return await future
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run other tensor work (init, summaries, draws, (de)serialisation) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._aux, fn, *args)
+
+    # ------------------------------------------------------------------ dispatch
+    def _choose(self) -> tuple[Hashable | None, float]:
+        """The key to run next and how long to wait first. A key is ready when its batch is full or its oldest
+        job has waited ``max_wait``; of the ready keys the one with the oldest job goes first (no key starves
+        another); if none is ready, wait until the first deadline."""
+        now = time.monotonic()
+        best_key, best_arrival, first_deadline = None, float("inf"), float("inf")
+        for key, queue in self._pending.items():
+            arrived = queue[0].arrived
+            deadline = arrived + self.max_wait if self.batching else arrived
+            if len(queue) >= self.max_batch_size or deadline <= now:
+                if arrived < best_arrival:
+                    best_key, best_arrival = key, arrived
+            else:
+                first_deadline = min(first_deadline, deadline)
+        if best_key is not None:
+            return best_key, 0.0
+        return None, first_deadline - now
+
+    async def _dispatch_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            key, wait = self._choose()
+            if key is None:  # nothing ready: sleep until the first deadline or a new job
+                self._wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), max(wait, 0.0))
+                continue
+            queue = self._pending[key]
+            jobs = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
+            if not queue:
+                del self._pending[key]
+            jobs = [j for j in jobs if not j.future.done()]  # cancelled while queued
+            if not jobs:
+                continue
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(self._worker, self._compute, jobs)
+            except asyncio.CancelledError:
+                for j in jobs:
+                    j.future.cancel()
+                raise
+            for job, res in zip(jobs, results, strict=True):
+                _settle(job.future, res)
+
+    # ------------------------------------------------------------------ compute (worker thread)
+    def _call(self, jobs: list[_Job]) -> list[StepResult]:
+        first = jobs[0]
+        if len(jobs) == 1:
+            state, model, obs = first.state, first.model, first.obs[None]
+        else:
+            state = ParticleState.stack([j.state for j in jobs])
+            model = type(first.model).stack([j.model for j in jobs])
+            obs = torch.stack([j.obs for j in jobs])
+        t0 = time.perf_counter()
+        new, info = first.updater.update(state, obs, model)
+        elapsed = time.perf_counter() - t0
+        if self.observer is not None:
+            self.observer(first.method, first.model.name, len(jobs), elapsed)
+        states = new.unbind() if len(jobs) > 1 else [new]
+        infos = _split_info(info, len(jobs)) if len(jobs) > 1 else [info]
+        return [StepResult(s, i) for s, i in zip(states, infos, strict=True)]
+
+    def _compute(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
+        try:
+            return list(self._call(jobs))
+        except Exception as exc:
+            if len(jobs) == 1:
+                return [exc]
+            log.info("a batch of %d failed (%s); re-running its streams one by one", len(jobs), exc)
+        out: list[StepResult | BaseException] = []
+        for job in jobs:
+            try:
+                out.append(self._call([job])[0])
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+
+__all__ = ["StepResult", "UpdateEngine", "batch_key"]

@@ -1,0 +1,167 @@
+"""Every 4xx/5xx answer as ``{"error": {"code": "<snake_case>", "message": "<what and how to fix>"}}`` (API.md).
+
+:class:`ApiError` is what the service code raises; the handlers registered by :func:`install` turn it, FastAPI's
+request validation errors, Starlette's HTTP errors, :class:`~service.store.StoreUnavailable` and anything
+unexpected into that body. Malformed JSON is 400; other validation errors are 422 with a message that names the
+field (``observations[0]: ...``); an unreachable store is 503 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from service.store import StoreUnavailable
+
+log = logging.getLogger("mpflow.errors")
+
+RETRY_AFTER_S = 1
+
+# default code per status, used for errors raised without one (Starlette's 404/405, ...)
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    500: "internal_error",
+    503: "store_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An answer other than 2xx: ``status``, a snake_case ``code`` and a message saying what to fix."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.code, self.message)
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def not_found(stream_id: str) -> ApiError:
+    return ApiError(404, "stream_not_found", f"stream_id: no stream {stream_id!r}")
+
+
+def invalid(message: str, code: str = "invalid_request") -> ApiError:
+    """A 422 from a ``ValueError("field: ...")`` of the operators package (its message is kept)."""
+    return ApiError(422, code, message)
+
+
+def too_large(message: str) -> ApiError:
+    return ApiError(413, "limit_exceeded", message)
+
+
+def unavailable() -> ApiError:
+    msg = "the state store is unreachable; nothing was applied, retry later"
+    return ApiError(503, "store_unavailable", msg, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    """A pydantic error location as a field path: ``("body", "observations", 0)`` → ``observations[0]``."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p in ("function-after", "function-before") or str(p).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "body"
+
+
+def validation_message(errors: Sequence[dict[str, Any]]) -> str:
+    """One line per error, each starting with the field it is about."""
+    lines = []
+    for e in errors[:10]:
+        msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+        loc = _loc(e.get("loc", ()))
+        lines.append(msg if msg.startswith(f"{loc}:") else f"{loc}: {msg}")
+    if len(errors) > 10:
+        lines.append(f"... and {len(errors) - 10} more")
+    return "; ".join(lines)
+
+
+def from_validation_errors(errors: Sequence[dict[str, Any]]) -> ApiError:
+    """400 for a body that is not JSON, else 422 naming the fields."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return ApiError(400, "malformed_json", "body: not valid JSON; send a JSON object")
+    return ApiError(422, "validation_error", validation_message(errors))
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method of every route on this path (Starlette's own ``Allow`` names only the first route's)."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        methods = getattr(route, "methods", None)
+        if methods and route.matches(request.scope)[0] != Match.NONE:
+            allowed |= set(methods)
+    return sorted(allowed)
+
+
+def respond(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def install(app: FastAPI, on_store_error: Callable[[], None] | None = None) -> None:
+    """Register the handlers that give every error the API's body."""
+
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return respond(exc)
+
+    async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond(from_validation_errors(exc.errors()))
+
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _CODES.get(exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_"))
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"path: no route {request.url.path}"
+        if exc.status_code == 405:
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"method: {request.method} is not allowed here; use {', '.join(allowed)}"
+        return respond(ApiError(exc.status_code, code, detail, headers))
+
+    async def store_error(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        if on_store_error is not None:
+            on_store_error()
+        log.warning("state store unavailable: %s", exc)
+        return respond(unavailable())
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return respond(ApiError(500, "internal_error", "internal error; the request may be retried"))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, request_validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(StoreUnavailable, store_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+__all__ = ["ApiError", "error_body", "from_validation_errors", "install", "invalid", "not_found", "too_large"]

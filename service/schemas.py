@@ -1,0 +1,392 @@
+"""Request and response bodies of the REST API (API.md; field names are binding), as pydantic v2 models.
+
+These models check the *form* of a request (types, finite numbers, required fields, unknown fields); the
+*values* — shapes against the model family, positive-definite covariances, method/model compatibility — are
+checked by :mod:`operators.models` and :mod:`operators.updaters`, whose ``ValueError("field: ...")`` the service
+answers with 422; configured limits (particles, body size, ...) are checked by the service (413), since they
+come from :class:`~service.settings.Settings`. Every model carries an example so ``/openapi.json`` is complete.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+
+from operators.models import FAMILIES
+from operators.updaters import UPDATERS
+
+STREAM_ID_PATTERN = r"^[A-Za-z0-9._~-]{1,128}$"
+MAX_SEED = 2**63 - 1
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+Vector = list[FiniteFloat]
+Matrix = list[list[FiniteFloat]]
+
+_NUMBER = {"type": "number"}
+_VECTOR = {"type": "array", "items": _NUMBER}
+_MATRIX = {"type": "array", "items": _VECTOR}
+
+
+def _array(value: Any, max_depth: int) -> Any:
+    """A finite number, or a list of them, or a list of such lists (up to ``max_depth`` levels), each list
+    holding only numbers or only lists. NaN/inf, strings, booleans and objects are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float | list):
+        raise ValueError("expected a number or an array of numbers")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("contains NaN or infinite values; send finite numbers only")
+    if isinstance(value, list):
+        if max_depth == 0:
+            raise ValueError("arrays nested too deeply")
+        if any(isinstance(v, list) for v in value) and not all(isinstance(v, list) for v in value):
+            raise ValueError("mixes numbers and arrays at one level")
+        for v in value:
+            _array(v, max_depth - 1)
+    return value
+
+
+def _param(value: Any) -> Any:
+    return _array(value, 2)
+
+
+def _observation(value: Any) -> Any:
+    """An array (up to a matrix), or a logistic minibatch {"x": matrix, "y": vector}."""
+    if isinstance(value, dict):
+        if set(value) != {"x", "y"}:
+            raise ValueError('expected an array, or a minibatch object with exactly the keys "x" and "y"')
+        x, y = value["x"], value["y"]
+        if not isinstance(x, list) or not all(isinstance(row, list) for row in x) or not isinstance(y, list):
+            raise ValueError('expected "x" an array of feature rows and "y" an array of labels')
+        _array(x, 2)
+        _array(y, 1)
+        return value
+    return _array(value, 2)
+
+
+#: a JSON number, array of numbers or matrix — a model parameter
+ParamValue = Annotated[
+    Any,
+    AfterValidator(_param),
+    WithJsonSchema({"anyOf": [_NUMBER, _VECTOR, _MATRIX], "description": "a number, vector or matrix"}),
+]
+
+#: one time step's observation: shape set by the family (see GET /v1/models)
+Observation = Annotated[
+    Any,
+    AfterValidator(_observation),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                _NUMBER,
+                _VECTOR,
+                _MATRIX,
+                {
+                    "type": "object",
+                    "properties": {"x": _MATRIX, "y": _VECTOR},
+                    "required": ["x", "y"],
+                    "additionalProperties": False,
+                    "description": "logistic: a minibatch of feature rows x and 0/1 labels y",
+                },
+            ],
+            "description": "one step's observation; its shape is the family's observation shape",
+        }
+    ),
+]
+
+FamilyName = Literal[tuple(sorted(FAMILIES))]  # type: ignore[valid-type]
+MethodName = Literal[tuple(sorted(UPDATERS))]  # type: ignore[valid-type]
+
+
+class _Request(BaseModel):
+    """Requests are validated strictly: no coercion of strings or booleans to numbers."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---------------------------------------------------------------------------------------------- model / prior
+class ModelSpec(_Request):
+    family: FamilyName = Field(description="the model family (GET /v1/models)")
+    params: dict[str, ParamValue] = Field(
+        default_factory=dict, description="the family's parameters; defaults where the family has one"
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"family": "lds", "params": {"A": [[0.9, 0], [0, 0.9]], "B": [[1, 0]]}}]},
+    )
+
+
+class GaussianPrior(_Request):
+    type: Literal["gaussian"]
+    mean: Vector
+    cov: Matrix = Field(description="symmetric positive-definite")
+
+
+class ParticlesPrior(_Request):
+    type: Literal["particles"]
+    particles: Matrix = Field(description="N particles of dimension d, used as given")
+
+
+class MixturePrior(_Request):
+    type: Literal["mixture"]
+    weights: Vector
+    means: Matrix
+    covs: list[Matrix]
+
+
+Prior = Annotated[GaussianPrior | ParticlesPrior | MixturePrior, Field(discriminator="type")]
+
+
+# ---------------------------------------------------------------------------------------------- requests
+class CreateStreamRequest(_Request):
+    stream_id: str | None = Field(
+        default=None, pattern=STREAM_ID_PATTERN, description="client-chosen id; generated when absent"
+    )
+    model: ModelSpec
+    prior: Prior
+    method: MethodName | None = Field(
+        default=None, description="default: mpf when a trained operator fits the model, else gpf"
+    )
+    operator: str | None = Field(
+        default=None,
+        description="mpf only: a trained operator by name (GET /v1/operators); default the newest that fits",
+    )
+    num_particles: int | None = Field(
+        default=None, ge=2, description="default 256 (a particles prior: its particle count)"
+    )
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description="default: drawn at random")
+    ttl_seconds: int | None = Field(default=None, ge=1, description="idle time after which the stream expires")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream_id": "sensor-42",
+                    "model": {"family": "lds", "params": {"A": [[0.9, 0.1], [0, 0.9]], "B": [[1, 0], [0, 1]]}},
+                    "prior": {"type": "gaussian", "mean": [0, 0], "cov": [[1, 0], [0, 1]]},
+                    "method": "gpf",
+                    "num_particles": 256,
+                    "seed": 0,
+                    "ttl_seconds": 86400,
+                }
+            ]
+        },
+    )
+
+
+class ObservationsRequest(_Request):
+    seq: int | None = Field(default=None, ge=1, description="1-based step number of the first observation")
+    observations: list[Observation] = Field(min_length=1, description="time steps, applied in order")
+    return_samples: int = Field(default=0, ge=0, description="posterior draws to return after the last step")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"seq": 1, "observations": [[0.3, -1.2], [0.1, -0.9]], "return_samples": 0}]},
+    )
+
+
+class BatchUpdate(ObservationsRequest):
+    stream_id: str
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"stream_id": "sensor-42", "seq": 5, "observations": [[0.3, -1.2]]}]},
+    )
+
+
+class BatchRequest(_Request):
+    updates: list[BatchUpdate] = Field(min_length=1)
+
+
+# ---------------------------------------------------------------------------------------------- responses
+class ErrorDetail(BaseModel):
+    code: str = Field(description="snake_case error code")
+    message: str = Field(description="what is wrong and how to fix it")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"error": {"code": "stream_not_found", "message": "stream_id: no stream 'x'"}}]}
+    )
+
+
+class Quantiles(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    q05: list[float] = Field(alias="0.05")
+    q50: list[float] = Field(alias="0.5")
+    q95: list[float] = Field(alias="0.95")
+
+
+class Summary(BaseModel):
+    mean: list[float]
+    cov: list[list[float]]
+    std: list[float]
+    quantiles: Quantiles = Field(description="per-dimension marginal quantiles (weighted for smc)")
+    ess: float = Field(description="effective sample size of the current particles")
+    log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
+
+
+class StepSummary(BaseModel):
+    step: int
+    mean: list[float]
+    std: list[float]
+    log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
+    ess: float
+
+
+class StreamDocument(BaseModel):
+    stream_id: str
+    model: dict[str, Any]
+    method: str
+    operator: str | None = Field(description="the trained operator (mpf), else null")
+    num_particles: int
+    state_dim: int
+    seed: int
+    ttl_seconds: int
+    step: int
+    summary: Summary
+    created_at: str
+    updated_at: str
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream_id": "sensor-42",
+                    "model": {"family": "linear_gaussian", "params": {}},
+                    "method": "gpf",
+                    "operator": None,
+                    "num_particles": 256,
+                    "state_dim": 1,
+                    "seed": 0,
+                    "ttl_seconds": 86400,
+                    "step": 2,
+                    "summary": {
+                        "mean": [0.4],
+                        "cov": [[0.6]],
+                        "std": [0.77],
+                        "quantiles": {"0.05": [-0.87], "0.5": [0.4], "0.95": [1.67]},
+                        "ess": 256.0,
+                        "log_evidence": -3.21,
+                    },
+                    "created_at": "2026-01-01T00:00:00.000Z",
+                    "updated_at": "2026-01-01T00:00:01.000Z",
+                }
+            ]
+        }
+    )
+
+
+class ObservationResult(StreamDocument):
+    duplicate: bool = Field(description="true: the batch was already applied; nothing was applied again")
+    per_step: list[StepSummary] = Field(description="one entry per step applied by this request")
+    samples: list[list[float]] | None = Field(default=None, description="when return_samples > 0")
+
+
+class StreamListItem(BaseModel):
+    stream_id: str
+    model: dict[str, Any]
+    method: str
+    operator: str | None = None
+    step: int
+    created_at: str | None = None
+    updated_at: str
+
+
+class StreamList(BaseModel):
+    streams: list[StreamListItem]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
+class SamplesResponse(BaseModel):
+    samples: list[list[float]]
+
+
+class ParticlesResponse(BaseModel):
+    particles: list[list[float]]
+    log_weights: list[float] = Field(description="normalised; uniform for unweighted methods")
+
+
+class BatchResult(BaseModel):
+    stream_id: str
+    status: int
+    stream: ObservationResult | None = None
+    error: ErrorDetail | None = None
+
+
+class BatchResponse(BaseModel):
+    results: list[BatchResult]
+
+
+class ParamInfo(BaseModel):
+    name: str
+    kind: str
+    required: bool
+    default: str | None = None
+
+
+class FamilyInfo(BaseModel):
+    family: str
+    dynamic: bool
+    linear_gaussian: bool
+    description: str
+    state_dim: dict[str, int | None] = Field(description="fixed, or min/max of the state dimension")
+    observation: str = Field(description="the shape of one step's observation")
+    parameters: list[ParamInfo]
+    methods: list[str] = Field(description="methods that can run this family")
+
+
+class ModelsResponse(BaseModel):
+    families: list[FamilyInfo]
+    methods: list[str] = Field(description="every method this server runs")
+
+
+class OperatorInfo(BaseModel):
+    name: str
+    kind: str
+    family: str
+    state_dim: int
+    obs_dim: int
+    version: int
+    metrics: dict[str, Any]
+    created: str
+    content_hash: str
+
+
+class OperatorsResponse(BaseModel):
+    operators: list[OperatorInfo]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    store: bool
+    operators: bool
+
+
+__all__ = [
+    "BatchRequest",
+    "BatchResponse",
+    "CreateStreamRequest",
+    "ErrorResponse",
+    "ModelsResponse",
+    "ObservationResult",
+    "ObservationsRequest",
+    "OperatorsResponse",
+    "ParticlesResponse",
+    "SamplesResponse",
+    "StreamDocument",
+    "StreamList",
+]

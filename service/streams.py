@@ -1,0 +1,436 @@
+"""Stream logic: create, observe (with API.md's ``seq`` rules), read, sample, list, delete.
+
+Exactly-once observations. An observation request is handled as
+
+    read (meta, state, version) → check seq → apply every step in memory → compare-and-set(version)
+
+and answered only after the compare-and-set returned: nothing is half-applied (a multi-step request is one
+write) and nothing is acknowledged before the store has it. With ``seq`` given and the stream at ``step``:
+
+* ``seq == step + 1``                 → applied;
+* ``seq + len(observations) - 1 <= step`` → already applied: 200, ``duplicate: true``, the current state;
+* otherwise (a gap or a partial overlap) → 409, nothing applied.
+
+If the compare-and-set loses (another writer — another request, replica or worker — wrote first), the stream is
+re-read and the same rules decide again: with ``seq`` that answers ``duplicate`` or 409 (the concurrent writer
+won); without ``seq`` the steps are re-applied on the fresh state (appended in arrival order). Inside one process
+requests on one stream also queue on a per-stream lock, so they do not waste compute on lost races; the
+compare-and-set is what makes it correct across processes.
+
+Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
+anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+from operators.models import make_model
+from operators.models.base import ModelFamily
+from operators.models.priors import prior_from_spec
+from operators.state import ParticleState
+from operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
+from service import summary as summaries
+from service.catalogue import OperatorCatalogue
+from service.engine import UpdateEngine
+from service.errors import ApiError, invalid, not_found, too_large, unavailable
+from service.schemas import STREAM_ID_PATTERN, BatchRequest, CreateStreamRequest, ObservationsRequest
+from service.settings import Settings
+from service.store import StoreUnavailable, StreamStore
+
+DEFAULT_PARTICLES = 256
+MAX_WRITE_ATTEMPTS = 50
+_MODEL_CACHE_SIZE = 4096
+_STREAM_ID = re.compile(STREAM_ID_PATTERN)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class KeyedLocks:
+    """One asyncio.Lock per key, dropped when no one holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The stream document of API.md."""
+    return {
+        "stream_id": stream_id,
+        "model": meta["model"],
+        "method": meta["method"],
+        "operator": meta.get("operator"),
+        "num_particles": meta["num_particles"],
+        "state_dim": meta["state_dim"],
+        "seed": meta["seed"],
+        "ttl_seconds": meta["ttl_seconds"],
+        "step": meta["step"],
+        "summary": summary,
+        "created_at": meta["created_at"],
+        "updated_at": meta["updated_at"],
+    }
+
+
+def _prior_dim_and_count(spec: dict[str, Any]) -> tuple[int, int | None]:
+    """(state dimension, particle count of a particles prior) read off the prior's JSON, for the limits."""
+    rows = {"gaussian": "mean", "particles": "particles", "mixture": "means"}[spec["type"]]
+    value = spec[rows]
+    if spec["type"] == "gaussian":
+        return len(value), None
+    d = len(value[0]) if value and isinstance(value[0], list) else 0
+    return d, (len(value) if spec["type"] == "particles" else None)
+
+
+def check_method_options(options: dict[str, dict[str, Any]]) -> None:
+    """Fail at start, naming the field, on unknown methods or options in ``Settings.method_options``."""
+    for method, opts in options.items():
+        try:
+            get_updater(method, **opts)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"method_options.{method}: {exc}") from None
+
+
+class StreamService:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StreamStore,
+        engine: UpdateEngine,
+        operators: OperatorCatalogue,
+        on_store_error: Callable[[], None] | None = None,
+    ):
+        self.settings = settings
+        self.on_store_error = on_store_error
+        self.store = store
+        self.engine = engine
+        self.operators = operators
+        self._updaters: dict[tuple[str, str | None], Updater] = {}
+        self._models: dict[str, ModelFamily] = {}
+        self._locks = KeyedLocks()
+
+    # ------------------------------------------------------------------ building blocks
+    def updater(self, method: str, operator: str | None) -> Updater:
+        """A cached updater per (method, operator name); mpf loads the operator from its folder."""
+        key = (method, operator)
+        if key not in self._updaters:
+            options = self.settings.method_options.get(method, {})
+            if operator is None:
+                self._updaters[key] = get_updater(method, **options)
+            else:
+                record = self.operators.by_name(operator)
+                if record is None:
+                    raise ApiError(
+                        422,
+                        "operator_unavailable",
+                        f"operator: {operator!r} is not installed on this server; GET /v1/operators lists them",
+                    )
+                self._updaters[key] = get_updater(method, operator=str(record.path), **options)
+        return self._updaters[key]
+
+    def model(self, spec: dict[str, Any], state_dim: int) -> ModelFamily:
+        """The validated one-stream model (cached by its JSON: models are never mutated)."""
+        key = json.dumps([spec["family"], spec.get("params") or {}, state_dim], sort_keys=True)
+        model = self._models.get(key)
+        if model is None:
+            model = make_model(spec["family"], spec.get("params") or {}, state_dim)
+            if len(self._models) >= _MODEL_CACHE_SIZE:
+                self._models.clear()
+            self._models[key] = model
+        return model
+
+    def _limits(self, n_particles: int, state_dim: int) -> None:
+        s = self.settings
+        if n_particles > s.max_particles:
+            raise too_large(f"num_particles: at most {s.max_particles} (MPFLOW_MAX_PARTICLES), got {n_particles}")
+        if state_dim > s.max_state_dim:
+            raise too_large(f"prior: state dimension at most {s.max_state_dim} (MPFLOW_MAX_STATE_DIM), got {state_dim}")
+
+    def _choose_method(self, req: CreateStreamRequest, model: ModelFamily) -> tuple[str, str | None]:
+        """(method, operator name) per API.md: default mpf when a trained operator fits, else gpf."""
+        method = req.method
+        if req.operator is not None:
+            if method not in (None, "mpf"):
+                raise invalid(f"operator: only used by method mpf, not {method}")
+            if self.operators.by_name(req.operator) is None:
+                raise invalid(f"operator: unknown operator {req.operator!r}; GET /v1/operators lists them")
+            return "mpf", req.operator
+        if method is None:
+            record = self.operators.find(model.name, model.state_dim) if "mpf" in UPDATERS else None
+            return ("mpf", record.name) if record is not None else ("gpf", None)
+        if method == "mpf":  # a trained operator when one fits; else the untrained (Daum–Huang) base flow
+            record = self.operators.find(model.name, model.state_dim)
+            return "mpf", record.name if record is not None else None
+        return method, None
+
+    # ------------------------------------------------------------------ create
+    def _prepare(self, req: CreateStreamRequest) -> tuple[dict[str, Any], ParticleState, dict[str, Any]]:
+        """Validate and initialise a stream (blocking tensor work): (meta, state at step 0, summary)."""
+        spec = req.prior.model_dump()
+        d, given = _prior_dim_and_count(spec)
+        n = req.num_particles or given or DEFAULT_PARTICLES
+        self._limits(n, d)
+        try:
+            prior = prior_from_spec(spec)
+            model_spec = req.model.model_dump()
+            model = self.model(model_spec, prior.dim)
+            method, operator = self._choose_method(req, model)
+            updater = self.updater(method, operator)
+            updater.check_compatible(model, prior)
+            seed = req.seed if req.seed is not None else secrets.randbits(63)
+            state = updater.init(prior, model, n, seed)
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+        now = _now()
+        meta = {
+            "model": model_spec,
+            "method": method,
+            "operator": operator,
+            "num_particles": n,
+            "state_dim": prior.dim,
+            "seed": seed,
+            "ttl_seconds": req.ttl_seconds or self.settings.default_ttl_seconds,
+            "step": 0,
+            "log_evidence": 0.0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        return meta, state, summaries.summary(state)
+
+    async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
+        meta, state, summary = await self.engine.run(self._prepare, req)
+        stream_id = req.stream_id or uuid.uuid4().hex
+        blob = await self.engine.run(state.to_bytes)
+        if not await self.store.create(tenant, stream_id, meta, blob, meta["ttl_seconds"]):
+            raise ApiError(409, "stream_exists", f"stream_id: a stream {stream_id!r} already exists; choose another id")
+        return document(stream_id, meta, summary)
+
+    # ------------------------------------------------------------------ read
+    async def _read(self, tenant: str, stream_id: str) -> tuple[dict[str, Any], bytes]:
+        if not _STREAM_ID.match(stream_id):
+            raise not_found(stream_id)
+        got = await self.store.get(tenant, stream_id)
+        if got is None:
+            raise not_found(stream_id)
+        return got
+
+    def _view(self, meta: dict[str, Any], data: bytes, n_samples: int) -> tuple[dict[str, Any], list | None]:
+        """(summary, samples) of a stored state (blocking)."""
+        state = ParticleState.from_bytes(data)
+        return summaries.summary(state), self._draw(meta, state, n_samples)
+
+    def _draw(self, meta: dict[str, Any], state: ParticleState, n: int) -> list | None:
+        if n <= 0:
+            return None
+        weighted = UPDATERS[meta["method"]].weighted if meta["method"] in UPDATERS else True
+        seed = summaries.sample_seed(meta["seed"], int(state.step[0]))
+        return summaries.draw(state, n, weighted=weighted, seed=seed).tolist()
+
+    async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
+        meta, data = await self._read(tenant, stream_id)
+        summary, _ = await self.engine.run(self._view, meta, data, 0)
+        return document(stream_id, meta, summary)
+
+    def _check_samples(self, n: int) -> None:
+        if n > self.settings.max_samples_per_request:
+            raise too_large(f"n: at most {self.settings.max_samples_per_request} samples per request, got {n}")
+
+    async def samples(self, tenant: str, stream_id: str, n: int) -> list:
+        self._check_samples(n)
+        meta, data = await self._read(tenant, stream_id)
+        _, draws = await self.engine.run(self._view, meta, data, n)
+        return draws or []
+
+    async def particles(self, tenant: str, stream_id: str) -> dict[str, Any]:
+        _, data = await self._read(tenant, stream_id)
+
+        def view() -> dict[str, Any]:
+            state = ParticleState.from_bytes(data)
+            lw = torch.log_softmax(state.log_weights[0].to(torch.float64), -1)
+            return {"particles": state.particles[0].tolist(), "log_weights": lw.tolist()}
+
+        return await self.engine.run(view)
+
+    async def delete(self, tenant: str, stream_id: str) -> None:
+        if not _STREAM_ID.match(stream_id) or not await self.store.delete(tenant, stream_id):
+            raise not_found(stream_id)
+
+    async def list(self, tenant: str, limit: int, cursor: str | None) -> dict[str, Any]:
+        try:
+            items, next_cursor = await self.store.list(tenant, limit, cursor)
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+        keys = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
+        return {"streams": [{k: it.get(k) for k in keys} for it in items], "next_cursor": next_cursor}
+
+    # ------------------------------------------------------------------ observe
+    def _parse(self, model: ModelFamily, observations: list[Any]) -> list[torch.Tensor]:
+        try:
+            return [model.parse_observation(o, f"observations[{i}]") for i, o in enumerate(observations)]
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
+
+    def _prepare_update(
+        self, meta: dict[str, Any], data: bytes, observations: list[Any]
+    ) -> tuple[ModelFamily, Updater, ParticleState, list[torch.Tensor]]:
+        """(model, updater, state, parsed observations) of a stored stream (blocking: may load an operator)."""
+        try:
+            model = self.model(meta["model"], meta["state_dim"])
+        except ValueError as exc:  # a stored model that no longer validates (a stricter server version)
+            raise invalid(str(exc), "stored_model_invalid") from None
+        updater = self.updater(meta["method"], meta.get("operator"))
+        return model, updater, ParticleState.from_bytes(data), self._parse(model, observations)
+
+    def _finish(self, meta: dict[str, Any], state: ParticleState, n_samples: int) -> tuple[bytes, dict, list | None]:
+        return state.to_bytes(), summaries.summary(state), self._draw(meta, state, n_samples)
+
+    async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
+        n = len(req.observations)
+        limit = self.settings.max_observations_per_request
+        if n > limit:
+            raise too_large(
+                f"observations: at most {limit} steps per request (MPFLOW_MAX_OBSERVATIONS_PER_REQUEST), got {n}"
+            )
+        self._check_samples(req.return_samples)
+        async with self._locks.hold((tenant, stream_id)):
+            for _ in range(MAX_WRITE_ATTEMPTS):
+                meta, data = await self._read(tenant, stream_id)
+                step = int(meta["step"])
+                if req.seq is not None:
+                    if req.seq + n - 1 <= step:
+                        summary, samples = await self.engine.run(self._view, meta, data, req.return_samples)
+                        return self._answer(stream_id, meta, summary, [], samples, duplicate=True)
+                    if req.seq != step + 1:
+                        raise ApiError(
+                            409,
+                            "seq_conflict",
+                            f"seq: the stream is at step {step}, so the next seq is {step + 1}; got seq {req.seq} "
+                            f"with {n} observation(s) (a gap or a partial overlap); nothing was applied",
+                        )
+                model, updater, state, parsed = await self.engine.run(
+                    self._prepare_update, meta, data, req.observations
+                )
+                state, per_step = await self._apply(meta, model, updater, state, parsed)
+                blob, summary, samples = await self.engine.run(self._finish, meta, state, req.return_samples)
+                new_meta = {
+                    "step": step + n,
+                    "log_evidence": float(state.log_evidence[0]),
+                    "updated_at": _now(),
+                }
+                if await self.store.compare_and_set(
+                    tenant, stream_id, int(meta["version"]), new_meta, blob, int(meta["ttl_seconds"])
+                ):
+                    return self._answer(stream_id, {**meta, **new_meta}, summary, per_step, samples, duplicate=False)
+                # another writer won: re-read and decide again
+        raise ApiError(
+            409, "concurrent_update", "stream: too many concurrent writers on this stream; retry the request"
+        )
+
+    async def _apply(
+        self,
+        meta: dict[str, Any],
+        model: ModelFamily,
+        updater: Updater,
+        state: ParticleState,
+        parsed: list[torch.Tensor],
+    ) -> tuple[ParticleState, list[dict[str, Any]]]:
+        method, operator = meta["method"], meta.get("operator")
+        per_step = []
+        for i, obs in enumerate(parsed):
+            try:
+                res = await self.engine.update(updater, (method, operator), method, model, state, obs)
+            except NonFiniteError as exc:
+                raise invalid(
+                    f"observations[{i}]: the update produced non-finite values ({exc}); nothing was applied",
+                    "non_finite_update",
+                ) from None
+            except ValueError as exc:
+                raise invalid(f"observations[{i}]: {exc}") from None
+            except torch.linalg.LinAlgError as exc:  # e.g. a covariance that collapsed numerically
+                raise invalid(
+                    f"observations[{i}]: the update failed numerically ({exc}); nothing was applied",
+                    "update_failed",
+                ) from None
+            state = res.state
+            per_step.append(await self.engine.run(summaries.step_summary, res.state, res.info))
+        return state, per_step
+
+    @staticmethod
+    def _answer(
+        stream_id: str,
+        meta: dict[str, Any],
+        summary: dict[str, Any],
+        per_step: list[dict[str, Any]],
+        samples: list | None,
+        *,
+        duplicate: bool,
+    ) -> dict[str, Any]:
+        doc = document(stream_id, meta, summary)
+        doc["duplicate"] = duplicate
+        doc["per_step"] = per_step
+        if samples is not None:
+            doc["samples"] = samples
+        return doc
+
+    # ------------------------------------------------------------------ batch
+    async def batch(self, tenant: str, req: BatchRequest) -> list[dict[str, Any]]:
+        """Each update on its own; updates of one stream in request order, different streams concurrently
+        (so the engine can micro-batch them)."""
+        total = sum(len(u.observations) for u in req.updates)
+        limit = self.settings.max_observations_per_request
+        if total > limit:
+            raise too_large(f"updates: at most {limit} observation steps per request in all, got {total}")
+        results: list[dict[str, Any] | None] = [None] * len(req.updates)
+        chains: dict[str, list[int]] = {}
+        for i, u in enumerate(req.updates):
+            chains.setdefault(u.stream_id, []).append(i)
+
+        async def one(i: int) -> dict[str, Any]:
+            u = req.updates[i]
+            body = ObservationsRequest(seq=u.seq, observations=u.observations, return_samples=u.return_samples)
+            try:
+                doc = await self.observe(tenant, u.stream_id, body)
+                return {"stream_id": u.stream_id, "status": 200, "stream": doc}
+            except ApiError as err:
+                return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
+            except StoreUnavailable:
+                if self.on_store_error is not None:
+                    self.on_store_error()
+                err = unavailable()
+                return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
+
+        async def chain(indices: list[int]) -> None:
+            for i in indices:
+                results[i] = await one(i)
+
+        await asyncio.gather(*(chain(ix) for ix in chains.values()))
+        return [r for r in results if r is not None]
+
+
+__all__ = ["KeyedLocks", "StreamService", "check_method_options", "document"]

@@ -1,0 +1,147 @@
+"""Posterior summaries and draws of one stream's state (API.md "the stream document", "samples").
+
+A state represents its posterior either exactly — the ``kalman`` method keeps the filtering Gaussian
+N(m, P) in ``extras["mean"]``/``extras["cov"]`` (float64) — or by a particle cloud {x_i} with normalised
+weights w_i (uniform for every method but ``smc``). From it, in float64:
+
+* mean m = Σ w_i x_i and covariance C = Σ w_i (x_i − m)(x_i − m)ᵀ (GPF eq. 15, :func:`operators.gaussian.moments`),
+  std = √diag C; for the exact Gaussian, m and P themselves;
+* marginal quantiles q ∈ {0.05, 0.5, 0.95}: the inverse of the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q}
+  (particles of zero weight never matter); for the exact Gaussian m_j + Φ⁻¹(q) √P_jj;
+* ESS = 1 / Σ w_i² and log_evidence = log p̂(o_1..o_step) (0 at step 0).
+
+Draws (``n`` may exceed N):
+
+* exact Gaussian: m + L ξ, L Lᵀ = P;
+* weighted clouds (``smc``): multinomial resampling of the particles by their weights — the SMC approximation
+  itself;
+* unweighted clouds: the Gaussian N(m, C) the cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i,
+  :class:`~operators.samplers.GaussianFlowResampler`) draws it without a factorisation but costs O(n N d); when
+  N ≥ ``CHOLESKY_RATIO``·d the covariance has full rank and m + L ξ with L Lᵀ = C gives the same distribution
+  in O(d³ + n d²), so that is used; below (N close to or under d, a rank-deficient C) the resampler is.
+
+Draws use a generator seeded from (stream seed, step): the same stream at the same step gives the same draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from operators import gaussian
+from operators.rng import generator
+from operators.samplers import GaussianFlowResampler
+from operators.state import ParticleState, StepInfo
+
+QUANTILES = (0.05, 0.5, 0.95)
+CHOLESKY_RATIO = 4
+
+
+def _normal_ppf(q: float) -> float:
+    return math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64)).item()
+
+
+_Z = torch.tensor([_normal_ppf(q) for q in QUANTILES], dtype=torch.float64)
+
+
+@dataclass
+class Posterior:
+    """One stream's posterior as float64 tensors: particles x [N, d], normalised weights w [N], and the exact
+    Gaussian (mean [d], cov [d, d]) when the method keeps one."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    exact: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, state: ParticleState) -> Posterior:
+        if state.batch_size != 1:
+            raise ValueError("state: summaries are per stream (B = 1)")
+        x = state.particles[0].to(torch.float64)
+        w = torch.softmax(state.log_weights[0].to(torch.float64), -1)
+        exact = None
+        if "mean" in state.extras and "cov" in state.extras:
+            exact = (state.extras["mean"][0].to(torch.float64), state.extras["cov"][0].to(torch.float64))
+        return cls(x, w, exact)
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.exact is not None:
+            return self.exact
+        mean, cov = gaussian.moments(self.x[None], torch.log(self.w)[None])
+        return mean[0], cov[0]
+
+    def quantiles(self, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """[len(QUANTILES), d]."""
+        if self.exact is not None:
+            return mean[None] + _Z[:, None] * std[None]
+        return weighted_quantiles(self.x, self.w, QUANTILES)
+
+    @property
+    def ess(self) -> float:
+        return float(1.0 / (self.w * self.w).sum())
+
+
+def weighted_quantiles(x: torch.Tensor, w: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:
+    """Per-column quantiles of x [N, d] under weights w [N] (summing to 1) → [len(qs), d]: the inverse of the
+    weighted empirical CDF, min{x : F(x) ≥ q} (numpy's ``inverted_cdf`` for uniform weights)."""
+    xs, order = torch.sort(x, dim=0)  # [N, d]
+    cdf = torch.cumsum(w[order], 0).T.contiguous()  # [d, N], non-decreasing
+    q = torch.tensor(qs, dtype=cdf.dtype).expand(x.shape[1], len(qs)).contiguous()  # [d, Q]
+    idx = torch.searchsorted(cdf, q * cdf[:, -1:]).clamp_max(x.shape[0] - 1)
+    return xs.T.gather(1, idx).T
+
+
+def summary(state: ParticleState) -> dict:
+    """The document's ``summary``: mean, cov, std, quantiles, ess, log_evidence."""
+    post = Posterior.of(state)
+    mean, cov = post.moments()
+    std = torch.diagonal(cov).clamp_min(0).sqrt()
+    qs = post.quantiles(mean, std)
+    return {
+        "mean": mean.tolist(),
+        "cov": cov.tolist(),
+        "std": std.tolist(),
+        "quantiles": {str(q): row for q, row in zip(QUANTILES, qs.tolist(), strict=True)},
+        "ess": post.ess,
+        "log_evidence": float(state.log_evidence[0]),
+    }
+
+
+def step_summary(state: ParticleState, info: StepInfo, row: int = 0) -> dict:
+    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess."""
+    mean, cov = Posterior.of(state).moments()
+    return {
+        "step": int(state.step[0]),
+        "mean": mean.tolist(),
+        "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist(),
+        "log_evidence_increment": float(info.log_evidence_increment[row]),
+        "ess": float(info.ess[row]),
+    }
+
+
+def sample_seed(seed: int, step: int) -> int:
+    """A 63-bit seed for the draws of stream ``seed`` at ``step`` (independent of the update generator)."""
+    digest = hashlib.sha256(f"mpflow-samples:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def draw(state: ParticleState, n: int, *, weighted: bool, seed: int) -> torch.Tensor:
+    """n draws [n, d] from the stream's posterior approximation (module docstring)."""
+    post = Posterior.of(state)
+    g = generator(seed)
+    n_particles, d = post.x.shape
+    if post.exact is None and weighted:
+        idx = torch.multinomial(post.w, n, replacement=True, generator=g)
+        return post.x[idx]
+    if post.exact is None and n_particles < CHOLESKY_RATIO * d:
+        return GaussianFlowResampler(post.x[None]).sample(n, [g])[0]
+    mean, cov = post.moments()
+    L = gaussian.cholesky(cov)
+    xi = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return mean[None] + xi @ L.T
+
+
+__all__ = ["QUANTILES", "draw", "sample_seed", "step_summary", "summary", "weighted_quantiles"]

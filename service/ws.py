@@ -1,0 +1,93 @@
+"""``WS /v1/streams/{stream_id}/ws``: observations over a WebSocket (API.md).
+
+The client sends frames ``{"seq": n, "observations": [...], "return_samples": 0}``; the server answers each, in
+order, with the same document as ``POST /v1/streams/{id}/observations`` or with ``{"error": {...}, "status": s}``
+(``s`` the HTTP status the POST would have had). The sequencing rules are the POST's: frames go through
+:meth:`~service.streams.StreamService.observe`.
+
+Auth: ``Authorization: Bearer <key>`` on the handshake, or ``?api_key=<key>`` for clients that cannot set
+headers (browsers). An invalid key closes the handshake (code 1008); an unknown stream (or one of another
+tenant) is answered with a 404 error frame and the socket closed (1008).
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from service.errors import ApiError, from_validation_errors, too_large, unavailable
+from service.middleware import LOG_KEY
+from service.schemas import ObservationsRequest
+from service.store import StoreUnavailable
+from service.streams import StreamService
+
+router = APIRouter()
+
+POLICY_VIOLATION = 1008
+
+
+def _frame(err: ApiError) -> dict:
+    return {**err.body(), "status": err.status}
+
+
+@router.websocket("/v1/streams/{stream_id}/ws")
+async def stream_socket(websocket: WebSocket, stream_id: str) -> None:
+    app = websocket.app
+    info = websocket.scope.get(LOG_KEY)
+    if info is not None:
+        info["stream"] = stream_id
+    try:
+        tenant = app.state.auth.tenant(websocket.headers.get("authorization"), websocket.query_params.get("api_key"))
+    except ApiError:
+        await websocket.close(code=POLICY_VIOLATION, reason="unauthorized")
+        return
+    service: StreamService = app.state.streams
+    max_bytes = app.state.settings.max_body_bytes
+    await websocket.accept()
+    try:
+        await service.get(tenant, stream_id)
+    except ApiError as err:
+        await websocket.send_json(_frame(err))
+        await websocket.close(code=POLICY_VIOLATION)
+        return
+    except StoreUnavailable:
+        await websocket.send_json(_frame(unavailable()))
+        await websocket.close(code=1011)
+        return
+    while True:
+        try:
+            message = await websocket.receive()
+        except WebSocketDisconnect:
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        raw = message.get("text")
+        if raw is None:
+            raw = (message.get("bytes") or b"").decode("utf-8", errors="replace")
+        await websocket.send_json(await _answer(service, tenant, stream_id, raw, max_bytes))
+
+
+async def _answer(service: StreamService, tenant: str, stream_id: str, raw: str, max_bytes: int) -> dict:
+    if len(raw.encode("utf-8")) > max_bytes:
+        return _frame(too_large(f"frame: larger than the limit of {max_bytes} bytes (MPFLOW_MAX_BODY_BYTES)"))
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return _frame(ApiError(400, "malformed_json", "frame: not valid JSON"))
+    try:
+        req = ObservationsRequest.model_validate(payload)
+    except ValidationError as exc:
+        return _frame(from_validation_errors(exc.errors()))
+    try:
+        return await service.observe(tenant, stream_id, req)
+    except ApiError as err:
+        return _frame(err)
+    except StoreUnavailable:
+        if service.on_store_error is not None:
+            service.on_store_error()
+        return _frame(unavailable())
+
+
+__all__ = ["router"]

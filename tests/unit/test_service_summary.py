@@ -1,0 +1,100 @@
+"""Posterior summaries and draws of a stream state (service.summary)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from operators.models import make_model
+from operators.models.priors import prior_from_spec
+from operators.state import ParticleState
+from operators.updaters import get_updater
+from service import summary as S
+
+PRIOR = {"type": "gaussian", "mean": [1.0, -2.0, 0.5], "cov": [[2.0, 0.6, 0.0], [0.6, 1.0, 0.3], [0.0, 0.3, 0.5]]}
+
+
+def state_of(method: str, n: int, seed: int = 0) -> ParticleState:
+    model = make_model("linear_gaussian", None, 3)
+    return get_updater(method).init(prior_from_spec(PRIOR), model, n, seed)
+
+
+def test_uniform_weight_quantiles_are_numpys_inverted_cdf():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 4, generator=g, dtype=torch.float64)
+    w = torch.full((37,), 1 / 37, dtype=torch.float64)
+    got = S.weighted_quantiles(x, w, S.QUANTILES)
+    want = np.percentile(x.numpy(), [5, 50, 95], axis=0, method="inverted_cdf")
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_weighted_quantiles_ignore_zero_weights_and_follow_the_weights():
+    x = torch.tensor([[0.0], [1.0], [2.0], [100.0]], dtype=torch.float64)
+    w = torch.tensor([0.25, 0.5, 0.25, 0.0], dtype=torch.float64)
+    q = S.weighted_quantiles(x, w, (0.05, 0.25, 0.5, 0.75, 0.95, 1.0))[:, 0].tolist()
+    assert q == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]  # the zero-weight 100 never appears
+
+
+def test_summary_of_a_weighted_cloud():
+    st = state_of("smc", 64)
+    lw = torch.log_softmax(torch.linspace(-3, 3, 64, dtype=torch.float32), -1)[None]
+    st = st.replace(log_weights=lw, log_evidence=torch.tensor([-1.5], dtype=torch.float64))
+    s = S.summary(st)
+    w = torch.softmax(lw[0].double(), -1)
+    x = st.particles[0].double()
+    mean = (w[:, None] * x).sum(0)
+    cov = ((x - mean).T * w) @ (x - mean)
+    assert torch.allclose(torch.tensor(s["mean"], dtype=torch.float64), mean, atol=1e-12)
+    assert torch.allclose(torch.tensor(s["cov"], dtype=torch.float64), cov, atol=1e-12)
+    assert math.isclose(s["ess"], float(1 / (w * w).sum()), rel_tol=1e-12) and s["ess"] < 64
+    assert s["log_evidence"] == -1.5
+
+
+def test_exact_gaussian_summary_and_draws_for_kalman():
+    st = state_of("kalman", 8)
+    s = S.summary(st)
+    mean = torch.tensor(PRIOR["mean"], dtype=torch.float64)
+    cov = torch.tensor(PRIOR["cov"], dtype=torch.float64)
+    assert torch.allclose(torch.tensor(s["mean"], dtype=torch.float64), mean, atol=1e-6)  # not the 8 particles
+    assert torch.allclose(torch.tensor(s["cov"], dtype=torch.float64), cov, atol=1e-6)
+    z = 1.6448536269514722
+    assert torch.allclose(torch.tensor(s["quantiles"]["0.05"], dtype=torch.float64), mean - z * cov.diag().sqrt())
+    draws = S.draw(st, 40000, weighted=False, seed=1)
+    assert draws.shape == (40000, 3)
+    assert torch.allclose(draws.mean(0), mean, atol=0.04)
+    assert torch.allclose(torch.cov(draws.T), cov, atol=0.06)
+
+
+def test_unweighted_draws_have_the_clouds_gaussian_by_either_route():
+    """N ≥ 4d: Cholesky draws; N < 4d: the Gaussian-flow resampler (GPF eq. 16). Both have the cloud's moments."""
+    for n_particles in (64, 6, 3):
+        st = state_of("gpf", n_particles)
+        x = st.particles[0].double()
+        m = x.mean(0)
+        c = (x - m).T @ (x - m) / n_particles
+        d = S.draw(st, 60000, weighted=False, seed=2)
+        assert torch.allclose(d.mean(0), m, atol=0.05), n_particles
+        assert torch.allclose(torch.cov(d.T), c, atol=0.08), n_particles
+        if n_particles <= 3:  # N ≤ d: C has rank N − 1 and so do the draws (they stay in the cloud's span)
+            assert torch.linalg.matrix_rank(torch.cov(d.T), rtol=1e-8) == n_particles - 1
+        assert torch.equal(d, S.draw(st, 60000, weighted=False, seed=2))  # seeded
+
+
+def test_weighted_draws_resample_the_particles():
+    st = state_of("smc", 16)
+    lw = torch.full((1, 16), -math.inf)
+    lw[0, 3], lw[0, 7] = math.log(0.25), math.log(0.75)
+    st = st.replace(log_weights=lw)
+    d = S.draw(st, 4000, weighted=True, seed=0)
+    x = st.particles[0].double()
+    hit3 = (d == x[3]).all(1).double().mean().item()
+    hit7 = (d == x[7]).all(1).double().mean().item()
+    assert hit3 + hit7 == 1.0 and abs(hit7 - 0.75) < 0.03
+
+
+def test_sample_seed_depends_on_seed_and_step():
+    assert S.sample_seed(1, 2) == S.sample_seed(1, 2)
+    assert len({S.sample_seed(1, 2), S.sample_seed(1, 3), S.sample_seed(2, 2)}) == 3
+    assert 0 <= S.sample_seed(123, 456) < 2**63

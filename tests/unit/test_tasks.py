@@ -1,0 +1,56 @@
+"""Meta-training task distributions (MPF §3.1): every family draws valid batched tasks, task b does not depend
+on the batch around it, lds pairs (A, B) differ per task, DP-mixture priors are proper mixtures, and bad
+options are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from operators.rng import generator
+from training.tasks import TASK_FAMILIES, sample_tasks
+
+DIMS = {"gmm": 2, "logistic": 4}
+
+
+@pytest.mark.parametrize("family", TASK_FAMILIES)
+def test_tasks_are_valid_and_independent_of_the_batch(family):
+    d = DIMS.get(family, 3)
+    many = sample_tasks(family, d, 4, 3, generator(0))
+    assert many.obs.shape[:2] == (4, 3) and many.x_true.shape == (4, d)
+    assert bool(torch.isfinite(many.obs).all())
+    assert many.model.batch_size == 4 and many.prior.dim == d
+    x = many.prior.sample(8, many.gens)
+    assert many.model.log_likelihood(many.obs[:, 0], x).shape == (4, 8)
+    # the same seed stream, a batch of one: task 0 is the same task
+    one = sample_tasks(family, d, 1, 3, generator(0))
+    assert torch.equal(one.obs[0], many.obs[0]) and torch.equal(one.x_true[0], many.x_true[0])
+
+
+def test_lds_tasks_draw_their_own_stable_dynamics():
+    tasks = sample_tasks("lds", 2, 3, 2, generator(1))
+    A = tasks.model.params["A"]
+    assert not torch.allclose(A[0], A[1])
+    radius = torch.linalg.svdvals(A.double())  # ρ·rotation: all singular values ρ ∈ [0.7, 1.0]
+    assert bool((radius >= 0.7 - 1e-5).all() and (radius <= 1.0 + 1e-5).all())
+
+
+def test_dp_mixture_priors_are_normalised_mixtures():
+    tasks = sample_tasks("linear_gaussian", 2, 5, 2, generator(2), prior="dpgmm", dp_components=4)
+    w = tasks.prior.weights
+    assert w.shape == (5, 4) and torch.allclose(w.sum(1), torch.ones(5)) and bool((w > 0).all())
+    assert bool((torch.linalg.eigvalsh(tasks.prior.covs) > 0).all())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"bogus": 1}, "task options"), ({"prior": "wishart"}, "prior"), ({"obs_var": -1.0}, "obs_var")],
+)
+def test_bad_task_options_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        sample_tasks("linear_gaussian", 2, 2, 2, generator(0), **kwargs)
+
+
+def test_gmm_needs_two_dimensions():
+    with pytest.raises(ValueError, match="dim"):
+        sample_tasks("gmm", 3, 2, 2, generator(0))
