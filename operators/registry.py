@@ -332,23 +332,28 @@ def default_dirs() -> list[Path]:
     return out
 
 
-def resolve(name_or_dir: str | Path, dirs: Iterable[str | Path] | None = None) -> OperatorRecord:
+def resolve(
+    name_or_dir: str | Path, dirs: Iterable[str | Path] | None = None, kind: Kind | None = None
+) -> OperatorRecord:
     """A registered name (searched in ``dirs``, default :func:`default_dirs`) or a path to a folder.
 
     A :class:`~pathlib.Path`, or a string holding a path separator, is read as a folder; any other string is
-    looked up by name first and read as a folder only if no operator has that name.
+    looked up by name first and read as a folder only if no operator has that name. ``kind`` ("operator" or
+    "sampler") restricts the names searched to that kind and is the kind a folder is read as (None: any kind
+    by name; a folder's kind from its location, see :func:`load_record`). Errors start with the kind's name.
     """
+    label = kind or "operator"
     if not isinstance(name_or_dir, str | Path):
-        raise ValueError(f"operator: must be a name or a folder path, got {type(name_or_dir).__name__}")
+        raise ValueError(f"{label}: must be a name or a folder path, got {type(name_or_dir).__name__}")
     if isinstance(name_or_dir, Path) or os.sep in name_or_dir or (os.altsep and os.altsep in name_or_dir):
-        return load_record(name_or_dir)
-    records = list_operators(default_dirs() if dirs is None else dirs)
+        return load_record(name_or_dir, kind)
+    records = [r for r in list_operators(default_dirs() if dirs is None else dirs) if kind in (None, r.kind)]
     for rec in records:
         if rec.name == name_or_dir:
             return rec
     if Path(name_or_dir).is_dir():
-        return load_record(name_or_dir)
-    raise ValueError(f"operator: unknown operator {name_or_dir!r}; available: {[r.name for r in records]}")
+        return load_record(name_or_dir, kind)
+    raise ValueError(f"{label}: unknown {label} {name_or_dir!r}; available: {[r.name for r in records]}")
 
 
 # ---- saving ----------------------------------------------------------------------------------------------
@@ -429,7 +434,9 @@ def save_operator(
         (tmp / README_FILE).write_text(readme if readme.endswith("\n") else readme + "\n", encoding="utf-8")
         _write_weights(state_dict, tmp / WEIGHTS_FILE)
         for f in tmp.iterdir():
+            f.chmod(0o644)  # mkstemp-style 0600/0700 would hide the folder from a service running as another user
             _fsync(f)
+        tmp.chmod(0o755)
         _fsync(tmp)
         if final.exists():
             if not overwrite:  # appeared while we were writing
@@ -450,6 +457,29 @@ def save_operator(
     return load_record(final, "sampler" if root.name == SAMPLERS_DIR else "operator")
 
 
+def save_sampler(
+    root: str | Path,
+    name: str | None,
+    config: dict[str, Any],
+    state_dict: dict[str, torch.Tensor],
+    metrics: dict[str, Any],
+    readme: str,
+    *,
+    overwrite: bool = False,
+) -> OperatorRecord:
+    """Write a sampler to ``root/samplers/<name>/``: :func:`save_operator` with ``folder_root = root/samplers``.
+
+    ``root`` is a registry root (e.g. a folder of ``MPFLOW_OPERATOR_DIRS``). The config's family, state_dim,
+    obs_dim and architecture default to the sampler mapping of the module docstring (``family ← kind``,
+    ``state_dim ← dim``, ``obs_dim ← 0``, ``architecture ← kind``) and are written out explicitly, so a GPVI
+    config from :class:`~operators.samplers.gpvi.GPVIConfig` can be passed as it is. Returns the sampler's record.
+    """
+    if not isinstance(config, dict):
+        raise ValueError(f"config: must be a JSON object, got {type(config).__name__}")
+    view = _sampler_view(config)
+    return save_operator(Path(root) / SAMPLERS_DIR, name, view, state_dict, metrics, readme, overwrite=overwrite)
+
+
 __all__ = [
     "OperatorRecord",
     "RegistryWarning",
@@ -460,4 +490,5 @@ __all__ = [
     "load_weights",
     "resolve",
     "save_operator",
+    "save_sampler",
 ]

@@ -3,8 +3,8 @@
     mpflow info                      model families and inference methods available
     mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
     mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
-
     mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
+    mpflow fit-sampler --prior P ... cache a GPVI generator for a mixture prior (unlimited samples)
     mpflow serve [--host --port]     the HTTP service (API.md)
 """
 
@@ -230,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     from training.evaluate import add_parser as add_evaluate_parser
 
     add_evaluate_parser(sub)
+    from training.fit_sampler import add_parser as add_fit_sampler_parser
+
+    add_fit_sampler_parser(sub)
     from service.cli import add_parser as add_serve_parser
 
     add_serve_parser(sub)

@@ -1,4 +1,4 @@
-"""Priors a stream can start from: Gaussian, Gaussian mixture, or a given particle cloud.
+"""Priors a stream can start from: Gaussian, Gaussian mixture, a given particle cloud, or a cached sampler.
 
 A Gaussian is a one-component :class:`GaussianMixture`, so every density prior has the same batched
 shape — weights [B, K], means [B, K, d], covs [B, K, d, d] — and the same operations:
@@ -10,16 +10,19 @@ shape — weights [B, K], means [B, K, d], covs [B, K, d, d] — and the same op
 * ``sample(n, gens)`` and ``moments()``.
 
 :class:`ParticlePrior` holds particles used as given (no density: updaters that need one fit a Gaussian).
+:class:`SamplerPrior` draws from a cached sampler of the registry (a GPVI generator fitted to a prior by
+``mpflow fit-sampler``): unlimited draws, no density — updaters treat it like a particles prior.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from operators import gaussian, validation
 from operators.rng import Generators, rand, randn
+from operators.samplers.cached import CachedSampler, load_sampler
 
 
 @dataclass
@@ -128,7 +131,37 @@ class ParticlePrior:
         return gaussian.moments(self.particles)
 
 
-Prior = GaussianMixture | ParticlePrior
+@dataclass
+class SamplerPrior:
+    """B streams starting from one cached sampler: ``sample(n, gens)`` draws [B, n, d], stream b's noise from
+    ``gens[b]``; ``moments()`` are the prior's exact ones stored at fit time (:mod:`operators.samplers.cached`)."""
+
+    sampler: CachedSampler
+    batch: int = 1
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def dim(self) -> int:
+        return self.sampler.dim
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch
+
+    def to(self, dtype: torch.dtype) -> SamplerPrior:
+        return replace(self, dtype=dtype)
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, cov = (t.to(self.dtype).expand(self.batch, *t.shape).clone() for t in self.sampler.moments())
+        return mean, cov
+
+    def sample(self, n: int, gens: Generators) -> torch.Tensor:
+        if len(gens) != self.batch:
+            raise ValueError(f"gens: expected {self.batch} generators (one per stream), got {len(gens)}")
+        return torch.stack([self.sampler.sample(n, g, self.dtype) for g in gens])
+
+
+Prior = GaussianMixture | ParticlePrior | SamplerPrior
 
 
 def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = torch.float32) -> Prior:
@@ -136,10 +169,11 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
 
     ``{"type": "gaussian", "mean": [...], "cov": [[...]]}``,
     ``{"type": "mixture", "weights": [...], "means": [[...]], "covs": [[[...]]]}`` or
-    ``{"type": "particles", "particles": [[...], ...]}``. ``dim`` (when given) is the required state dimension.
+    ``{"type": "particles", "particles": [[...], ...]}`` or ``{"type": "sampler", "name": NAME_OR_DIR}`` (a cached
+    sampler, :func:`operators.samplers.cached.load_sampler`). ``dim`` (when given) is the required state dimension.
     """
     if not isinstance(spec, dict) or "type" not in spec:
-        raise ValueError("prior: expected an object with a 'type' of gaussian, mixture or particles")
+        raise ValueError("prior: expected an object with a 'type' of gaussian, mixture, particles or sampler")
     kind = spec["type"]
     if kind == "gaussian":
         validation.unknown_keys("prior", spec, {"type", "mean", "cov"})
@@ -168,4 +202,16 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
         if p.shape[0] < 2:
             raise ValueError("prior.particles: need at least 2 particles")
         return ParticlePrior(p[None])
-    raise ValueError(f"prior.type: unknown prior type {kind!r}; use gaussian, mixture or particles")
+    if kind == "sampler":
+        validation.unknown_keys("prior", spec, {"type", "name"})
+        name = spec.get("name")
+        if not (isinstance(name, str) and name.strip()):
+            raise ValueError(f"prior.name: expected the name or folder of a cached sampler, got {name!r}")
+        try:
+            sampler = load_sampler(name)
+        except ValueError as exc:
+            raise ValueError(f"prior.name: {str(exc).removeprefix('sampler: ')}") from None
+        if dim is not None and sampler.dim != dim:
+            raise ValueError(f"prior.name: sampler {name!r} has dimension {sampler.dim}, expected {dim}")
+        return SamplerPrior(sampler, 1, dtype)
+    raise ValueError(f"prior.type: unknown prior type {kind!r}; use gaussian, mixture, particles or sampler")

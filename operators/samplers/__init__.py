@@ -1,7 +1,9 @@
 """Samplers that give unlimited posterior draws: the Gaussian-flow resampler of a particle cloud (GPF eq. 16)
-and the GPVI generator (Ratzlaff et al.), trainable for any log-density."""
+and the GPVI generator (Ratzlaff et al.), trainable for any log-density; GPVI samplers cached in the registry
+load with :func:`load_sampler`."""
 
+from operators.samplers.cached import CachedSampler, load_sampler
 from operators.samplers.gaussian_flow import GaussianFlowResampler
 from operators.samplers.gpvi import GPVIGenerator
 
-__all__ = ["GPVIGenerator", "GaussianFlowResampler"]
+__all__ = ["CachedSampler", "GPVIGenerator", "GaussianFlowResampler", "load_sampler"]
