@@ -136,7 +136,15 @@ class MixturePrior(_Request):
     covs: list[Matrix]
 
 
-Prior = Annotated[GaussianPrior | ParticlesPrior | MixturePrior, Field(discriminator="type")]
+class SamplerPrior(_Request):
+    """An extension of API.md: a GPVI generator cached with ``mpflow fit-sampler`` (registry ``samplers/``);
+    the stream's particles are drawn from it."""
+
+    type: Literal["sampler"]
+    name: str = Field(min_length=1, max_length=200, description="a cached sampler's name, e.g. gpvi-d2-v1")
+
+
+Prior = Annotated[GaussianPrior | ParticlesPrior | MixturePrior | SamplerPrior, Field(discriminator="type")]
 
 
 # ---------------------------------------------------------------------------------------------- requests

@@ -17,6 +17,11 @@ won); without ``seq`` the steps are re-applied on the fresh state (appended in a
 requests on one stream also queue on a per-stream lock, so they do not waste compute on lost races; the
 compare-and-set is what makes it correct across processes.
 
+Small states (N·d ≤ ``INLINE_MAX_ELEMENTS``) are decoded, summarised and encoded on the event loop: that work
+takes well under a millisecond, less than the hand-off to a worker thread and back costs (measured:
+``benchmarks/service_profile.py``); larger states, stream initialisation and large sample draws run on the
+engine's auxiliary threads. The operator update itself always runs on the engine's worker.
+
 Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
 anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
 """
@@ -42,7 +47,7 @@ from operators.state import ParticleState
 from operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
 from service import summary as summaries
 from service.catalogue import OperatorCatalogue
-from service.engine import UpdateEngine
+from service.engine import Announcement, StepResult, UpdateEngine
 from service.errors import ApiError, invalid, not_found, too_large, unavailable
 from service.schemas import STREAM_ID_PATTERN, BatchRequest, CreateStreamRequest, ObservationsRequest
 from service.settings import Settings
@@ -51,6 +56,8 @@ from service.store import StoreUnavailable, StreamStore
 DEFAULT_PARTICLES = 256
 MAX_WRITE_ATTEMPTS = 50
 _MODEL_CACHE_SIZE = 4096
+#: particles × state dimension (and draws × state dimension) up to which tensor work stays on the event loop
+INLINE_MAX_ELEMENTS = 16384
 _STREAM_ID = re.compile(STREAM_ID_PATTERN)
 
 
@@ -100,6 +107,8 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
 
 def _prior_dim_and_count(spec: dict[str, Any]) -> tuple[int, int | None]:
     """(state dimension, particle count of a particles prior) read off the prior's JSON, for the limits."""
+    if spec["type"] == "sampler":  # its dimension is known once it is resolved (prior_from_spec checks it)
+        return 0, None
     rows = {"gaussian": "mean", "particles": "particles", "mixture": "means"}[spec["type"]]
     value = spec[rows]
     if spec["type"] == "gaussian":
@@ -136,6 +145,16 @@ class StreamService:
         self._locks = KeyedLocks()
 
     # ------------------------------------------------------------------ building blocks
+    async def _tensor_work(
+        self, meta: dict[str, Any], fn: Callable[..., Any], *args: Any, draws: int = 0, slow: bool = False
+    ) -> Any:
+        """``fn(*args)``: inline for a small state (module docstring), else — or when ``slow`` (e.g. it may load
+        an operator) — on the engine's auxiliary threads."""
+        d = int(meta["state_dim"])
+        if not slow and max(int(meta["num_particles"]), draws) * d <= INLINE_MAX_ELEMENTS:
+            return fn(*args)
+        return await self.engine.run(fn, *args)
+
     def updater(self, method: str, operator: str | None) -> Updater:
         """A cached updater per (method, operator name); mpf loads the operator from its folder."""
         key = (method, operator)
@@ -226,7 +245,7 @@ class StreamService:
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.engine.run(self._prepare, req)
         stream_id = req.stream_id or uuid.uuid4().hex
-        blob = await self.engine.run(state.to_bytes)
+        blob = await self._tensor_work(meta, state.to_bytes)
         if not await self.store.create(tenant, stream_id, meta, blob, meta["ttl_seconds"]):
             raise ApiError(409, "stream_exists", f"stream_id: a stream {stream_id!r} already exists; choose another id")
         return document(stream_id, meta, summary)
@@ -254,7 +273,7 @@ class StreamService:
 
     async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await self._read(tenant, stream_id)
-        summary, _ = await self.engine.run(self._view, meta, data, 0)
+        summary, _ = await self._tensor_work(meta, self._view, meta, data, 0)
         return document(stream_id, meta, summary)
 
     def _check_samples(self, n: int) -> None:
@@ -264,18 +283,18 @@ class StreamService:
     async def samples(self, tenant: str, stream_id: str, n: int) -> list:
         self._check_samples(n)
         meta, data = await self._read(tenant, stream_id)
-        _, draws = await self.engine.run(self._view, meta, data, n)
+        _, draws = await self._tensor_work(meta, self._view, meta, data, n, draws=n)
         return draws or []
 
     async def particles(self, tenant: str, stream_id: str) -> dict[str, Any]:
-        _, data = await self._read(tenant, stream_id)
+        meta, data = await self._read(tenant, stream_id)
 
         def view() -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
             lw = torch.log_softmax(state.log_weights[0].to(torch.float64), -1)
             return {"particles": state.particles[0].tolist(), "log_weights": lw.tolist()}
 
-        return await self.engine.run(view)
+        return await self._tensor_work(meta, view)
 
     async def delete(self, tenant: str, stream_id: str) -> None:
         if not _STREAM_ID.match(stream_id) or not await self.store.delete(tenant, stream_id):
@@ -307,8 +326,13 @@ class StreamService:
         updater = self.updater(meta["method"], meta.get("operator"))
         return model, updater, ParticleState.from_bytes(data), self._parse(model, observations)
 
-    def _finish(self, meta: dict[str, Any], state: ParticleState, n_samples: int) -> tuple[bytes, dict, list | None]:
-        return state.to_bytes(), summaries.summary(state), self._draw(meta, state, n_samples)
+    def _finish(
+        self, meta: dict[str, Any], last: StepResult, n_samples: int
+    ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
+        """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step."""
+        summary = summaries.summary(last.state)
+        step = summaries.step_summary(last.state, last.info, summary=summary)
+        return last.state.to_bytes(), summary, step, self._draw(meta, last.state, n_samples)
 
     async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
         n = len(req.observations)
@@ -320,27 +344,35 @@ class StreamService:
         self._check_samples(req.return_samples)
         async with self._locks.hold((tenant, stream_id)):
             for _ in range(MAX_WRITE_ATTEMPTS):
-                meta, data = await self._read(tenant, stream_id)
-                step = int(meta["step"])
-                if req.seq is not None:
-                    if req.seq + n - 1 <= step:
-                        summary, samples = await self.engine.run(self._view, meta, data, req.return_samples)
-                        return self._answer(stream_id, meta, summary, [], samples, duplicate=True)
-                    if req.seq != step + 1:
-                        raise ApiError(
-                            409,
-                            "seq_conflict",
-                            f"seq: the stream is at step {step}, so the next seq is {step + 1}; got seq {req.seq} "
-                            f"with {n} observation(s) (a gap or a partial overlap); nothing was applied",
-                        )
-                model, updater, state, parsed = await self.engine.run(
-                    self._prepare_update, meta, data, req.observations
+                # announce the n updates about to come, so the engine waits for them (and only for them)
+                with self.engine.expect(n) as announced:
+                    meta, data = await self._read(tenant, stream_id)
+                    step = int(meta["step"])
+                    if req.seq is not None:
+                        if req.seq + n - 1 <= step:
+                            summary, samples = await self._tensor_work(
+                                meta, self._view, meta, data, req.return_samples, draws=req.return_samples
+                            )
+                            return self._answer(stream_id, meta, summary, [], samples, duplicate=True)
+                        if req.seq != step + 1:
+                            raise ApiError(
+                                409,
+                                "seq_conflict",
+                                f"seq: the stream is at step {step}, so the next seq is {step + 1}; got seq "
+                                f"{req.seq} with {n} observation(s) (a gap or a partial overlap); nothing was applied",
+                            )
+                    cold = (meta["method"], meta.get("operator")) not in self._updaters  # would load an operator
+                    model, updater, state, parsed = await self._tensor_work(
+                        meta, self._prepare_update, meta, data, req.observations, slow=cold
+                    )
+                    last, per_step = await self._apply(meta, model, updater, state, parsed, announced)
+                blob, summary, last_step, samples = await self._tensor_work(
+                    meta, self._finish, meta, last, req.return_samples, draws=req.return_samples
                 )
-                state, per_step = await self._apply(meta, model, updater, state, parsed)
-                blob, summary, samples = await self.engine.run(self._finish, meta, state, req.return_samples)
+                per_step.append(last_step)
                 new_meta = {
                     "step": step + n,
-                    "log_evidence": float(state.log_evidence[0]),
+                    "log_evidence": float(last.state.log_evidence[0]),
                     "updated_at": _now(),
                 }
                 if await self.store.compare_and_set(
@@ -359,12 +391,18 @@ class StreamService:
         updater: Updater,
         state: ParticleState,
         parsed: list[torch.Tensor],
-    ) -> tuple[ParticleState, list[dict[str, Any]]]:
+        announced: Announcement | None = None,
+    ) -> tuple[StepResult, list[dict[str, Any]]]:
+        """Apply the steps in order: (the last step's result, ``per_step`` entries of all steps but the last —
+        :meth:`_finish` makes that one along with the summary)."""
         method, operator = meta["method"], meta.get("operator")
-        per_step = []
+        per_step: list[dict[str, Any]] = []
+        res: StepResult | None = None
         for i, obs in enumerate(parsed):
+            if res is not None:
+                per_step.append(await self._tensor_work(meta, summaries.step_summary, res.state, res.info))
             try:
-                res = await self.engine.update(updater, (method, operator), method, model, state, obs)
+                res = await self.engine.update(updater, (method, operator), method, model, state, obs, announced)
             except NonFiniteError as exc:
                 raise invalid(
                     f"observations[{i}]: the update produced non-finite values ({exc}); nothing was applied",
@@ -378,8 +416,8 @@ class StreamService:
                     "update_failed",
                 ) from None
             state = res.state
-            per_step.append(await self.engine.run(summaries.step_summary, res.state, res.info))
-        return state, per_step
+        assert res is not None  # observations has at least one item (schema)
+        return res, per_step
 
     @staticmethod
     def _answer(

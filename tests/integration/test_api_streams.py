@@ -495,3 +495,34 @@ def test_metrics_openapi_catalogue(redis_url):
             assert {"name", "family", "state_dim", "obs_dim", "metrics", "created", "content_hash"} <= set(o)
 
     run(redis_url, body)
+
+
+def test_stream_from_a_cached_sampler_prior(redis_url, tmp_path, monkeypatch):
+    """A prior of type "sampler" (a GPVI generator cached by ``mpflow fit-sampler``) starts a stream; an
+    unknown sampler name is a 422 naming the field."""
+    from training.fit_sampler import fit_sampler
+
+    mixture = {"type": "mixture", "weights": [0.5, 0.5], "means": [[-2, 0], [2, 0]], "covs": [[[1, 0], [0, 1]]] * 2}
+    record = fit_sampler(mixture, out=tmp_path, iterations=20, particles=16, seed=0, progress=False)
+    monkeypatch.setenv("MPFLOW_OPERATOR_DIRS", str(tmp_path))
+    model = {"family": "linear_gaussian", "params": {}}
+
+    async def body(app, client):
+        ok = await client.post(
+            "/v1/streams",
+            json={
+                "model": model,
+                "prior": {"type": "sampler", "name": record.name},
+                "method": "smc",
+                "num_particles": 64,
+                "seed": 1,
+            },
+        )
+        assert ok.status_code == 201, ok.text
+        sid = ok.json()["stream_id"]
+        upd = await client.post(f"/v1/streams/{sid}/observations", json={"seq": 1, "observations": [[1.0, 0.5]]})
+        assert upd.status_code == 200 and upd.json()["step"] == 1
+        bad = await client.post("/v1/streams", json={"model": model, "prior": {"type": "sampler", "name": "nope"}})
+        assert bad.status_code == 422 and "prior.name" in bad.json()["error"]["message"]
+
+    run(redis_url, body)
