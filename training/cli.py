@@ -1,11 +1,11 @@
 """The ``mpflow`` command line.
 
-    mpflow info                      model families and inference methods available
-    mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
-    mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
-    mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
-    mpflow fit-sampler --prior P ... cache a GPVI generator for a mixture prior (unlimited samples)
-    mpflow serve [--host --port]     the HTTP service (API.md)
+mpflow info                      model families and inference methods available
+mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
+mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
+mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
+mpflow fit-sampler --prior P ... cache a GPVI generator for a mixture prior (unlimited samples)
+mpflow serve [--host --port]     the HTTP service (API.md)
 """
 
 from __future__ import annotations
@@ -215,9 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--layers", type=int, default=3)
     t.add_argument("--embed", type=int, default=64)
     t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (eq. 21)")
-    t.add_argument("--segment-prior", default="kde", choices=["kde", "gaussian"], help="prior of a segment")
     t.add_argument(
-        "--predicted-prior", default="gaussian", choices=["kde", "gaussian"], help="dynamic families' step prior"
+        "--segment-prior", default="kde", choices=["kde", "kde-shrunk", "gaussian"], help="prior of a segment"
+    )
+    t.add_argument(
+        "--predicted-prior",
+        default="gaussian",
+        choices=["kde", "kde-shrunk", "gaussian"],
+        help="dynamic families' step prior",
     )
     t.add_argument("--curriculum", type=float, default=0.0, help="fraction of the run over which T grows from 1")
     t.add_argument("--task-options", help="task distribution options as JSON (training.tasks.TASK_OPTIONS)")

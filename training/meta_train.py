@@ -74,16 +74,28 @@ def _to_device(tasks: Tasks, device: torch.device) -> Tasks:
 
 
 def _density(kind: str, particles: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A density fitted to (detached) particles [B, N, d]: the KDE π̂(x; X) of eq. 20 (Silverman widths per
-    dimension) or the moment-matched Gaussian (exact when the cloud is Gaussian) → log π̂ as a function."""
+    """A density fitted to (detached) particles [B, N, d] → log π̂ as a function: "kde" is π̂(x; X) of eq. 20
+    (Silverman widths per dimension; its variance exceeds the particles' by the kernel's, (1 + c²)σ²),
+    "kde-shrunk" the same kernels on centres shrunk towards the mean, m + a (x_i − m) with a² = 1 − c²
+    (Liu & West 1999), so π̂ keeps the particles' variances — an operator trained against eq. 20's KDE learns
+    posteriors too wide by that factor — and "gaussian" the moment-matched Gaussian (exact for Gaussian
+    clouds)."""
     X = particles.detach()
     if kind == "kde":
         return lambda x: metrics.kde_log_density(x, X).to(x.dtype)
+    if kind == "kde-shrunk":  # Liu & West (1999): centres shrunk towards the mean keep the covariance
+        X64 = X.double()
+        h = metrics.silverman_bandwidth(X64)  # [B, d] = c·σ_d with the same c in every dimension
+        mean, cov = gaussian.moments(X64)
+        sd = torch.diagonal(cov, dim1=-2, dim2=-1).sqrt()
+        a = torch.sqrt((1 - (h / sd) ** 2).clamp_min(0.0))  # a² σ² + h² = σ²
+        centres = mean[:, None] + a[:, None] * (X64 - mean[:, None])
+        return lambda x: metrics.kde_log_density(x, centres, bandwidth=h).to(x.dtype)
     if kind == "gaussian":
         mean, cov = gaussian.moments(X.double())
         chol = gaussian.cholesky(cov)
         return lambda x: gaussian.log_prob(x.double(), mean, chol).to(x.dtype)
-    raise ValueError(f"segment_prior: expected 'kde' or 'gaussian', got {kind!r}")
+    raise ValueError(f"segment_prior: expected 'kde', 'kde-shrunk' or 'gaussian', got {kind!r}")
 
 
 def task_loss(
@@ -240,8 +252,9 @@ def meta_train(
     and gradients are averaged; rank 0 validates, logs, checkpoints and shows the progress bar.
 
     ``iterations`` is the total count: with ``resume`` and an existing ``checkpoint`` the run continues
-    from the saved iteration. The checkpoint (torch.save; a training artefact, not an operator) is written
-    after every validation and at the end. ``log_path`` gets one JSON line per iteration:
+    from the saved iteration (if the loss options differ from the checkpoint's, the best-so-far restarts at
+    the resumed θ, validated under the new loss). The checkpoint (torch.save; a training artefact, not an
+    operator) is written after every validation and at the end. ``log_path`` gets one JSON line per iteration:
     {"iteration", "train_loss", "val_loss" (null between validations), "seconds"}.
 
     Returns {"val_loss_untrained", "val_loss_best", "best_iteration", "final_state", "iterations",
@@ -277,6 +290,14 @@ def meta_train(
             state["val_untrained"],
         )
         torch.set_rng_state(state["torch_rng"])
+        if state.get("loss_kw") != loss_kw and lead:
+            # resumed with another loss (e.g. a new segment prior): earlier validation losses are not comparable,
+            # so the resumed θ becomes the best so far under the new loss
+            best_val, best_state, best_it = (
+                validation_loss(net, family, dim, **val_kw),
+                copy.deepcopy(net.state_dict()),
+                start,
+            )
     else:
         untrained = validation_loss(net, family, dim, **val_kw) if lead else math.nan
         best_val, best_state, best_it = untrained, copy.deepcopy(net.state_dict()), 0
@@ -296,6 +317,7 @@ def meta_train(
             "best_iteration": best_it,
             "val_untrained": untrained,
             "torch_rng": torch.get_rng_state(),
+            "loss_kw": loss_kw,
         }
         tmp = ckpt.with_name(ckpt.name + ".tmp")
         torch.save(payload, tmp)

@@ -178,3 +178,22 @@ def test_curriculum_grows_the_sequence_length():
     assert lengths[0] == 1 and lengths[49] == 10 and lengths[-1] == 10
     assert lengths == sorted(lengths)
     assert curriculum_length(10, 0, 100, 0.0) == 10
+
+
+def test_shrunk_kde_segment_prior_keeps_the_particles_variance():
+    """Eq. 20's KDE is wider than its particles by the kernel, (1 + c²)σ²; the shrunk KDE keeps σ² (integrated
+    on a grid), so a segment prior does not teach the operator too-wide posteriors."""
+    from training.meta_train import _density
+
+    X = torch.randn(1, 128, 2, generator=generator(0)) * torch.tensor([1.0, 2.0])
+    sd2 = X.double().var(1, unbiased=False)[0]
+    g = torch.linspace(-12, 12, 241, dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(1, -1, 2)
+    cell = float((g[1] - g[0]) ** 2)
+    for kind, low, high in (("kde", 1.1, 1.3), ("kde-shrunk", 0.98, 1.02)):
+        p = torch.exp(_density(kind, X)(grid))[0] * cell
+        mean = (p[:, None] * grid[0]).sum(0)
+        var = (p[:, None] * (grid[0] - mean) ** 2).sum(0)
+        assert abs(float(p.sum()) - 1) < 1e-3
+        ratio = var / sd2
+        assert bool((ratio > low).all() and (ratio < high).all()), (kind, ratio)
