@@ -11,6 +11,13 @@ worker thread, then scatters the rows back (``ParticleState.unbind``). Every str
 so its result does not depend on the batch it ran in. Jobs of one stream are submitted one after the other
 (the caller awaits each step), so per-stream order is the submission order.
 
+Waiting only for jobs that are on their way. A caller that is about to submit steps (the stream service, for
+an observation request that holds its stream) announces them first (:meth:`UpdateEngine.expect`); each
+:meth:`UpdateEngine.update` made with that announcement consumes one step. While announcements are open, a
+key that is not full is dispatched at once when no announced step is still to come (nothing can join the
+batch, so waiting ``max_wait_ms`` would only add latency: the single-stream case), and otherwise waits as
+above. Without open announcements (callers that do not announce) the rule is the plain one above.
+
 If a batched call fails (a ``ValueError`` or non-finite result caused by one stream), the jobs are re-run one
 by one so that only the guilty stream sees the error.
 
@@ -27,7 +34,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -56,6 +63,28 @@ class StepResult:
 
     state: ParticleState
     info: StepInfo
+
+
+class Announcement:
+    """Steps a caller is about to submit (:meth:`UpdateEngine.expect`); :meth:`UpdateEngine.update` with it
+    consumes one step, closing it drops what was not submitted."""
+
+    def __init__(self, engine: UpdateEngine, steps: int):
+        self._engine = engine
+        self.left = steps
+
+    def consume(self) -> None:
+        if self.left > 0:
+            self.left -= 1
+            self._engine._expected -= 1
+
+    def close(self) -> None:
+        engine = self._engine
+        engine._expected -= self.left
+        engine._announcements -= 1
+        self.left = 0
+        if engine._wakeup is not None:  # a dispatcher waiting for these steps may go now
+            engine._wakeup.set()
 
 
 @dataclass
@@ -132,6 +161,8 @@ class UpdateEngine:
         self.max_wait = max_wait_ms / 1000.0
         self.observer = observer
         self._pending: dict[Hashable, deque[_Job]] = {}
+        self._announcements = 0  # open announcements (expect)
+        self._expected = 0  # steps announced and not yet submitted
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,6 +195,25 @@ class UpdateEngine:
         self._aux.shutdown(wait=True)
 
     # ------------------------------------------------------------------ submission
+    @contextlib.contextmanager
+    def expect(self, steps: int) -> Iterator[Announcement | None]:
+        """Announce ``steps`` updates about to be submitted (pass the announcement to :meth:`update`); only on
+        the engine's event loop (elsewhere it yields ``None`` and changes nothing)."""
+        try:
+            on_loop = self._loop is not None and asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop or steps <= 0:
+            yield None
+            return
+        announcement = Announcement(self, steps)
+        self._announcements += 1
+        self._expected += steps
+        try:
+            yield announcement
+        finally:
+            announcement.close()
+
     async def update(
         self,
         updater: Updater,
@@ -172,13 +222,17 @@ class UpdateEngine:
         model: ModelFamily,
         state: ParticleState,
         obs: torch.Tensor,
+        announced: Announcement | None = None,
     ) -> StepResult:
-        """One step for one stream: state [B=1], obs of the family's observation shape (no batch dim)."""
+        """One step for one stream: state [B=1], obs of the family's observation shape (no batch dim);
+        ``announced``: the caller's :meth:`expect` announcement, of which this consumes one step."""
         if self._task is None or self._wakeup is None or self._loop is None:
             raise RuntimeError("the update engine is not running")
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
             coro = self.update(updater, updater_key, method, model, state, obs)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        if announced is not None:
+            announced.consume()
         key = batch_key(updater_key, model, state, obs)
         future = asyncio.get_running_loop().create_future()
         self._pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future))
@@ -191,14 +245,16 @@ class UpdateEngine:
 
     # ------------------------------------------------------------------ dispatch
     def _choose(self) -> tuple[Hashable | None, float]:
-        """The key to run next and how long to wait first. A key is ready when its batch is full or its oldest
-        job has waited ``max_wait``; of the ready keys the one with the oldest job goes first (no key starves
-        another); if none is ready, wait until the first deadline."""
+        """The key to run next and how long to wait first. A key is ready when its batch is full, its oldest
+        job has waited ``max_wait``, or no announced job is still to come (module docstring); of the ready keys
+        the one with the oldest job goes first (no key starves another); if none is ready, wait until the first
+        deadline (or a new job, or a closed announcement)."""
         now = time.monotonic()
+        nothing_coming = self._announcements > 0 and self._expected <= 0
         best_key, best_arrival, first_deadline = None, float("inf"), float("inf")
         for key, queue in self._pending.items():
             arrived = queue[0].arrived
-            deadline = arrived + self.max_wait if self.batching else arrived
+            deadline = arrived + self.max_wait if self.batching and not nothing_coming else arrived
             if len(queue) >= self.max_batch_size or deadline <= now:
                 if arrived < best_arrival:
                     best_key, best_arrival = key, arrived
@@ -271,4 +327,4 @@ class UpdateEngine:
         return out
 
 
-__all__ = ["StepResult", "UpdateEngine", "batch_key"]
+__all__ = ["Announcement", "StepResult", "UpdateEngine", "batch_key"]

@@ -17,10 +17,12 @@ won); without ``seq`` the steps are re-applied on the fresh state (appended in a
 requests on one stream also queue on a per-stream lock, so they do not waste compute on lost races; the
 compare-and-set is what makes it correct across processes.
 
-Small states (N·d ≤ ``INLINE_MAX_ELEMENTS``) are decoded, summarised and encoded on the event loop: that work
-takes well under a millisecond, less than the hand-off to a worker thread and back costs (measured:
-``benchmarks/service_profile.py``); larger states, stream initialisation and large sample draws run on the
-engine's auxiliary threads. The operator update itself always runs on the engine's worker.
+Where the tensor work runs. The operator update always runs on the engine's worker; stream initialisation on
+its auxiliary threads. Decoding, summarising and encoding a state (and drawing samples) run on the auxiliary
+threads too — so that the event loop keeps serving other requests meanwhile — except for a small state
+(N·d ≤ ``INLINE_MAX_ELEMENTS``) while no other observation request is in flight: then there is nothing else for
+the loop to do, the work takes well under a millisecond, and the hand-offs to a thread and back cost more
+than that (measured: ``benchmarks/service_profile.py``).
 
 Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
 anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
@@ -143,15 +145,17 @@ class StreamService:
         self._updaters: dict[tuple[str, str | None], Updater] = {}
         self._models: dict[str, ModelFamily] = {}
         self._locks = KeyedLocks()
+        self._observing = 0  # observation requests in flight
 
     # ------------------------------------------------------------------ building blocks
     async def _tensor_work(
         self, meta: dict[str, Any], fn: Callable[..., Any], *args: Any, draws: int = 0, slow: bool = False
     ) -> Any:
-        """``fn(*args)``: inline for a small state (module docstring), else — or when ``slow`` (e.g. it may load
-        an operator) — on the engine's auxiliary threads."""
+        """``fn(*args)``: inline for a small state when no other observation request is in flight (module
+        docstring), else — or when ``slow`` (e.g. it may load an operator) — on the engine's auxiliary threads."""
         d = int(meta["state_dim"])
-        if not slow and max(int(meta["num_particles"]), draws) * d <= INLINE_MAX_ELEMENTS:
+        small = max(int(meta["num_particles"]), draws) * d <= INLINE_MAX_ELEMENTS
+        if small and not slow and self._observing <= 1:
             return fn(*args)
         return await self.engine.run(fn, *args)
 
@@ -331,7 +335,7 @@ class StreamService:
     ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
         """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step."""
         summary = summaries.summary(last.state)
-        step = summaries.step_summary(last.state, last.info, summary=summary)
+        step = summaries.step_summary(last.state, last.info, state_summary=summary)
         return last.state.to_bytes(), summary, step, self._draw(meta, last.state, n_samples)
 
     async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
@@ -342,6 +346,13 @@ class StreamService:
                 f"observations: at most {limit} steps per request (MPFLOW_MAX_OBSERVATIONS_PER_REQUEST), got {n}"
             )
         self._check_samples(req.return_samples)
+        self._observing += 1
+        try:
+            return await self._observe(tenant, stream_id, req, n)
+        finally:
+            self._observing -= 1
+
+    async def _observe(self, tenant: str, stream_id: str, req: ObservationsRequest, n: int) -> dict[str, Any]:
         async with self._locks.hold((tenant, stream_id)):
             for _ in range(MAX_WRITE_ATTEMPTS):
                 # announce the n updates about to come, so the engine waits for them (and only for them)

@@ -110,13 +110,16 @@ def summary(state: ParticleState) -> dict:
     }
 
 
-def step_summary(state: ParticleState, info: StepInfo, row: int = 0) -> dict:
-    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess."""
-    mean, cov = Posterior.of(state).moments()
+def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
+    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess.
+    ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
+    if state_summary is None:
+        mean, cov = Posterior.of(state).moments()
+        state_summary = {"mean": mean.tolist(), "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist()}
     return {
         "step": int(state.step[0]),
-        "mean": mean.tolist(),
-        "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist(),
+        "mean": state_summary["mean"],
+        "std": state_summary["std"],
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": float(info.ess[row]),
     }

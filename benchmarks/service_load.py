@@ -1,0 +1,517 @@
+"""Service load benchmark: closed-loop streams against a server started as a user starts it.
+
+``python -m benchmarks.service_load [--quick]``
+
+The server is a subprocess ``python -m service --port <free port>`` (uvicorn, one worker, default settings), its
+store the local Redis (``--redis-url``, default redis://127.0.0.1:6379/0) under a key prefix of its own
+(``MPFLOW_REDIS_PREFIX=mpflowbench-<random>``, deleted afterwards) — or, when that Redis does not answer (or with
+``--store embedded``), the embedded Redis in a temporary ``MPFLOW_DATA_DIR``. The output says which.
+
+Every stream: ``lds``, d = 2, x_m = A x_{m−1} + N(0, Q), o_m = x_m + N(0, R) with A = 0.95·rot(0.1 rad),
+Q = 0.1 I, R = 0.5 I, prior N(0, I); the observations are simulated on the fly (numpy, seeded per stream).
+One cell = (method, N particles, K streams, batching on/off): K streams are created, then each sends
+single-observation updates (with ``seq``) as fast as it gets answers — K concurrent closed-loop clients
+(:class:`service.client.AsyncClient` on httpx, one per stream with one keep-alive connection, all on one event
+loop; no retries: a failure is counted, never hidden).
+After a warm-up, requests *completing* inside the measurement window count:
+
+* **updates/s** = completed updates / window length;
+* **p50 / p99**: end-to-end latency (client send → answer parsed) of those requests;
+* **mean batch**: stream-steps per operator call inside the window (server's ``mpflow_batch_size``), and
+  **compute ms**: mean operator time per call (``mpflow_update_duration_seconds``).
+
+Grid: method ∈ {mpf, smc, gpf} × N ∈ {256, 1024} × K ∈ {1, 16, 64} with micro-batching on (the default), then
+K = 64 again against a second server with ``MPFLOW_BATCHING=false``. ``--quick``: K ∈ {1, 16}, N = 256, short
+windows (the batching-off server then runs at K = 16). ``mpf`` uses a trained operator when one fits
+(lds, d = 2), else the untrained Daum–Huang base flow; the output names which.
+
+Targets (one stream's p50 ≤ 5 ms; ≥ 500 updates/s at 64 streams; batching ≥ 2× unbatched throughput at 64
+streams; all for mpf at N = 256) are reported as met / not met / not measured. The load generator runs on the
+same machine as the server and shares its cores; on a machine loaded by other jobs (the load average is
+recorded) the numbers are pessimistic.
+
+Results: a markdown table on stdout, ``<out>.json`` and ``<out>.png`` (``--out`` defaults to
+``benchmarks/results/service_load``, ``service_load-quick`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.client import NO_RETRY, AsyncClient, AsyncStream
+from service.testing import drop_prefix, redis_answers
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("mpf", "smc", "gpf")
+FULL = {"particles": (256, 1024), "streams": (1, 16, 64), "warmup_s": 2.0, "window_s": 8.0}
+QUICK = {"particles": (256,), "streams": (1, 16), "warmup_s": 1.0, "window_s": 3.0}
+MIN_COMPLETIONS = 20  # a window is extended (up to 4×) until this many requests completed
+STATE_DIM = 2
+A = (0.95 * np.array([[math.cos(0.1), -math.sin(0.1)], [math.sin(0.1), math.cos(0.1)]])).tolist()
+MODEL = {
+    "family": "lds",
+    "params": {"A": A, "Q": [[0.1, 0.0], [0.0, 0.1]], "B": [[1.0, 0.0], [0.0, 1.0]], "R": [[0.5, 0.0], [0.0, 0.5]]},
+}
+PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
+TARGETS = {"p50_ms_k1": 5.0, "updates_per_s_k64": 500.0, "batching_speedup_k64": 2.0}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Store:
+    """Where the servers keep their streams: ``env`` for the server process, ``label`` for the report."""
+
+    env: dict[str, str]
+    label: str
+    redis_url: str | None = None
+    prefix: str | None = None
+
+
+@contextlib.contextmanager
+def choose_store(kind: str, redis_url: str) -> Iterator[Store]:
+    if kind in ("auto", "redis") and asyncio.run(redis_answers(redis_url)):
+        prefix = f"mpflowbench-{uuid.uuid4().hex[:12]}"
+        try:
+            yield Store(
+                {"MPFLOW_REDIS_URL": redis_url, "MPFLOW_REDIS_PREFIX": prefix},
+                f"Redis {redis_url} (key prefix {prefix}, deleted afterwards)",
+                redis_url,
+                prefix,
+            )
+        finally:
+            asyncio.run(drop_prefix(redis_url, prefix))
+        return
+    if kind == "redis":
+        raise SystemExit(f"no Redis answers at {redis_url}")
+    with tempfile.TemporaryDirectory(prefix="mpflowbench-") as data_dir:
+        yield Store({"MPFLOW_DATA_DIR": data_dir, "MPFLOW_REDIS_URL": ""}, f"embedded Redis (data dir {data_dir})")
+
+
+@contextlib.contextmanager
+def server(store: Store, batching: bool, log_dir: Path) -> Iterator[str]:
+    """``python -m service`` on a free port; yields its base URL once ``/readyz`` answers 200."""
+    port = free_port()
+    env = {**os.environ, **store.env, "MPFLOW_BATCHING": "true" if batching else "false"}
+    log_path = log_dir / f"server-{'batched' if batching else 'unbatched'}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, proc, log_path)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); see {log_path}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the server did not become ready in {timeout:.0f} s; see {log_path}")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The counters a cell reads off ``/metrics``: batch-size and update-duration sums and counts."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in ("mpflow_batch_size_sum", "mpflow_batch_size_count"):
+                out[s.name] = s.value
+            elif s.name in ("mpflow_update_duration_seconds_sum", "mpflow_update_duration_seconds_count"):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one cell
+
+
+class Target:
+    """The simulated system behind one stream (numpy, its own generator)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.A = np.array(MODEL["params"]["A"])
+        self.x = self.rng.standard_normal(STATE_DIM)
+
+    def observe(self) -> list[float]:
+        self.x = self.A @ self.x + math.sqrt(0.1) * self.rng.standard_normal(STATE_DIM)
+        return (self.x + math.sqrt(0.5) * self.rng.standard_normal(STATE_DIM)).tolist()
+
+
+@dataclass
+class Tally:
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+async def drive(stream: AsyncStream, target: Target, window: list[float], stop: asyncio.Event, tally: Tally) -> None:
+    """Closed loop: send, await the answer, send the next. Records requests completing inside ``window``."""
+    seq = 1
+    while not stop.is_set():
+        obs = target.observe()
+        t0 = time.perf_counter()
+        try:
+            await stream.update([obs], seq=seq)
+            seq += 1
+        except Exception as exc:  # counted, never hidden
+            name = getattr(exc, "code", None) or type(exc).__name__
+            tally.errors[name] = tally.errors.get(name, 0) + 1
+            with contextlib.suppress(Exception):
+                seq = int((await stream.get())["step"]) + 1
+            continue
+        t1 = time.perf_counter()
+        if window[0] <= t1 <= window[1]:
+            tally.latencies.append(t1 - t0)
+
+
+async def run_cell(url: str, method: str, n: int, k: int, warmup_s: float, window_s: float) -> dict[str, Any]:
+    # one client (one keep-alive connection) per stream: httpcore's pool scans all its connections on every
+    # request (O(connections) per request, encode/httpcore#1035), which made one shared 64-connection client
+    # the bottleneck of the load generator
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    tls = ssl.create_default_context()  # unused for http://, but httpx builds one per client unless given one
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(AsyncClient(url, timeout=300.0, retry=NO_RETRY, limits=limits, verify=tls))
+            for _ in range(k)
+        ]
+        streams = await asyncio.gather(
+            *(
+                c.create_stream(model=MODEL, prior=PRIOR, method=method, num_particles=n, seed=i)
+                for i, c in enumerate(clients)
+            )
+        )
+        operator = streams[0].document.get("operator") if streams[0].document else None
+        stop, tally = asyncio.Event(), Tally()
+        start = time.perf_counter()
+        window = [start + warmup_s, start + warmup_s + window_s]
+        tasks = [asyncio.create_task(drive(s, Target(1000 + i), window, stop, tally)) for i, s in enumerate(streams)]
+        await asyncio.sleep(warmup_s)
+        before = await asyncio.to_thread(scrape, url)
+        await asyncio.sleep(window_s)
+        while len(tally.latencies) < MIN_COMPLETIONS and time.perf_counter() - window[0] < 4 * window_s:
+            window[1] = time.perf_counter() + 0.5
+            await asyncio.sleep(0.5)
+        window[1] = time.perf_counter()
+        after = await asyncio.to_thread(scrape, url)
+        stop.set()
+        await asyncio.gather(*tasks)
+        await asyncio.gather(*(s.delete() for s in streams), return_exceptions=True)
+    return summarize(method, n, k, operator, window[1] - window[0], tally, before, after)
+
+
+def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def summarize(
+    method: str,
+    n: int,
+    k: int,
+    operator: str | None,
+    seconds: float,
+    tally: Tally,
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    lat = sorted(tally.latencies)
+    calls = _delta(after, before, "mpflow_batch_size_count")
+    steps = _delta(after, before, "mpflow_batch_size_sum")
+    compute = _delta(after, before, "mpflow_update_duration_seconds_sum")
+    return {
+        "method": method,
+        "operator": operator if method == "mpf" else None,
+        "N": n,
+        "K": k,
+        "completed": len(lat),
+        "window_s": round(seconds, 3),
+        "updates_per_s": len(lat) / seconds if seconds > 0 else 0.0,
+        "p50_ms": percentile(lat, 0.50) * 1e3 if lat else None,
+        "p99_ms": percentile(lat, 0.99) * 1e3 if lat else None,
+        "mean_ms": statistics.fmean(lat) * 1e3 if lat else None,
+        "mean_batch": steps / calls if calls else None,
+        "compute_ms_per_call": compute / calls * 1e3 if calls else None,
+        "errors": tally.errors,
+    }
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    """The q-quantile of sorted data, linear interpolation (numpy's default)."""
+    return float(np.quantile(np.asarray(sorted_xs), q))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    grid = QUICK if args.quick else FULL
+    particles = tuple(args.particles or grid["particles"])
+    ks = tuple(args.streams or grid["streams"])
+    methods = tuple(args.methods or METHODS)
+    warmup_s = args.warmup if args.warmup is not None else grid["warmup_s"]
+    window_s = args.window if args.window is not None else grid["window_s"]
+    k_off = max(ks)
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    with choose_store(args.store, args.redis_url) as store, tempfile.TemporaryDirectory() as logs:
+        print(f"store: {store.label}", file=sys.stderr)
+        for batching, ks_run in ((True, ks), (False, (k_off,))):
+            with server(store, batching, Path(logs)) as url:
+                for method in methods:
+                    for n in particles:
+                        for k in ks_run:
+                            row = asyncio.run(run_cell(url, method, n, k, warmup_s, window_s))
+                            row["batching"] = batching
+                            rows.append(row)
+                            print(format_row(row), file=sys.stderr, flush=True)
+    meta = metadata(args, store.label, methods, particles, ks, k_off, warmup_s, window_s, load_before)
+    meta["wall_s"] = round(time.perf_counter() - t_start, 1)
+    return {"meta": meta, "rows": rows, "batching_speedup": speedups(rows), "targets": targets(rows)}
+
+
+def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput with batching ÷ without, per (method, N) at the K both servers ran."""
+    out = []
+    for off in (r for r in rows if not r["batching"]):
+        on = next(
+            (r for r in rows if r["batching"] and (r["method"], r["N"], r["K"]) == (off["method"], off["N"], off["K"])),
+            None,
+        )
+        if on is not None and off["updates_per_s"] > 0:
+            ratio = on["updates_per_s"] / off["updates_per_s"]
+            out.append({"method": off["method"], "N": off["N"], "K": off["K"], "speedup": ratio})
+    return out
+
+
+def metadata(args, store_label, methods, particles, ks, k_off, warmup_s, window_s, load_before) -> dict[str, Any]:
+    import torch
+
+    return {
+        "benchmark": "service_load",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "quick": bool(args.quick),
+        "store": store_label,
+        "server": "python -m service (uvicorn, 1 worker, default settings; MPFLOW_BATCHING=false for the off rows)",
+        "client": "K service.client.AsyncClient (httpx, 1 connection each) on one event loop, closed loop, no retries",
+        "model": MODEL,
+        "prior": PRIOR,
+        "methods": list(methods),
+        "particles": list(particles),
+        "streams": list(ks),
+        "unbatched_at_K": k_off,
+        "warmup_s": warmup_s,
+        "window_s": window_s,
+        "machine_cores": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def _find(rows: list[dict[str, Any]], k: int, batching: bool) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["method"] == "mpf" and r["N"] == 256 and r["K"] == k and r["batching"] == batching),
+        None,
+    )
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The three targets (module docstring) as measured: met / not met / not measured."""
+
+    def verdict(value: float | None, ok: bool) -> str:
+        return "not measured" if value is None else ("met" if ok else "not met")
+
+    one, on64, off64 = _find(rows, 1, True), _find(rows, 64, True), _find(rows, 64, False)
+    p50 = one["p50_ms"] if one else None
+    rate = on64["updates_per_s"] if on64 else None
+    speedup = on64["updates_per_s"] / off64["updates_per_s"] if on64 and off64 and off64["updates_per_s"] else None
+    return [
+        {
+            "target": f"one stream (mpf, N=256) p50 ≤ {TARGETS['p50_ms_k1']:g} ms end to end",
+            "measured": p50,
+            "status": verdict(p50, p50 is not None and p50 <= TARGETS["p50_ms_k1"]),
+        },
+        {
+            "target": f"64 streams (mpf, N=256) ≥ {TARGETS['updates_per_s_k64']:g} updates/s",
+            "measured": rate,
+            "status": verdict(rate, rate is not None and rate >= TARGETS["updates_per_s_k64"]),
+        },
+        {
+            "target": f"batching ≥ {TARGETS['batching_speedup_k64']:g}× unbatched throughput, 64 streams (mpf, N=256)",
+            "measured": speedup,
+            "status": verdict(speedup, speedup is not None and speedup >= TARGETS["batching_speedup_k64"]),
+        },
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reporting
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def format_row(r: dict[str, Any]) -> str:
+    errors = ", ".join(f"{k}×{v}" for k, v in r["errors"].items()) or "0"
+    method = r["method"] + (
+        f" ({r['operator']})" if r.get("operator") else (" (base flow)" if r["method"] == "mpf" else "")
+    )
+    return (
+        f"| {method} | {r['N']} | {r['K']} | {'on' if r['batching'] else 'off'} | {r['updates_per_s']:.1f} "
+        f"| {_fmt(r['p50_ms'], '.1f')} | {_fmt(r['p99_ms'], '.1f')} | {_fmt(r['mean_batch'], '.1f')} "
+        f"| {_fmt(r['compute_ms_per_call'], '.1f')} | {r['completed']} | {errors} |"
+    )
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| method | N | K streams | batching | updates/s | p50 ms | p99 ms | mean batch | compute ms/call "
+        "| requests | errors |"
+    )
+    return "\n".join([head, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|", *map(format_row, rows)])
+
+
+def format_targets(items: list[dict[str, Any]]) -> str:
+    lines = []
+    for t in items:
+        value = "—" if t["measured"] is None else f"{t['measured']:.2f}"
+        lines.append(f"- {t['target']}: measured {value} → **{t['status']}**")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
+    """Throughput, p50 and p99 per cell (bars), one group per (method, N)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r["method"], r["N"]) for r in rows))
+    series = list(dict.fromkeys((r["K"], r["batching"]) for r in rows))
+    width = 0.8 / max(1, len(series))
+    fig, axes = plt.subplots(3, 1, figsize=(min(13.0, max(7.0, 0.45 * len(groups) * len(series) + 2)), 9), sharex=True)
+    panels = (("updates_per_s", "updates / s"), ("p50_ms", "p50 latency, ms"), ("p99_ms", "p99 latency, ms"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for j, (k, batching) in enumerate(series):
+            xs, ys = [], []
+            for i, g in enumerate(groups):
+                r = next(
+                    (r for r in rows if (r["method"], r["N"]) == g and (r["K"], r["batching"]) == (k, batching)), None
+                )
+                if r is not None and r[key] is not None:
+                    xs.append(i + (j - (len(series) - 1) / 2) * width)
+                    ys.append(r[key])
+            ax.bar(
+                xs, ys, width, label=f"K={k}, batching {'on' if batching else 'off'}", hatch=None if batching else "//"
+            )
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(4, len(series)), fontsize=7, bbox_to_anchor=(0.5, 0.955))
+    axes[-1].set_xticks(range(len(groups)))
+    axes[-1].set_xticklabels([f"{m}\nN={n}" for m, n in groups])
+    fig.suptitle(
+        f"service load: lds d=2, closed-loop streams, {meta['store'].split(' (')[0]}, {meta['machine_cores']} cores "
+        f"(load avg before {meta['load_average_before'][0]})",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.service_load", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="K ∈ {1, 16}, N = 256, short windows")
+    p.add_argument("--store", choices=("auto", "redis", "embedded"), default="auto")
+    p.add_argument("--redis-url", default=os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0")
+    p.add_argument("--methods", type=lambda s: [x for x in s.split(",") if x], default=None, help="e.g. mpf,smc")
+    p.add_argument("--particles", type=_ints, default=None, help="e.g. 256,1024")
+    p.add_argument("--streams", type=_ints, default=None, help="K values, e.g. 1,16,64")
+    p.add_argument("--warmup", type=float, default=None, help="seconds per cell before measuring")
+    p.add_argument("--window", type=float, default=None, help="seconds measured per cell")
+    p.add_argument("--out", type=Path, default=None, help="output path without suffix")
+    args = p.parse_args(argv)
+    out = args.out or RESULTS / ("service_load-quick" if args.quick else "service_load")
+    result = run_benchmark(args)
+    meta = result["meta"]
+    print(
+        f"store: {meta['store']}; load average before {meta['load_average_before']}, after {meta['load_average_after']}"
+    )
+    print()
+    print(format_table(result["rows"]))
+    print()
+    speedup = ", ".join(f"{x['method']} N={x['N']}: {x['speedup']:.2f}×" for x in result["batching_speedup"])
+    print(f"batching on ÷ off, updates/s at K={meta['unbatched_at_K']}: {speedup}")
+    print()
+    print(format_targets(result["targets"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    plot(result["rows"], out.with_suffix(".png"), meta)
+    print(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
