@@ -116,6 +116,7 @@ def _train(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "val_every": args.val_every,
         "val_tasks": args.val_tasks,
+        "min_improvement": args.min_improvement,
         "task_kwargs": task_kwargs,
         "world_size": world,
         "device": device.type,
@@ -148,6 +149,7 @@ def _train(args: argparse.Namespace) -> int:
         curriculum=args.curriculum,
         adjoint=args.adjoint,
         max_minutes=args.max_minutes,
+        min_improvement=args.min_improvement,
     )
     if rank != 0:
         return 0
@@ -228,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--task-options", help="task distribution options as JSON (training.tasks.TASK_OPTIONS)")
     t.add_argument("--adjoint", action="store_true", help="adjoint-method gradients (O(1) memory in ODE steps)")
     t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    t.add_argument(
+        "--min-improvement", type=float, default=0.0, help="relative validation gain needed to replace the best θ"
+    )
     t.add_argument("--max-minutes", type=float, help="stop after this much training time (validates first)")
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
     t.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -236,6 +236,7 @@ def meta_train(
     adjoint: bool = False,
     skip_above: float = 1e7,
     max_minutes: float | None = None,
+    min_improvement: float = 0.0,
 ) -> dict[str, Any]:
     """Algorithm 1 (module docstring). Trains ``net`` in place and leaves the best validated θ in it.
 
@@ -244,8 +245,11 @@ def meta_train(
     (:func:`curriculum_length`; validation always uses T); ``adjoint``: adjoint-method gradients.
     An iteration whose loss is non-finite, above ``skip_above`` or raises on a degenerate particle cloud is
     skipped (no update; counted in the log as ``skipped``); more than max(10, iterations/10) skips abort.
-    ``max_minutes`` stops after that much training time (validating first); the result's ``iterations`` says
-    where, and rerunning with that many ``iterations`` and no time limit reproduces the run exactly.
+    ``min_improvement``: a validation loss replaces the best only when lower by this fraction of it — so an
+    operator whose base flow is already exact (linear-Gaussian families) keeps θ₀ rather than a θ that only
+    won on validation noise. ``max_minutes`` stops after that much training time (validating first); the
+    result's ``iterations`` says where, and rerunning with that many ``iterations`` and no time limit
+    reproduces the run exactly.
     Under ``torchrun`` (torch.distributed initialised) the loss is wrapped in DistributedDataParallel:
     every rank draws its own ``batch`` tasks (the global batch is batch × world size; tasks of iteration i
     on rank r come from the seed stream position i·world + r, so one process reproduces the plain run)
@@ -367,7 +371,7 @@ def meta_train(
                 out_of_time = bool(flag.item() > 0)
             if lead and (done % val_every == 0 or done == iterations or out_of_time):
                 val = validation_loss(net, family, dim, **val_kw)
-                if val < best_val:
+                if val < best_val - min_improvement * abs(best_val):
                     best_val, best_state, best_it = val, copy.deepcopy(net.state_dict()), done
             row = {
                 "iteration": done,

@@ -197,3 +197,16 @@ def test_shrunk_kde_segment_prior_keeps_the_particles_variance():
         assert abs(float(p.sum()) - 1) < 1e-3
         ratio = var / sd2
         assert bool((ratio > low).all() and (ratio < high).all()), (kind, ratio)
+
+
+@pytest.mark.parametrize(("min_improvement", "kept"), [(0.0, 4), (1e-3, 0)])
+def test_min_improvement_ignores_gains_within_noise(monkeypatch, min_improvement, kept):
+    """A validation gain of 1e-4 (relative) replaces the best θ only without a min_improvement of 1e-3, so an
+    exact base flow is not swapped for a θ that won on validation noise (what happened on linear_gaussian)."""
+    import training.meta_train as mt
+
+    losses = iter([100.0, 100.5, 99.99, 100.2, 100.1])  # untrained, then at iterations 2, 4, 6, 8
+    monkeypatch.setattr(mt, "validation_loss", lambda *a, **k: next(losses))
+    kw = dict(iterations=8, lr=1e-2, seed=0, val_every=2, progress=False, device="cpu", batch=2, T=2, N=16, val_tasks=2)
+    result = meta_train(_net(), "linear_gaussian", 2, min_improvement=min_improvement, **kw)
+    assert result["best_iteration"] == kept
