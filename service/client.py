@@ -1,0 +1,445 @@
+"""A Python client for the mpflow REST API (API.md), on httpx: :class:`Client` (sync) and :class:`AsyncClient`.
+
+::
+
+    from service.client import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        stream = client.create_stream(
+            model={"family": "lds", "params": {"A": [[0.9, 0.1], [0, 0.9]], "B": [[1, 0], [0, 1]]}},
+            prior={"type": "gaussian", "mean": [0, 0], "cov": [[1, 0], [0, 1]]},
+            method="mpf", num_particles=256, seed=0,
+        )
+        for posterior in stream.filter(observations):       # any iterable of observations
+            print(posterior["step"], posterior["summary"]["mean"])
+
+The async client mirrors it: ``stream = await client.create_stream(...)``,
+``async for posterior in stream.filter(observations)`` (a sync or async iterable).
+
+Errors. Every non-2xx answer raises :class:`MpflowError` with ``status``, ``code`` and ``message`` taken from the
+API's error body ``{"error": {"code", "message"}}``.
+
+Retries and exactly-once. Requests that are safe to repeat are retried after a timeout, a connection error
+(refused, reset, closed mid-answer) or a 503 (the store was unreachable and nothing was applied): at most
+``Retry.attempts`` tries in all, waiting ``Retry-After`` when the server sends it, else an exponential backoff
+``min(max_delay, base_delay · 2^k)`` with jitter (half of it random). Safe to repeat are the reads (GET), and
+observation updates *that carry* ``seq``: the server applies step ``seq`` only when the stream is at ``seq − 1``,
+and answers a batch that is already applied with 200 and ``"duplicate": true`` (and the current state) without
+applying it again. So when a request was applied but its answer was lost (a timeout after the server wrote),
+the retry comes back as a duplicate, which :meth:`Stream.update` and :meth:`Stream.filter` treat as success —
+every observation is applied exactly once. :meth:`Stream.filter` always sends ``seq`` (it numbers the steps
+itself, continuing from the stream's step when the filter starts); :meth:`Stream.update` retries only when
+called with ``seq``. Stream creation is never retried automatically (a retry of a create whose answer was lost
+would answer 409 ``stream_exists``); neither is ``delete``.
+
+A duplicate answer has ``per_step: []`` (nothing was applied by that request); its ``summary`` is the stream's
+current posterior — after the lost request, if no one else has written to the stream since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = 30.0
+#: transport errors after which a safe request is retried (timeouts, refused/reset connections, ...)
+RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+RETRYABLE_STATUS = frozenset({503})
+
+
+class MpflowError(Exception):
+    """A non-2xx answer: HTTP ``status``, the error ``code`` (snake_case) and ``message`` of its body."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> MpflowError:
+        """Read ``{"error": {"code", "message"}}``; a body without it gives a code from the status."""
+        code, message = f"http_{response.status_code}", response.reason_phrase or "error"
+        try:
+            err = response.json().get("error")
+            if isinstance(err, dict):
+                code, message = str(err.get("code", code)), str(err.get("message", message))
+        except (ValueError, AttributeError):
+            if response.text:
+                message = response.text[:500]
+        return cls(response.status_code, code, message, dict(response.headers))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry policy for safe requests: ``attempts`` tries in all; delay ``min(max_delay, base_delay·2^k)``
+    (half of it random) after the k-th failure, or the server's ``Retry-After`` (capped at ``max_retry_after``)."""
+
+    attempts: int = 5
+    base_delay: float = 0.05
+    max_delay: float = 2.0
+    max_retry_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts: must be at least 1, got {self.attempts}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.max_retry_after < 0:
+            raise ValueError("base_delay, max_delay, max_retry_after: must be non-negative")
+
+    def delay(self, failures: int, response: httpx.Response | None, rng: random.Random) -> float:
+        """Seconds to wait after the ``failures``-th failure (1-based)."""
+        after = _retry_after(response) if response is not None else None
+        if after is not None:
+            return min(after, self.max_retry_after)
+        backoff = min(self.max_delay, self.base_delay * 2 ** (failures - 1))
+        return backoff / 2 + rng.uniform(0, backoff / 2)
+
+
+NO_RETRY = Retry(attempts=1)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), or None."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _answer(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise MpflowError.from_response(response)
+    return None if response.status_code == 204 or not response.content else response.json()
+
+
+def _stream_path(stream_id: str) -> str:
+    return f"/v1/streams/{quote(stream_id, safe='')}"
+
+
+def _create_body(model: dict[str, Any], prior: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": model, "prior": prior, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _update_body(observations: Sequence[Any], seq: int | None, return_samples: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"observations": list(observations)}
+    if seq is not None:
+        body["seq"] = seq
+    if return_samples:
+        body["return_samples"] = return_samples
+    return body
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def _achunks(items: Iterable[Any] | AsyncIterable[Any], size: int) -> AsyncIterator[list[Any]]:
+    if not isinstance(items, AsyncIterable):
+        for chunk in _chunks(items, size):
+            yield chunk
+        return
+    chunk: list[Any] = []
+    async for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _check_batch(batch: int) -> None:
+    if batch < 1:
+        raise ValueError(f"batch: must be at least 1, got {batch}")
+
+
+# ---------------------------------------------------------------------------------------------- sync
+class Client:
+    """Synchronous client. ``retry`` is the policy for safe requests (module docstring); ``transport`` (an
+    ``httpx.BaseTransport``: tests use it to inject failures) and any other keyword (``verify``, ``limits``,
+    ``proxy``, ...) go to ``httpx.Client``."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        *,
+        retry: Retry | None = None,
+        transport: httpx.BaseTransport | None = None,
+        **http_options: Any,
+    ):
+        self.retry = retry or Retry()
+        self._rng = random.Random()
+        self.http = httpx.Client(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport, **http_options
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
+        """One API call; ``safe`` requests are retried per :attr:`retry`. The decoded JSON answer (None for 204)."""
+        attempts = self.retry.attempts if safe else 1
+        for failures in range(1, attempts + 1):
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except RETRYABLE_ERRORS:
+                if failures == attempts:
+                    raise
+                time.sleep(self.retry.delay(failures, None, self._rng))
+                continue
+            if response.status_code in RETRYABLE_STATUS and failures < attempts:
+                time.sleep(self.retry.delay(failures, response, self._rng))
+                continue
+            return _answer(response)
+        raise AssertionError("unreachable")
+
+    def create_stream(
+        self,
+        model: dict[str, Any],
+        prior: dict[str, Any],
+        method: str | None = None,
+        num_particles: int | None = None,
+        seed: int | None = None,
+        stream_id: str | None = None,
+        **fields: Any,
+    ) -> Stream:
+        """``POST /v1/streams``; other fields of the request (``ttl_seconds``, ``operator``) as keywords."""
+        body = _create_body(
+            model, prior, method=method, num_particles=num_particles, seed=seed, stream_id=stream_id, **fields
+        )
+        doc = self.request("POST", "/v1/streams", safe=False, json=body)
+        return Stream(self, doc["stream_id"], doc)
+
+    def stream(self, stream_id: str) -> Stream:
+        """A handle on an existing stream (no request is made)."""
+        return Stream(self, stream_id)
+
+    def list_streams(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Every stream of the caller's tenant (follows ``next_cursor``)."""
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+            page = self.request("GET", "/v1/streams", safe=True, params=params)
+            out += page["streams"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return out
+
+    def models(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/models", safe=True)
+
+    def operators(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/operators", safe=True)["operators"]
+
+
+class _StreamBase:
+    """What :class:`Stream` and :class:`AsyncStream` share: the id, its path and the last document seen."""
+
+    def __init__(self, client: Any, stream_id: str, document: dict[str, Any] | None = None):
+        self.client = client
+        self.stream_id = stream_id
+        self.document = document
+        self.path = _stream_path(stream_id)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.stream_id!r})"
+
+    def _keep(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self.document = doc
+        return doc
+
+
+class Stream(_StreamBase):
+    """One stream of a :class:`Client`. ``document`` is the last stream document seen (None until read)."""
+
+    client: Client
+
+    def update(self, observations: Sequence[Any], seq: int | None = None, return_samples: int = 0) -> dict[str, Any]:
+        """``POST .../observations``: the stream document (``per_step``, ``duplicate``, ``samples``).
+        Retried on timeouts, connection errors and 503 only when ``seq`` is given (module docstring)."""
+        body = _update_body(observations, seq, return_samples)
+        return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
+
+    def get(self) -> dict[str, Any]:
+        return self._keep(self.client.request("GET", self.path, safe=True))
+
+    def samples(self, n: int = 1000) -> list[list[float]]:
+        return self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n})["samples"]
+
+    def particles(self) -> dict[str, Any]:
+        """``{"particles": [[...]], "log_weights": [...]}``."""
+        return self.client.request("GET", f"{self.path}/particles", safe=True)
+
+    def delete(self) -> None:
+        self.client.request("DELETE", self.path, safe=False)
+
+    def filter(self, observations: Iterable[Any], batch: int = 1, return_samples: int = 0) -> Iterator[dict[str, Any]]:
+        """Send the observations ``batch`` steps per request, each with its ``seq`` (the first one is the stream's
+        step + 1, read when the iteration starts), and yield the stream document after each request.
+        Retries are safe: an applied request whose answer was lost comes back as ``duplicate`` (module docstring)."""
+        _check_batch(batch)
+        seq = int(self.get()["step"]) + 1
+        for chunk in _chunks(observations, batch):
+            yield self.update(chunk, seq=seq, return_samples=return_samples)
+            seq += len(chunk)
+
+
+# ---------------------------------------------------------------------------------------------- async
+class AsyncClient:
+    """Asynchronous client; the same methods as :class:`Client`, awaited. ``transport`` is an
+    ``httpx.AsyncBaseTransport`` (e.g. ``httpx.ASGITransport(app=app)`` to call an app in process); other
+    keywords go to ``httpx.AsyncClient``. Many concurrent streams: httpx's pool (``limits``, 100 connections by
+    default) scans its connections on every request, so past a few dozen concurrent requests several clients
+    (e.g. one per stream, ``limits=httpx.Limits(max_connections=1)``) cost less CPU than one big pool."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        *,
+        retry: Retry | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **http_options: Any,
+    ):
+        self.retry = retry or Retry()
+        self._rng = random.Random()
+        self.http = httpx.AsyncClient(
+            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport, **http_options
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
+        attempts = self.retry.attempts if safe else 1
+        for failures in range(1, attempts + 1):
+            try:
+                response = await self.http.request(method, path, **kwargs)
+            except RETRYABLE_ERRORS:
+                if failures == attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay(failures, None, self._rng))
+                continue
+            if response.status_code in RETRYABLE_STATUS and failures < attempts:
+                await asyncio.sleep(self.retry.delay(failures, response, self._rng))
+                continue
+            return _answer(response)
+        raise AssertionError("unreachable")
+
+    async def create_stream(
+        self,
+        model: dict[str, Any],
+        prior: dict[str, Any],
+        method: str | None = None,
+        num_particles: int | None = None,
+        seed: int | None = None,
+        stream_id: str | None = None,
+        **fields: Any,
+    ) -> AsyncStream:
+        body = _create_body(
+            model, prior, method=method, num_particles=num_particles, seed=seed, stream_id=stream_id, **fields
+        )
+        doc = await self.request("POST", "/v1/streams", safe=False, json=body)
+        return AsyncStream(self, doc["stream_id"], doc)
+
+    def stream(self, stream_id: str) -> AsyncStream:
+        return AsyncStream(self, stream_id)
+
+    async def list_streams(self, limit: int = 100) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            params = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+            page = await self.request("GET", "/v1/streams", safe=True, params=params)
+            out += page["streams"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return out
+
+    async def models(self) -> dict[str, Any]:
+        return await self.request("GET", "/v1/models", safe=True)
+
+    async def operators(self) -> list[dict[str, Any]]:
+        return (await self.request("GET", "/v1/operators", safe=True))["operators"]
+
+
+class AsyncStream(_StreamBase):
+    """One stream of an :class:`AsyncClient` (see :class:`Stream`)."""
+
+    client: AsyncClient
+
+    async def update(
+        self, observations: Sequence[Any], seq: int | None = None, return_samples: int = 0
+    ) -> dict[str, Any]:
+        body = _update_body(observations, seq, return_samples)
+        doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
+        return self._keep(doc)
+
+    async def get(self) -> dict[str, Any]:
+        return self._keep(await self.client.request("GET", self.path, safe=True))
+
+    async def samples(self, n: int = 1000) -> list[list[float]]:
+        return (await self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n}))["samples"]
+
+    async def particles(self) -> dict[str, Any]:
+        return await self.client.request("GET", f"{self.path}/particles", safe=True)
+
+    async def delete(self) -> None:
+        await self.client.request("DELETE", self.path, safe=False)
+
+    async def filter(
+        self, observations: Iterable[Any] | AsyncIterable[Any], batch: int = 1, return_samples: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable."""
+        _check_batch(batch)
+        seq = int((await self.get())["step"]) + 1
+        async for chunk in _achunks(observations, batch):
+            yield await self.update(chunk, seq=seq, return_samples=return_samples)
+            seq += len(chunk)
+
+
+__all__ = ["NO_RETRY", "AsyncClient", "AsyncStream", "Client", "MpflowError", "Retry", "Stream"]
