@@ -19,7 +19,7 @@ import torch
 from operators.models import make_model
 from operators.references import kalman_filter
 from service.testing import drop_prefix, serve_in_process
-from tests.integration.test_api_streams import redis_url, settings  # noqa: F401 (fixture)
+from tests.integration.test_api_streams import settings
 
 PARAMS = {"A": [[0.95, 0.1], [0.0, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]], "R": [[0.5, 0.0], [0.0, 0.5]]}
 PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
@@ -59,7 +59,7 @@ def two_replicas(url: str, body) -> None:
     asyncio.run(main())
 
 
-def test_50_writers_with_seq_apply_every_batch_exactly_once(redis_url):  # noqa: F811
+def test_50_writers_with_seq_apply_every_batch_exactly_once(redis_url):
     batches = 25
     rng = random.Random(0)
     observations = [[round(rng.uniform(-2, 2), 3), round(rng.uniform(-2, 2), 3)] for _ in range(batches)]
@@ -89,7 +89,7 @@ def test_50_writers_with_seq_apply_every_batch_exactly_once(redis_url):  # noqa:
     two_replicas(redis_url, body)
 
 
-def test_concurrent_appends_without_seq_are_all_applied(redis_url):  # noqa: F811
+def test_concurrent_appends_without_seq_are_all_applied(redis_url):
     # identical observations: the order of appends cannot matter, the count must
     o = [0.5, -0.25]
     n = 20
@@ -107,7 +107,7 @@ def test_concurrent_appends_without_seq_are_all_applied(redis_url):  # noqa: F81
     two_replicas(redis_url, body)
 
 
-def test_micro_batching_across_streams_keeps_answers(redis_url):  # noqa: F811
+def test_micro_batching_across_streams_keeps_answers(redis_url):
     """Concurrent updates of many streams are stacked into batched operator calls (mpflow_batch_size > 1) and
     each stream's answer is the same as when it is updated alone (same seed: same particles)."""
     prefix = f"mpflowtest-{uuid.uuid4().hex}"

@@ -21,7 +21,7 @@ from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
 from service.testing import drop_prefix, serve_in_thread  # noqa: E402
-from tests.integration.test_api_streams import redis_url, settings  # noqa: E402, F401 (fixture)
+from tests.integration.test_api_streams import settings  # noqa: E402
 
 EXAMPLES = 4
 # the iterative methods cut short and small limits: generated streams stay cheap
@@ -35,7 +35,7 @@ FAST = {
 
 
 @pytest.fixture(scope="module")
-def api_schema(redis_url):  # noqa: F811
+def api_schema(redis_url):
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     try:
         with serve_in_thread(settings(redis_url, prefix, **FAST)) as url:

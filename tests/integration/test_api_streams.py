@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-import pytest
 import torch
 from fastapi import FastAPI
 
@@ -24,20 +22,9 @@ from operators.references import kalman_filter
 from operators.updaters import UPDATERS
 from service.catalogue import methods_for
 from service.settings import Settings
-from service.testing import drop_prefix, redis_answers, serve_in_process
+from service.testing import drop_prefix, serve_in_process
 
-REDIS_URL = os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0"
 Body = Callable[[FastAPI, httpx.AsyncClient], Awaitable[Any]]
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    if not asyncio.run(redis_answers(REDIS_URL)):
-        reason = f"no Redis reachable at {REDIS_URL} (set MPFLOW_REDIS_URL or start redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return REDIS_URL
 
 
 def settings(url: str, prefix: str, **overrides: Any) -> Settings:

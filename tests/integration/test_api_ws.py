@@ -12,7 +12,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from service.testing import drop_prefix, serve_in_thread
-from tests.integration.test_api_streams import redis_url, settings  # noqa: F401 (fixture)
+from tests.integration.test_api_streams import settings
 
 SPEC = {
     "stream_id": "ws",
@@ -23,7 +23,7 @@ SPEC = {
 }
 
 
-def test_websocket_observations(redis_url):  # noqa: F811
+def test_websocket_observations(redis_url):
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     auth = {"Authorization": "Bearer secret-1"}
     try:

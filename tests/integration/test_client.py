@@ -7,7 +7,6 @@ the server applied the request (a read timeout), a 503 with ``Retry-After``, a r
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -16,23 +15,12 @@ import pytest
 
 from service.client import AsyncClient, Client, MpflowError, Retry
 from service.settings import Settings
-from service.testing import drop_prefix, redis_answers, serve_in_process, serve_in_thread
+from service.testing import drop_prefix, serve_in_process, serve_in_thread
 
-REDIS_URL = os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0"
 MODEL = {"family": "lds", "params": {"A": [[0.9, 0.1], [-0.1, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]]}}
 PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
 OBS = [[0.5, -0.2], [0.7, 0.1], [0.2, 0.4], [-0.3, 0.6], [-0.1, 0.2], [0.4, -0.5]]
 FAST_RETRY = Retry(attempts=4, base_delay=0.001, max_delay=0.01)
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    if not asyncio.run(redis_answers(REDIS_URL)):
-        reason = f"no Redis reachable at {REDIS_URL} (set MPFLOW_REDIS_URL or start redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return REDIS_URL
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ are skipped, with the reason, elsewhere. Coroutines run under ``asyncio.run`` (n
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,26 +21,7 @@ from operators.state import ParticleState
 from operators.updaters import get_updater
 from service.store import StoreUnavailable, StreamStore
 
-REDIS_URL = os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0"
 TTL = 600
-
-
-async def _ping(url: str) -> bool:
-    store = StreamStore.from_url(url, timeout=2.0)
-    try:
-        return await store.ping()
-    finally:
-        await store.aclose()
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    if not asyncio.run(_ping(REDIS_URL)):
-        reason = f"no Redis reachable at {REDIS_URL} (set MPFLOW_REDIS_URL or start redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return REDIS_URL
 
 
 def run(url: str, body: Callable[[StreamStore], Awaitable[Any]]) -> Any:
