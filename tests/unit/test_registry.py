@@ -209,18 +209,18 @@ def test_list_operators_skips_corrupt_and_first_dir_wins(tmp_path):
 
 def test_default_dirs_and_resolve(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
-    _save(a)
-    _save(b, "gmm-d2-v901", family="gmm")  # a version no shipped operator has
+    _save(a, "lds-d2-v901")
+    _save(b, "gmm-d2-v901", family="gmm")  # versions no shipped operator has
     monkeypatch.setenv("MPFLOW_OPERATOR_DIRS", os.pathsep.join([str(a), str(tmp_path / "nope"), "", str(b)]))
     assert default_dirs() == [PRETRAINED_DIR, a, b]
     monkeypatch.delenv("MPFLOW_OPERATOR_DIRS")
     assert default_dirs() == [PRETRAINED_DIR]
     monkeypatch.setenv("MPFLOW_OPERATOR_DIRS", f"{a}{os.pathsep}{b}")
     assert resolve("gmm-d2-v901").path == b / "gmm-d2-v901"  # default dirs
-    assert resolve("lds-d2-v1", dirs=[a]).family == "lds"
+    assert resolve("lds-d2-v901", dirs=[a]).family == "lds"
     assert resolve(b / "gmm-d2-v901").name == "gmm-d2-v901"  # a path
-    assert resolve(str(a / "lds-d2-v1")).name == "lds-d2-v1"
-    with pytest.raises(ValueError, match=r"^operator: unknown operator 'x'; available: \['lds-d2-v1'\]"):
+    assert resolve(str(a / "lds-d2-v901")).name == "lds-d2-v901"
+    with pytest.raises(ValueError, match=r"^operator: unknown operator 'x'; available: \['lds-d2-v901'\]"):
         resolve("x", dirs=[a])
     with pytest.raises(ValueError, match=r"^path: "):
         resolve(tmp_path / "nope")
