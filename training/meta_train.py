@@ -138,7 +138,7 @@ def task_loss(
         for m in range(tasks.length):
             obs = tasks.obs[:, m]
             if model.dynamic:
-                x, _ = predict(model, x, tasks.gens)
+                x, _ = predict(model, x, tasks.gens, density=False)  # the loss fits its own p̂_m below
                 log_prior = _density(predicted_prior, x)
                 log_q, start = log_prior(x), m
             elif segment and m > 0 and m % segment == 0:  # eq. 21: a new task from the particles at the cut
