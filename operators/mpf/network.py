@@ -46,6 +46,20 @@ from operators import gaussian
 from operators.mpf.gaussian_flow import DaumHuangFlow, GaussianLikelihood
 
 
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) = 2 σ(2x) − 1, the same function evaluated through σ: this CPU build's vectorised ``torch.tanh``
+    is about 3× slower than ``torch.sigmoid`` plus the two affine ops on a [256, 64] float32 block (it was a
+    quarter of an MPF update's time). Differentiable (no in-place ops on σ's saved output)."""
+    return torch.sigmoid(x * 2.0).mul(2.0).sub(1.0)
+
+
+class Tanh(nn.Module):
+    """:func:`tanh` as a layer (holds no parameters, so state dicts are those of ``nn.Tanh``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tanh(x)
+
+
 class Gated(nn.Module):
     """Gated_j([ctx, h], λ) = (W^c ctx + W^h h + b) · σ(λ v + c) + λ c  (MPF eq. 18), with W^c ctx + b
     computed once per Bayes step by :meth:`context_bias`."""
@@ -65,8 +79,12 @@ class Gated(nn.Module):
         return self.ctx(ctx)[:, None]
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """h [B, N, in], bias [B, 1, out] (:meth:`context_bias`), λ [B] → [B, N, out]; fused into one batched
+        matmul-add and one multiply-add (per-op overhead dominates at serving sizes)."""
+        B, N, _ = h.shape
         lam = lam[:, None, None]  # [B] → broadcast over particles and features
-        return (self.linear(h) + bias) * torch.sigmoid(lam * self.gate_v + self.gate_c) + lam * self.gate_c
+        pre = torch.baddbmm(bias.expand(B, N, -1), h, self.linear.weight.t().expand(B, -1, -1))
+        return torch.addcmul(lam * self.gate_c, pre, torch.sigmoid(lam * self.gate_v + self.gate_c))
 
 
 @dataclass
@@ -119,7 +137,7 @@ class MPFVelocity(nn.Module):
     ):
         super().__init__()
         self.dim, self.use_base, self.residual_bound = dim, use_base, residual_bound
-        self.phi = nn.Sequential(nn.Linear(dim, embed), nn.Tanh(), nn.Linear(embed, embed), nn.Tanh())
+        self.phi = nn.Sequential(nn.Linear(dim, embed), Tanh(), nn.Linear(embed, embed), Tanh())
         n_lik = dim * (dim + 1) // 2 + dim  # upper triangle of the whitened Λ, and the whitened η
         self.ctx_dim = embed + n_lik
         widths = [2 * dim, *([hidden] * (layers - 1)), dim]
@@ -172,8 +190,8 @@ class MPFVelocity(nn.Module):
         for j, (layer, bias) in enumerate(zip(self.layers, ctx.biases, strict=True)):
             h = layer(h, bias, lam)
             if j < last:
-                h = torch.tanh(h)
-        return self.residual_bound * torch.tanh(h / self.residual_bound)
+                h = tanh(h)
+        return self.residual_bound * tanh(h / self.residual_bound)
 
     def field_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """f_z = DH_z + U Φ(λ) Uᵀ h_θ [B, N, d], the whole whitened field (the module docstring)."""
