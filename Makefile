@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup serve test lint bench bench-quick clean
+.PHONY: setup serve test test-tools lint bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,18 @@ $(STAMP): pyproject.toml
 serve: setup
 	$(PY) -m service
 
-test: setup
+# Debian tools some tests drive (headless Chromium for the dashboard, docker-compose to validate the compose
+# file); best effort, as root with apt only: without them those tests skip and say why.
+TEST_TOOLS = chromium docker-compose
+test-tools:
+	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing (apt-get) for the browser and compose tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null 2>&1 \
+			|| echo "could not install$$missing: those tests will skip"; \
+	fi
+
+test: setup test-tools
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 

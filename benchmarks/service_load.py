@@ -44,10 +44,8 @@ import json
 import math
 import os
 import platform
-import socket
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +60,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import NO_RETRY, AsyncClient, AsyncStream
-from service.testing import drop_prefix, redis_answers
+from service.testing import drop_prefix, redis_answers, serve_as_user
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,12 +80,6 @@ TARGETS = {"p50_ms_k1": 5.0, "updates_per_s_k64": 500.0, "batching_speedup_k64":
 
 # ----------------------------------------------------------------------------------------------------------
 # the server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -122,41 +114,12 @@ def choose_store(kind: str, redis_url: str) -> Iterator[Store]:
 
 @contextlib.contextmanager
 def server(store: Store, batching: bool, log_dir: Path) -> Iterator[str]:
-    """``python -m service`` on a free port; yields its base URL once ``/readyz`` answers 200."""
-    port = free_port()
-    env = {**os.environ, **store.env, "MPFLOW_BATCHING": "true" if batching else "false"}
-    log_path = log_dir / f"server-{'batched' if batching else 'unbatched'}-{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, proc, log_path)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); see {log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"the server did not become ready in {timeout:.0f} s; see {log_path}")
+    """``python -m service`` on a free port (:func:`service.testing.serve_as_user`); yields its base URL once
+    ``/readyz`` answers 200."""
+    env = {**store.env, "MPFLOW_BATCHING": "true" if batching else "false"}
+    log_path = log_dir / f"server-{'batched' if batching else 'unbatched'}.log"
+    with serve_as_user(env, log_path, inherit_mpflow_env=True) as srv:
+        yield srv.url
 
 
 def scrape(url: str) -> dict[str, float]:

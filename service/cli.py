@@ -83,6 +83,8 @@ def serve(args: argparse.Namespace) -> int:
         access_log=False,  # mpflow.access logs one JSON line per request
         log_config=log_config(settings.log_level),
         ws_max_size=settings.max_body_bytes,
+        # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
+        timeout_graceful_shutdown=5,
     )
     return 0
 

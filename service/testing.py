@@ -3,15 +3,24 @@
 ``async with serve_in_process(settings) as (app, client)`` runs the app's lifespan (store, engine, operators)
 and yields an ``httpx.AsyncClient`` bound to it through ASGI (no network). ``with serve_in_thread(settings) as
 url`` serves the app with uvicorn on a free local port in a background thread (real HTTP and WebSockets).
+``with serve_as_user(env, log_path) as server`` starts ``python -m service`` in a subprocess, as a user (or
+``make serve``) starts it, and yields it once ``/readyz`` answers 200 (end-to-end tests, fault injection, load).
 :func:`drop_prefix` deletes every key under a store prefix (tests use a fresh prefix each and clean up).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from fastapi import FastAPI
@@ -58,6 +67,82 @@ def serve_in_thread(settings: Settings, start_timeout: float = 30.0) -> Iterator
         thread.join(30)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120.0) -> None:
+    """Poll ``url/readyz`` until it answers 200; RuntimeError (with the log's tail) if the process exits first
+    or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{_tail(log_path)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server was not ready in {timeout:.0f} s:\n{_tail(log_path)}")
+        time.sleep(0.2)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+@dataclass
+class UserServer:
+    """A ``python -m service`` subprocess (:func:`serve_as_user`)."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (graceful shutdown), SIGKILL after ``timeout`` seconds."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@contextmanager
+def serve_as_user(
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    args: Sequence[str] = (),
+    port: int | None = None,
+    start_timeout: float = 120.0,
+    inherit_mpflow_env: bool = False,
+) -> Iterator[UserServer]:
+    """Start ``python -m service --host 127.0.0.1 --port P *args`` from the repository root with ``env`` over
+    this process's environment (its own ``MPFLOW_*`` variables dropped unless ``inherit_mpflow_env``), stdout
+    and stderr to ``log_path``; yield it once ready; stop it (SIGTERM, then SIGKILL) on exit."""
+    port = port or free_port()
+    base = {k: v for k, v in os.environ.items() if inherit_mpflow_env or not k.startswith("MPFLOW_")}
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT)
+    server = UserServer(f"http://127.0.0.1:{port}", port, proc, log_path)
+    try:
+        wait_ready(server.url, proc, log_path, start_timeout)
+        yield server
+    finally:
+        server.stop()
+
+
 async def drop_prefix(url: str, prefix: str) -> int:
     """Delete every key under ``prefix`` in the Redis at ``url``; the number deleted."""
     store = StreamStore.from_url(url, prefix=prefix)
@@ -78,4 +163,13 @@ async def redis_answers(url: str) -> bool:
         await store.aclose()
 
 
-__all__ = ["drop_prefix", "redis_answers", "serve_in_process", "serve_in_thread"]
+__all__ = [
+    "UserServer",
+    "drop_prefix",
+    "free_port",
+    "redis_answers",
+    "serve_as_user",
+    "serve_in_process",
+    "serve_in_thread",
+    "wait_ready",
+]
