@@ -6,7 +6,11 @@ scopes every stream key. The presented key is compared with *every* configured k
 :func:`hmac.compare_digest` over SHA-256 digests (equal length), without stopping at a match, so the time
 taken does not depend on which key matched or how much of a key was right. With no keys configured the
 service is open and every request belongs to the tenant ``default`` (a WARNING says so at start).
-Keys are never logged.
+
+Keys are never logged. mpflow's own logs never carry headers or query strings; uvicorn's do — its WebSocket
+lines print the path *with* the query string (``"WebSocket /v1/streams/x/ws?api_key=..." [accepted]``), at
+INFO — so :func:`redact_secrets_in_logs` (called by ``create_app``) adds :class:`RedactSecrets` to the server's
+loggers: ``api_key=<value>`` and ``Bearer <value>`` are replaced by ``<redacted>`` in every record they emit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,38 @@ log = logging.getLogger("mpflow.auth")
 
 OPEN_TENANT = "default"
 _TENANT = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")  # tenants are part of store keys
+# a key in a query string (api_key=..., also percent-encoded as api%5Fkey) or after a Bearer scheme
+_SECRET = re.compile(r"((?:api_key|api%5[fF]key)=)[^&\s\"'#]*|(\b[Bb]earer\s+)[^\s\"',;]+")
+#: loggers that may print request lines (uvicorn) or request data (mpflow); filters act on the logger they sit on
+LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "mpflow", "mpflow.access", "mpflow.errors", "mpflow.app")
+REDACTED = "<redacted>"
+
+
+def redact(text: str) -> str:
+    """``text`` with every query-string API key and bearer token replaced by ``<redacted>``."""
+    return _SECRET.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, text)
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrites a record whose formatted message carries an API key (see :func:`redact`); never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to the handler to report
+            return True
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def redact_secrets_in_logs(names: tuple[str, ...] = LOGGERS) -> None:
+    """Put one :class:`RedactSecrets` on each named logger (idempotent)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactSecrets) for f in logger.filters):
+            logger.addFilter(RedactSecrets())
 
 
 def _digest(key: str) -> bytes:
@@ -80,4 +116,4 @@ class Authenticator:
         return tenant
 
 
-__all__ = ["OPEN_TENANT", "Authenticator"]
+__all__ = ["OPEN_TENANT", "Authenticator", "RedactSecrets", "redact", "redact_secrets_in_logs"]

@@ -20,7 +20,8 @@ Errors. Every non-2xx answer raises :class:`MpflowError` with ``status``, ``code
 API's error body ``{"error": {"code", "message"}}``.
 
 Retries and exactly-once. Requests that are safe to repeat are retried after a timeout, a connection error
-(refused, reset, closed mid-answer) or a 503 (the store was unreachable and nothing was applied): at most
+(refused, reset, closed mid-answer) or a 503 (the store was unreachable: nothing was applied, or — code
+``store_outcome_unknown`` — a write the store never confirmed, which a retry with ``seq`` settles): at most
 ``Retry.attempts`` tries in all, waiting ``Retry-After`` when the server sends it, else an exponential backoff
 ``min(max_delay, base_delay · 2^k)`` with jitter (half of it random). Safe to repeat are the reads (GET), and
 observation updates *that carry* ``seq``: the server applies step ``seq`` only when the stream is at ``seq − 1``,

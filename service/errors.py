@@ -2,8 +2,9 @@
 
 :class:`ApiError` is what the service code raises; the handlers registered by :func:`install` turn it, FastAPI's
 request validation errors, Starlette's HTTP errors, :class:`~service.store.StoreUnavailable` and anything
-unexpected into that body. Malformed JSON is 400; other validation errors are 422 with a message that names the
-field (``observations[0]: ...``); an unreachable store is 503 with ``Retry-After``.
+unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
+other validation errors are 422 with a message that names the field (``observations[0]: ...``); an unreachable
+store is 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi import routing as fastapi_routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service.store import StoreUnavailable
+from service.store import StoreOutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger("mpflow.errors")
 
 RETRY_AFTER_S = 1
+
+# FastAPI's 400 for a body its JSON parser gave up on other than by a syntax error (a RecursionError from
+# arrays nested thousands deep, an integer literal of more than 4300 digits)
+_FASTAPI_BODY_ERROR = "There was an error parsing the body"
+_UNPARSABLE = "body: not parseable JSON (nested too deeply or a number literal too long); send a JSON object"
 
 # default code per status, used for errors raised without one (Starlette's 404/405, ...)
 _CODES = {
@@ -72,9 +79,19 @@ def too_large(message: str) -> ApiError:
     return ApiError(413, "limit_exceeded", message)
 
 
-def unavailable() -> ApiError:
+def unavailable(exc: BaseException | None = None) -> ApiError:
+    """503 with ``Retry-After``. A write that was sent but never answered (:class:`~service.store.StoreOutcomeUnknown`)
+    may still have been applied by the store: that answer says so (``store_outcome_unknown``) and how to find out —
+    the same request with the same ``seq`` answers ``duplicate`` if it was."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, StoreOutcomeUnknown):
+        msg = (
+            "the state store did not confirm the write, so it may or may not have been applied; retry the same "
+            "request with the same seq (a duplicate answer confirms it was applied)"
+        )
+        return ApiError(503, "store_outcome_unknown", msg, headers)
     msg = "the state store is unreachable; nothing was applied, retry later"
-    return ApiError(503, "store_unavailable", msg, {"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(503, "store_unavailable", msg, headers)
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -112,10 +129,17 @@ def from_validation_errors(errors: Sequence[dict[str, Any]]) -> ApiError:
     return ApiError(422, "validation_error", validation_message(errors))
 
 
+def _routes(app: Any) -> list[Any]:
+    """The app's routes, flat: FastAPI ≥ 0.120 keeps an included router as one entry (``_IncludedRouter``, no
+    ``methods``), which :func:`fastapi.routing.iter_route_contexts` expands."""
+    expand = getattr(fastapi_routing, "iter_route_contexts", None)
+    return list(expand(app.router.routes)) if expand is not None else list(app.router.routes)
+
+
 def _allowed_methods(request: Request) -> list[str]:
     """Every method of every route on this path (Starlette's own ``Allow`` names only the first route's)."""
     allowed: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _routes(request.app):
         methods = getattr(route, "methods", None)
         if methods and route.matches(request.scope)[0] != Match.NONE:
             allowed |= set(methods)
@@ -141,6 +165,8 @@ def install(app: FastAPI, on_store_error: Callable[[], None] | None = None) -> N
         headers = dict(exc.headers or {})
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"path: no route {request.url.path}"
+        if exc.status_code == 400 and detail == _FASTAPI_BODY_ERROR:  # e.g. nested past the parser's depth
+            code, detail = "malformed_json", _UNPARSABLE
         if exc.status_code == 405:
             allowed = _allowed_methods(request)
             headers["Allow"] = ", ".join(allowed)
@@ -151,7 +177,7 @@ def install(app: FastAPI, on_store_error: Callable[[], None] | None = None) -> N
         if on_store_error is not None:
             on_store_error()
         log.warning("state store unavailable: %s", exc)
-        return respond(unavailable())
+        return respond(unavailable(exc))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

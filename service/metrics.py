@@ -9,6 +9,11 @@ benchmarks can build many apps in one process).
 ``mpflow_batch_size``                       histogram streams per operator call (micro-batch size)
 ``mpflow_streams``                          gauge     streams in the store (refreshed at each scrape)
 ``mpflow_store_errors_total``               counter   requests that found the store unreachable
+``mpflow_update_fallbacks_total``           counter   family, method, fallback — steps whose method failed
+                                                      numerically and were computed by ``fallback``
+                                                      (``none``: every fall-back failed too, 422); like
+                                                      ``mpflow_updates_total`` it counts computations (a
+                                                      step re-run after a lost write race counts again)
 =========================================== ========= ==============================================
 """
 
@@ -52,6 +57,12 @@ class Metrics:
         self.store_errors = Counter(
             "mpflow_store_errors_total", "requests that found the store unreachable", registry=r
         )
+        self.fallbacks = Counter(
+            "mpflow_update_fallbacks_total",
+            "steps whose method failed numerically, by the method that computed them instead (none: all failed)",
+            ["family", "method", "fallback"],
+            registry=r,
+        )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, method, str(status)).inc()
@@ -62,6 +73,10 @@ class Metrics:
         self.updates.labels(family, method).inc(batch)
         self.update_duration.labels(method).observe(seconds)
         self.batch_size.observe(batch)
+
+    def observe_fallback(self, family: str, method: str, fallback: str) -> None:
+        """The stream service's hook: one step of ``method`` fell back to ``fallback`` (or ``"none"``)."""
+        self.fallbacks.labels(family, method, fallback).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

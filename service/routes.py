@@ -49,7 +49,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "seq conflict / stream exists",
         413: "over a configured limit",
         422: "invalid request",
-        503: "state store unreachable (Retry-After); nothing applied",
+        503: "state store unreachable (Retry-After): `store_unavailable`, nothing applied; or "
+        "`store_outcome_unknown`, a write it never confirmed (retry with the same seq to learn whether it applied)",
     }
     return {s: {"model": ErrorResponse, "description": text[s]} for s in statuses}
 
@@ -210,9 +211,20 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({**body, "store": store_ok, "operators": ops_ok}, status_code=503)
 
 
-@ops.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+@ops.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE: {}}},
+        401: {"model": ErrorResponse, "description": "no valid API key (only with MPFLOW_METRICS_PUBLIC=false)"},
+    },
+    description="Prometheus text. Needs an API key when auth is on and MPFLOW_METRICS_PUBLIC=false.",
+)
 async def metrics(request: Request) -> Response:
     state = request.app.state
+    if not state.settings.metrics_public:
+        tenant = state.auth.tenant(request.headers.get("authorization"))  # 401 without a valid key
+        _log(request, tenant=tenant)
     # a scrape never fails because the store is down: the gauge keeps its last value
     with contextlib.suppress(Exception):
         state.metrics.streams.set(await asyncio.wait_for(state.store.count(), 2.0))

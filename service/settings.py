@@ -11,6 +11,9 @@ bad value fails at start with a message naming the field.
 - ``batching``: micro-batch updates across streams (``false``: one stream per operator call, for benchmarks).
 - ``method_options``: per-method updater options as JSON, e.g. ``{"nvgd": {"max_iters": 30}}`` (the keys of each
   updater's ``defaults``; checked when the app starts).
+- ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
+  inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
+  ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Settings(BaseSettings):
     redis_prefix: str = "mpflow"
     batching: bool = True
     method_options: dict[str, dict[str, Any]] = {}
+    metrics_public: bool = True
 
     @field_validator(*_POSITIVE)
     @classmethod

@@ -31,7 +31,21 @@ update it in the same script, which is atomic on one Redis (the embedded one, or
 pair). On a Cluster the index write has to become a second step (list already tolerates stale members).
 
 Connection failures (refused, reset, timeout, Redis loading) raise :class:`StoreUnavailable`, which the
-API answers with 503 and ``Retry-After``.
+API answers with 503 and ``Retry-After``. A *write* (create, compare-and-set, delete) that was sent but got no
+answer — a timeout, or the connection lost mid-command — raises its subclass :class:`StoreOutcomeUnknown`: Redis
+may still execute it (a frozen or overloaded server runs the command once it wakes), so "nothing was applied" is
+not known; with ``seq`` a retry tells (``duplicate``). Measured in ``benchmarks/reliability.py`` (freeze).
+
+The connection pool is a blocking one of at most ``MAX_CONNECTIONS``: a command that finds every connection
+busy waits (up to the timeout) for one. redis-py's default pool (100 connections in redis-py 8) fails it at once
+with "Too many connections" — measured: 341 spurious 503s in a soak of 100 concurrent streams
+(``benchmarks/reliability.py``) before this change.
+
+Pooled connections are checked when taken from the pool, so that after a Redis restart (or a failover, or a
+proxy's idle timeout) a connection the server closed is reopened instead of failing its next command: recent
+redis-py (8.1 here) skips that check while "maintenance notifications" (a Redis Cloud/Enterprise feature, on by
+default with RESP3) are enabled, so the store turns them off (measured: without it, every idle connection
+answered one 503 after a restart; tests/reliability).
 """
 
 from __future__ import annotations
@@ -87,15 +101,51 @@ return 0
 """
 
 
+#: connections one store (one service process) opens to Redis at most (module docstring)
+MAX_CONNECTIONS = 128
+#: redis-py's messages for "no connection could be had": the command was never sent
+_NO_CONNECTION = ("connecting to", "No connection available", "Too many connections")
+
+
+def _pool_options() -> dict[str, Any]:
+    """Connection-pool options: maintenance notifications off where redis-py has them (module docstring)."""
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # an older redis-py: no such notifications, the check always runs
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 class StoreUnavailable(RuntimeError):  # noqa: N818 (the name the API layer uses)
     """The store cannot be reached (connection refused/reset, timeout, Redis still loading)."""
 
 
+class StoreOutcomeUnknown(StoreUnavailable):
+    """A write was sent but its answer never came: it may or may not have been applied (module docstring)."""
+
+
+def _not_sent(e: BaseException) -> bool:
+    """True when the command cannot have reached Redis: no connection could be had (refused, no socket file, a
+    connect timeout, the pool exhausted: redis-py's messages in ``_NO_CONNECTION``, wherever they sit in the
+    exception chain) or Redis rejected it while loading its data."""
+    seen = 0
+    x: BaseException | None = e
+    while x is not None and seen < 8:
+        if isinstance(x, rexc.BusyLoadingError | ConnectionRefusedError | FileNotFoundError):
+            return True
+        if isinstance(x, rexc.ConnectionError | rexc.TimeoutError) and any(m in str(x) for m in _NO_CONNECTION):
+            return True
+        x, seen = x.__cause__ or x.__context__, seen + 1
+    return False
+
+
 @asynccontextmanager
-async def _guard() -> AsyncIterator[None]:
+async def _guard(write: bool = False) -> AsyncIterator[None]:
     try:
         yield
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
+        if write and not _not_sent(e):
+            raise StoreOutcomeUnknown(f"state store did not answer a write (it may have been applied): {e}") from e
         raise StoreUnavailable(f"state store unavailable: {e}") from e
 
 
@@ -155,16 +205,26 @@ class StreamStore:
         self._delete = client.register_script(_DELETE)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "mpflow", timeout: float = 5.0, **kwargs: Any) -> StreamStore:
-        """A store over a new connection pool to ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
-        client = aredis.Redis.from_url(
+    def from_url(
+        cls,
+        url: str,
+        prefix: str = "mpflow",
+        timeout: float = 5.0,
+        max_connections: int = MAX_CONNECTIONS,
+        **kwargs: Any,
+    ) -> StreamStore:
+        """A store over a new connection pool to ``url`` (``redis://``, ``rediss://`` or ``unix://``) of at most
+        ``max_connections`` connections; a command that finds them all busy waits up to ``timeout`` s for one."""
+        pool = aredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout,
             decode_responses=False,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
-            **kwargs,
+            **{**_pool_options(), **kwargs},
         )
-        return cls(client, prefix)
+        return cls(aredis.Redis.from_pool(pool), prefix)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -175,6 +235,10 @@ class StreamStore:
         _check_name("stream_id", stream_id)
         tag = f"{self.prefix}:{{{tenant}:{stream_id}}}"
         return f"{tag}:meta", f"{tag}:state"
+
+    def keys(self, tenant: str, stream_id: str) -> tuple[str, str]:
+        """The ``(meta, state)`` key names of a stream, for operators' tools (``MEMORY USAGE``, ``TTL``, ...)."""
+        return self._keys(tenant, stream_id)
 
     def _index(self, tenant: str) -> str:
         _check_name("tenant", tenant)
@@ -187,7 +251,7 @@ class StreamStore:
         member = f"{time.time_ns() // 1_000_000:015d}:{stream_id}"
         fields = [*_encode_fields(meta), "version", "1", "_index", member]
         args = [_check_ttl(ttl), bytes(state_bytes), member, *fields]
-        async with _guard():
+        async with _guard(write=True):
             return bool(await self._create(keys=[meta_key, state_key, self._index(tenant)], args=args))
 
     async def get(self, tenant: str, stream_id: str) -> tuple[dict[str, Any], bytes] | None:
@@ -217,13 +281,13 @@ class StreamStore:
             raise ValueError(f"expected_version: expected an integer, got {expected_version!r}")
         meta_key, state_key = self._keys(tenant, stream_id)
         args = [str(expected_version), _check_ttl(ttl), bytes(new_state_bytes), *_encode_fields(new_meta)]
-        async with _guard():
+        async with _guard(write=True):
             return bool(await self._cas(keys=[meta_key, state_key], args=args))
 
     async def delete(self, tenant: str, stream_id: str) -> bool:
         """Remove a stream (both keys and its index entry); ``False`` if it did not exist."""
         meta_key, state_key = self._keys(tenant, stream_id)
-        async with _guard():
+        async with _guard(write=True):
             return bool(await self._delete(keys=[meta_key, state_key, self._index(tenant)]))
 
     async def list(
@@ -281,4 +345,4 @@ class StreamStore:
         return total
 
 
-__all__ = ["StoreUnavailable", "StreamStore"]
+__all__ = ["StoreOutcomeUnknown", "StoreUnavailable", "StreamStore"]

@@ -26,14 +26,22 @@ than that (measured: ``benchmarks/service_profile.py``).
 
 Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
 anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
+
+Numerical failures (:mod:`service.numerics`). A step whose method fails numerically — non-finite particles, weights,
+evidence or state, a covariance no longer positive definite — is computed again by a safe fall-back (gpf, then
+kalman for linear-Gaussian families, then smc); its ``per_step`` entry and the answer say ``"fallback"`` and
+``mpflow_update_fallbacks_total`` counts it. If every fall-back fails the request is 422 ``non_finite_update`` and
+nothing is applied. Whatever happened, a state (or summary) with a NaN or an infinity is never written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import secrets
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
@@ -49,15 +57,29 @@ from operators.state import ParticleState
 from operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
 from service import summary as summaries
 from service.catalogue import OperatorCatalogue
+from service.dashboard.publish import announce
 from service.engine import Announcement, StepResult, UpdateEngine
 from service.errors import ApiError, invalid, not_found, too_large, unavailable
+from service.numerics import (
+    ALWAYS_RESAMPLE,
+    FALLBACK_ERRORS,
+    as_method_state,
+    fallback_input,
+    fallback_methods,
+    finite_json,
+    finite_state,
+)
 from service.schemas import STREAM_ID_PATTERN, BatchRequest, CreateStreamRequest, ObservationsRequest
 from service.settings import Settings
 from service.store import StoreUnavailable, StreamStore
 
+log = logging.getLogger("mpflow.streams")
+
 DEFAULT_PARTICLES = 256
 MAX_WRITE_ATTEMPTS = 50
 _MODEL_CACHE_SIZE = 4096
+#: the log-weight ``GET .../particles`` shows for a particle of zero weight (−inf: not JSON) — the most negative double
+ZERO_WEIGHT_LOG = -sys.float_info.max
 #: particles × state dimension (and draws × state dimension) up to which tensor work stays on the event loop
 INLINE_MAX_ELEMENTS = 16384
 _STREAM_ID = re.compile(STREAM_ID_PATTERN)
@@ -136,9 +158,11 @@ class StreamService:
         engine: UpdateEngine,
         operators: OperatorCatalogue,
         on_store_error: Callable[[], None] | None = None,
+        on_fallback: Callable[[str, str, str], None] | None = None,
     ):
         self.settings = settings
         self.on_store_error = on_store_error
+        self.on_fallback = on_fallback  # (family, method, fall-back or "none") per step that fell back
         self.store = store
         self.engine = engine
         self.operators = operators
@@ -230,6 +254,12 @@ class StreamService:
             state = updater.init(prior, model, n, seed)
         except ValueError as exc:
             raise invalid(str(exc)) from None
+        summary = summaries.summary(state)
+        if not (finite_state(state) and finite_json(summary)):  # e.g. a prior at the edge of float32's range
+            raise invalid(
+                "prior: the initial particles or their summary are not finite in float32 (|x| up to about 3.4e38, "
+                "squares included); rescale the prior"
+            )
         now = _now()
         meta = {
             "model": model_spec,
@@ -244,7 +274,7 @@ class StreamService:
             "created_at": now,
             "updated_at": now,
         }
-        return meta, state, summaries.summary(state)
+        return meta, state, summary
 
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.engine.run(self._prepare, req)
@@ -296,6 +326,8 @@ class StreamService:
         def view() -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
             lw = torch.log_softmax(state.log_weights[0].to(torch.float64), -1)
+            # a particle of zero weight (smc) has log-weight −inf, which JSON cannot carry: the most negative double
+            lw = torch.nan_to_num(lw, neginf=ZERO_WEIGHT_LOG)
             return {"particles": state.particles[0].tolist(), "log_weights": lw.tolist()}
 
         return await self._tensor_work(meta, view)
@@ -333,8 +365,15 @@ class StreamService:
     def _finish(
         self, meta: dict[str, Any], last: StepResult, n_samples: int
     ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
-        """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step."""
+        """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step; 422 and
+        nothing written if the state or its summary is not finite (the last guard before the store)."""
         summary = summaries.summary(last.state)
+        if not (finite_state(last.state) and finite_json(summary)):
+            raise invalid(
+                "observations: the updated state has non-finite values; nothing was applied. Check the "
+                "observations' scale against the model's",
+                "non_finite_update",
+            )
         step = summaries.step_summary(last.state, last.info, state_summary=summary)
         return last.state.to_bytes(), summary, step, self._draw(meta, last.state, n_samples)
 
@@ -376,11 +415,13 @@ class StreamService:
                     model, updater, state, parsed = await self._tensor_work(
                         meta, self._prepare_update, meta, data, req.observations, slow=cold
                     )
-                    last, per_step = await self._apply(meta, model, updater, state, parsed, announced)
+                    last, per_step, fallbacks = await self._apply(meta, model, updater, state, parsed, announced)
                 blob, summary, last_step, samples = await self._tensor_work(
                     meta, self._finish, meta, last, req.return_samples, draws=req.return_samples
                 )
                 per_step.append(last_step)
+                for i, name in fallbacks.items():
+                    per_step[i]["fallback"] = name
                 new_meta = {
                     "step": step + n,
                     "log_evidence": float(last.state.log_evidence[0]),
@@ -389,7 +430,9 @@ class StreamService:
                 if await self.store.compare_and_set(
                     tenant, stream_id, int(meta["version"]), new_meta, blob, int(meta["ttl_seconds"])
                 ):
-                    return self._answer(stream_id, {**meta, **new_meta}, summary, per_step, samples, duplicate=False)
+                    doc = self._answer(stream_id, {**meta, **new_meta}, summary, per_step, samples, duplicate=False)
+                    announce(self.store, tenant, stream_id, doc)  # to live viewers, once stored (dashboard/events)
+                    return doc
                 # another writer won: re-read and decide again
         raise ApiError(
             409, "concurrent_update", "stream: too many concurrent writers on this stream; retry the request"
@@ -403,32 +446,77 @@ class StreamService:
         state: ParticleState,
         parsed: list[torch.Tensor],
         announced: Announcement | None = None,
-    ) -> tuple[StepResult, list[dict[str, Any]]]:
+    ) -> tuple[StepResult, list[dict[str, Any]], dict[int, str]]:
         """Apply the steps in order: (the last step's result, ``per_step`` entries of all steps but the last —
-        :meth:`_finish` makes that one along with the summary)."""
+        :meth:`_finish` makes that one along with the summary —, {step index: fall-back method} of the steps
+        that fell back)."""
         method, operator = meta["method"], meta.get("operator")
         per_step: list[dict[str, Any]] = []
+        fallbacks: dict[int, str] = {}
         res: StepResult | None = None
         for i, obs in enumerate(parsed):
             if res is not None:
                 per_step.append(await self._tensor_work(meta, summaries.step_summary, res.state, res.info))
             try:
                 res = await self.engine.update(updater, (method, operator), method, model, state, obs, announced)
-            except NonFiniteError as exc:
-                raise invalid(
-                    f"observations[{i}]: the update produced non-finite values ({exc}); nothing was applied",
-                    "non_finite_update",
-                ) from None
-            except ValueError as exc:
-                raise invalid(f"observations[{i}]: {exc}") from None
-            except torch.linalg.LinAlgError as exc:  # e.g. a covariance that collapsed numerically
-                raise invalid(
-                    f"observations[{i}]: the update failed numerically ({exc}); nothing was applied",
-                    "update_failed",
-                ) from None
+                if not await self._tensor_work(meta, finite_state, res.state):  # e.g. kalman's extras
+                    raise NonFiniteError(f"{method} left non-finite values in the state")
+            except FALLBACK_ERRORS as exc:  # NaN/inf particles, a collapsed covariance: a safe method instead
+                res, fallbacks[i] = await self._fall_back(meta, model, state, obs, i, exc)
             state = res.state
         assert res is not None  # observations has at least one item (schema)
-        return res, per_step
+        return res, per_step, fallbacks
+
+    def _fallback_updater(self, name: str, method: str) -> tuple[Updater, tuple[str, str | None]]:
+        """(updater, engine key) of fall-back ``name`` for a stream of ``method``; smc resamples at every step
+        for an unweighted stream (:mod:`service.numerics`)."""
+        weighted = UPDATERS[method].weighted if method in UPDATERS else True
+        if name != "smc" or weighted:
+            return self.updater(name, None), (name, None)
+        key = ("smc", "always-resample")
+        if key not in self._updaters:
+            options = {**self.settings.method_options.get("smc", {}), **ALWAYS_RESAMPLE}
+            self._updaters[key] = get_updater("smc", **options)
+        return self._updaters[key], key
+
+    async def _fall_back(
+        self,
+        meta: dict[str, Any],
+        model: ModelFamily,
+        state: ParticleState,
+        obs: torch.Tensor,
+        i: int,
+        error: BaseException,
+    ) -> tuple[StepResult, str]:
+        """Step ``i`` again from ``state`` with the first safe method that succeeds (:mod:`service.numerics`):
+        (its result in the form of the stream's method, the fall-back's name); 422 if none does."""
+        method = meta["method"]
+        tried: list[str] = []
+        for name in fallback_methods(method, model):
+            updater, key = self._fallback_updater(name, method)
+            try:
+                start = await self._tensor_work(meta, fallback_input, state, name)
+                res = await self.engine.update(updater, key, name, model, start, obs)
+                new = await self._tensor_work(meta, as_method_state, res.state, state, method, name)
+                if not await self._tensor_work(meta, finite_state, new):
+                    raise NonFiniteError(f"{name} left non-finite values in the state")
+            except FALLBACK_ERRORS as exc:
+                tried.append(f"{name}: {exc}")
+                continue
+            log.warning("%s step failed (%s: %s); computed by %s instead", method, type(error).__name__, error, name)
+            self._count_fallback(model.name, method, name)
+            return StepResult(new, res.info), name
+        self._count_fallback(model.name, method, "none")
+        raise invalid(
+            f"observations[{i}]: the update failed numerically with {method} ({error}) and with every safe "
+            f"fall-back ({'; '.join(tried) or 'none applies'}); nothing was applied. Check the observation's scale "
+            "against the model's",
+            "non_finite_update",
+        )
+
+    def _count_fallback(self, family: str, method: str, fallback: str) -> None:
+        if self.on_fallback is not None:
+            self.on_fallback(family, method, fallback)
 
     @staticmethod
     def _answer(
@@ -445,6 +533,9 @@ class StreamService:
         doc["per_step"] = per_step
         if samples is not None:
             doc["samples"] = samples
+        fell_back = [step["fallback"] for step in per_step if "fallback" in step]
+        if fell_back:  # some step was computed by a safe method instead (per_step says which)
+            doc["fallback"] = fell_back[-1]
         return doc
 
     # ------------------------------------------------------------------ batch
@@ -468,10 +559,10 @@ class StreamService:
                 return {"stream_id": u.stream_id, "status": 200, "stream": doc}
             except ApiError as err:
                 return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
                 if self.on_store_error is not None:
                     self.on_store_error()
-                err = unavailable()
+                err = unavailable(exc)
                 return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
 
         async def chain(indices: list[int]) -> None:

@@ -52,8 +52,8 @@ async def stream_socket(websocket: WebSocket, stream_id: str) -> None:
         await websocket.send_json(_frame(err))
         await websocket.close(code=POLICY_VIOLATION)
         return
-    except StoreUnavailable:
-        await websocket.send_json(_frame(unavailable()))
+    except StoreUnavailable as exc:
+        await websocket.send_json(_frame(unavailable(exc)))
         await websocket.close(code=1011)
         return
     while True:
@@ -74,8 +74,8 @@ async def _answer(service: StreamService, tenant: str, stream_id: str, raw: str,
         return _frame(too_large(f"frame: larger than the limit of {max_bytes} bytes (MPFLOW_MAX_BODY_BYTES)"))
     try:
         payload = json.loads(raw)
-    except ValueError:
-        return _frame(ApiError(400, "malformed_json", "frame: not valid JSON"))
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
+        return _frame(ApiError(400, "malformed_json", "frame: not valid JSON (or nested too deeply)"))
     try:
         req = ObservationsRequest.model_validate(payload)
     except ValidationError as exc:
@@ -84,10 +84,10 @@ async def _answer(service: StreamService, tenant: str, stream_id: str, raw: str,
         return await service.observe(tenant, stream_id, req)
     except ApiError as err:
         return _frame(err)
-    except StoreUnavailable:
+    except StoreUnavailable as exc:
         if service.on_store_error is not None:
             service.on_store_error()
-        return _frame(unavailable())
+        return _frame(unavailable(exc))
 
 
 __all__ = ["router"]

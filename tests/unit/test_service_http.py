@@ -17,6 +17,7 @@ from service.auth import OPEN_TENANT, Authenticator
 from service.errors import ApiError, from_validation_errors, install
 from service.middleware import BodyLimit
 from service.schemas import CreateStreamRequest, ObservationsRequest
+from service.store import StoreOutcomeUnknown, StoreUnavailable
 
 
 def test_open_mode_is_tenant_default_and_says_so(caplog):
@@ -138,6 +139,34 @@ def test_body_limit_by_header_and_by_streamed_size():
             assert (await c.post("/echo", content=small())).json() == {"n": 90}
             r = await c.get("/nowhere")
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+    asyncio.run(main())
+
+
+def test_store_errors_are_503_and_say_whether_a_write_may_have_applied():
+    """A store that cannot be reached applied nothing; a write it never answered may have been applied, and the
+    answer says so (and how to find out) instead of claiming nothing was."""
+    app = FastAPI()
+    install(app)
+
+    @app.get("/down")
+    async def down():
+        raise StoreUnavailable("connection refused")
+
+    @app.get("/unknown")
+    async def unknown():
+        raise StoreOutcomeUnknown("timeout after the write was sent")
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            r = await c.get("/down")
+            assert r.status_code == 503 and r.headers["Retry-After"]
+            assert r.json()["error"]["code"] == "store_unavailable" and "nothing was applied" in r.text
+            r = await c.get("/unknown")
+            assert r.status_code == 503 and r.headers["Retry-After"]
+            err = r.json()["error"]
+            assert err["code"] == "store_outcome_unknown" and "same seq" in err["message"]
+            assert "nothing was applied" not in err["message"]
 
     asyncio.run(main())
 

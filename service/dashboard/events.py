@@ -1,0 +1,96 @@
+"""``GET /v1/streams/{stream_id}/events``: a Server-Sent-Events feed of one stream's updates.
+
+The feed authenticates like every ``/v1`` route (``Authorization: Bearer <key>``; the dashboard sends it with
+``fetch``, so the key never appears in a URL or a log) and answers 404 for an unknown stream or one of another
+tenant. It subscribes to the stream's channel (:mod:`service.dashboard.publish`) *before* it reads the stream,
+so no update falls in between, and then sends::
+
+    event: stream        the stream document (as GET /v1/streams/{id}) at the moment of subscribing
+    event: update        {"stream_id", "step", "updated_at", "method", "summary", "per_step"} per applied update
+    event: error         {"error": {...}} when the store stops answering (the feed then ends)
+    : keep-alive         a comment every KEEPALIVE_SECONDS without updates
+
+A feed ends after ``MAX_FEED_SECONDS`` and the client reconnects: uvicorn waits for open responses before it
+shuts down, so an endless feed would hold a stopping server (``mpflow serve`` stops within that time). Updates
+applied while no feed is open are not replayed; the first event of the next feed is the current document, so a
+client sees at most a gap. A client that gets an ``update`` whose ``step`` it already has (an older event,
+delivered late) ignores it.
+
+The route is left out of ``/openapi.json``: the OpenAPI contract test calls every documented operation and
+reads each answer to its end, which a live feed does not have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from redis import exceptions as rexc
+
+from service.dashboard.publish import channel
+from service.errors import unavailable
+from service.middleware import LOG_KEY
+from service.routes import Tenant
+from service.store import StoreUnavailable, StreamStore
+
+KEEPALIVE_SECONDS = 15.0
+MAX_FEED_SECONDS = 20.0  # a stopping server waits at most this long (Kubernetes' default grace is 30 s)
+_POLL_SECONDS = 1.0  # how often a quiet feed checks for a disconnected client and the keep-alive
+_STORE_DOWN = (rexc.ConnectionError, rexc.TimeoutError, OSError, StoreUnavailable)
+
+router = APIRouter()
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+@router.get("/v1/streams/{stream_id}/events", include_in_schema=False)
+async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> StreamingResponse:
+    """Server-Sent Events of one stream (module docstring)."""
+    info = request.scope.get(LOG_KEY)
+    if info is not None:
+        info["stream"] = stream_id
+    service = request.app.state.streams
+    store: StreamStore = service.store
+    pubsub = store.client.pubsub()
+    try:
+        await pubsub.subscribe(channel(store.prefix, tenant, stream_id))
+        first = await service.get(tenant, stream_id)  # 404 for an unknown stream or one of another tenant
+    except _STORE_DOWN:
+        await pubsub.aclose()
+        raise unavailable() from None
+    except BaseException:
+        await pubsub.aclose()
+        raise
+
+    async def feed() -> AsyncIterator[bytes]:
+        try:
+            yield _sse("stream", first)
+            started = last_sent = time.monotonic()
+            while time.monotonic() - started < MAX_FEED_SECONDS:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL_SECONDS)
+                if message is not None and message.get("type") == "message":
+                    last_sent = time.monotonic()
+                    yield b"event: update\ndata: " + bytes(message["data"]) + b"\n\n"
+                elif time.monotonic() - last_sent >= KEEPALIVE_SECONDS:
+                    last_sent = time.monotonic()
+                    yield b": keep-alive\n\n"
+                if await request.is_disconnected():
+                    return
+        except _STORE_DOWN:
+            yield _sse("error", unavailable().body())
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(feed(), media_type="text/event-stream", headers=headers)
+
+
+__all__ = ["KEEPALIVE_SECONDS", "MAX_FEED_SECONDS", "router"]

@@ -1,0 +1,637 @@
+// mpflow dashboard: the tenant's streams, and one stream live. Plain JavaScript and <canvas>, no libraries.
+//
+// Every piece of data comes from the authenticated API of this origin:
+//   GET /v1/streams                  the stream list (refreshed every LIST_REFRESH_MS)
+//   GET /v1/streams/{id}/particles   the particle cloud (re-read after each update)
+//   GET /v1/streams/{id}/events      Server-Sent Events: the stream document, then one event per update
+//                                    (read with fetch(), so the key travels in a header, never in the URL)
+// When the API answers 401 the page asks for an API key and keeps it in sessionStorage (this tab only).
+"use strict";
+
+const KEY_STORAGE = "mpflow.apiKey";
+const LIST_REFRESH_MS = 3000;
+const MAX_POINTS = 5000; // particles drawn at most (an even subsample of larger clouds)
+const MAX_HISTORY = 5000; // steps kept for the traces
+const MAX_BAND_DIMS = 6; // all dimensions get a band up to this many; else only the selected x and y
+const WEIGHTED = new Set(["smc"]); // methods whose particles carry non-uniform weights (ESS < N)
+const CHI2_2D_95 = 5.991; // 95% quantile of chi-square with 2 degrees of freedom (the ellipse radius²)
+const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2"];
+
+const $ = (id) => document.getElementById(id);
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// ----------------------------------------------------------------------------------------- API access
+
+class Unauthorized extends Error {}
+
+class ApiFailure extends Error {
+  constructor(status, body) {
+    const err = body && body.error;
+    super(err ? `${err.message} (${err.code})` : `HTTP ${status}`);
+    this.status = status;
+  }
+}
+
+function authHeaders() {
+  const key = sessionStorage.getItem(KEY_STORAGE);
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+// GET a JSON document of the API; throws Unauthorized on 401 and ApiFailure on any other error.
+async function api(path) {
+  const res = await fetch(path, { headers: { ...authHeaders(), Accept: "application/json" } });
+  if (res.status === 401) throw new Unauthorized();
+  const body = await res.json().catch(() => null);
+  if (!res.ok) throw new ApiFailure(res.status, body);
+  return body;
+}
+
+// Read a Server-Sent-Events response, calling onEvent(name, data) per event, until the server ends it.
+async function readEvents(path, onEvent, signal) {
+  const res = await fetch(path, { headers: { ...authHeaders(), Accept: "text/event-stream" }, signal });
+  if (res.status === 401) throw new Unauthorized();
+  if (!res.ok) throw new ApiFailure(res.status, await res.json().catch(() => null));
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith(":")) continue; // a keep-alive comment
+        if (line.startsWith("event:")) name = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+      }
+      if (data.length) onEvent(name, JSON.parse(data.join("\n")));
+    }
+  }
+}
+
+function setStatus(text) {
+  $("status").textContent = text || "";
+}
+
+// Show one of the three views (key prompt, stream list, one stream).
+function show(viewId) {
+  for (const id of ["key-view", "list-view", "stream-view"]) $(id).hidden = id !== viewId;
+  $("forget-key").hidden = !sessionStorage.getItem(KEY_STORAGE);
+}
+
+// Ask for a key; `then` runs once one is entered.
+function askForKey(then, message) {
+  show("key-view");
+  setStatus("");
+  $("key-error").textContent = message || "";
+  $("key-input").value = "";
+  $("key-input").focus();
+  $("key-form").onsubmit = (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(KEY_STORAGE, $("key-input").value.trim());
+    then();
+  };
+}
+
+// A key the API refused is dropped and asked for again.
+function keyRefused(then) {
+  const had = sessionStorage.getItem(KEY_STORAGE);
+  sessionStorage.removeItem(KEY_STORAGE);
+  askForKey(then, had ? "The API did not accept this key." : "");
+}
+
+// ----------------------------------------------------------------------------------------- stream list
+
+async function listStreams() {
+  const all = [];
+  let cursor = null;
+  do {
+    const query = cursor ? `?limit=1000&cursor=${encodeURIComponent(cursor)}` : "?limit=1000";
+    const page = await api(`/v1/streams${query}`);
+    all.push(...page.streams);
+    cursor = page.next_cursor;
+  } while (cursor && all.length < 10000);
+  return all;
+}
+
+function cell(row, text, className) {
+  const td = row.insertCell();
+  td.textContent = text;
+  if (className) td.className = className;
+  return td;
+}
+
+async function runListView() {
+  for (;;) {
+    let streams;
+    try {
+      streams = await listStreams();
+    } catch (err) {
+      if (err instanceof Unauthorized) return keyRefused(runListView);
+      setStatus(`Could not list the streams: ${err.message}`);
+      await sleep(LIST_REFRESH_MS);
+      continue;
+    }
+    show("list-view");
+    setStatus("");
+    const body = $("streams").tBodies[0];
+    body.replaceChildren();
+    for (const s of streams) {
+      const row = body.insertRow();
+      row.dataset.streamId = s.stream_id;
+      const link = document.createElement("a");
+      link.href = `/streams/${encodeURIComponent(s.stream_id)}`;
+      link.textContent = s.stream_id;
+      cell(row, "").appendChild(link);
+      cell(row, s.model ? s.model.family : "");
+      cell(row, s.operator ? `${s.method} (${s.operator})` : s.method);
+      cell(row, String(s.step), "num");
+      cell(row, s.updated_at || "");
+    }
+    $("list-empty").hidden = streams.length > 0;
+    await sleep(LIST_REFRESH_MS);
+  }
+}
+
+// ----------------------------------------------------------------------------------------- one stream
+
+const view = {
+  id: null,
+  doc: null, // the latest stream document (summary without cov after updates)
+  dim: 0,
+  history: [], // {step, mean, std, lei, ess} sorted by step, one per step seen
+  cloud: null, // {step, points: [[..]], logWeights: [..]}
+  fetching: false, // a particle read in flight
+  stale: false, // an update arrived while it was in flight
+};
+
+// Add a per-step entry (or replace the one of the same step) keeping history sorted by step.
+function remember(entry) {
+  const h = view.history;
+  let i = h.length;
+  while (i > 0 && h[i - 1].step > entry.step) i--;
+  if (i > 0 && h[i - 1].step === entry.step) {
+    // keep a known increment when the new entry (from a stream document) has none
+    h[i - 1] = { ...entry, lei: entry.lei ?? h[i - 1].lei };
+  } else {
+    h.splice(i, 0, entry);
+  }
+  if (h.length > MAX_HISTORY) h.splice(0, h.length - MAX_HISTORY);
+}
+
+function fillSelect(select, dim, chosen) {
+  if (select.options.length === dim) return;
+  select.replaceChildren();
+  for (let j = 0; j < dim; j++) select.add(new Option(`x[${j}]`, String(j)));
+  select.value = String(Math.min(chosen, dim - 1));
+}
+
+// The stream document arrived (first event of a feed): facts, selectors, the current point of the traces.
+function onDocument(doc) {
+  view.doc = doc;
+  view.dim = doc.state_dim || doc.summary.mean.length;
+  $("family").textContent = doc.model.family;
+  $("method").textContent = doc.operator ? `${doc.method} (${doc.operator})` : doc.method;
+  $("particles").textContent = String(doc.num_particles);
+  fillSelect($("dim-x"), view.dim, 0);
+  fillSelect($("dim-y"), view.dim, 1);
+  const s = doc.summary;
+  remember({ step: doc.step, mean: s.mean, std: s.std, lei: null, ess: s.ess });
+  onStep(doc);
+}
+
+// An update event: every per-step entry it carries goes into the history.
+function onUpdate(ev) {
+  if (view.doc && ev.step <= view.doc.step) return; // an older event, delivered late
+  for (const p of ev.per_step) {
+    remember({ step: p.step, mean: p.mean, std: p.std, lei: p.log_evidence_increment, ess: p.ess });
+  }
+  view.doc = { ...view.doc, step: ev.step, updated_at: ev.updated_at, summary: ev.summary };
+  onStep(view.doc);
+}
+
+function onStep(doc) {
+  $("step").textContent = String(doc.step);
+  $("updated").textContent = doc.updated_at;
+  $("log-evidence").textContent = doc.summary.log_evidence.toFixed(3);
+  $("history-count").textContent = String(view.history.length);
+  refreshCloud();
+  drawTraces();
+}
+
+// Re-read the particles; updates that arrive meanwhile cause one more read when it is done.
+async function refreshCloud() {
+  if (view.fetching) {
+    view.stale = true;
+    return;
+  }
+  view.fetching = true;
+  try {
+    do {
+      view.stale = false;
+      const step = view.doc.step;
+      const got = await api(`/v1/streams/${encodeURIComponent(view.id)}/particles`);
+      view.cloud = { step, points: got.particles, logWeights: got.log_weights };
+      drawCloud();
+    } while (view.stale);
+  } catch (err) {
+    if (!(err instanceof Unauthorized)) setStatus(`Could not read the particles: ${err.message}`);
+  } finally {
+    view.fetching = false;
+  }
+}
+
+// Follow the stream's feed for as long as the page is open, reconnecting after each feed ends.
+async function runStreamView(id) {
+  view.id = id;
+  $("stream-id").textContent = id;
+  setStatus("Connecting…");
+  let backoff = 500;
+  for (;;) {
+    try {
+      await readEvents(`/v1/streams/${encodeURIComponent(id)}/events`, (name, data) => {
+        if (name === "stream") {
+          show("stream-view");
+          setStatus("");
+          setLive(true);
+          onDocument(data);
+        } else if (name === "update") onUpdate(data);
+        else if (name === "error") setStatus(`The service reports: ${data.error.message}`);
+      });
+      backoff = 500; // the server ended a feed normally: reconnect now
+    } catch (err) {
+      if (err instanceof Unauthorized) return keyRefused(() => runStreamView(id));
+      if (err instanceof ApiFailure && err.status === 404) {
+        show("stream-view");
+        setStatus(`No stream ${JSON.stringify(id)} for this key (it may have expired or been deleted).`);
+        setLive(false, "not found");
+        return;
+      }
+      setLive(false, "reconnecting…");
+      await sleep(backoff);
+      backoff = Math.min(backoff * 2, 10000);
+    }
+  }
+}
+
+function setLive(on, text) {
+  const el = $("live");
+  el.className = `live ${on ? "on" : "off"}`;
+  el.textContent = on ? "● live" : text;
+}
+
+// ----------------------------------------------------------------------------------------- drawing
+
+// A canvas sized to its CSS box at the device's pixel ratio; returns its context and CSS size.
+function surface(canvas) {
+  const ratio = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth;
+  const h = canvas.clientHeight;
+  if (canvas.width !== Math.round(w * ratio) || canvas.height !== Math.round(h * ratio)) {
+    canvas.width = Math.round(w * ratio);
+    canvas.height = Math.round(h * ratio);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  return { ctx, w, h };
+}
+
+// About n round tick values covering [lo, hi].
+function ticks(lo, hi, n) {
+  const raw = (hi - lo) / Math.max(n, 1);
+  const mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const out = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9 * step; t += step) out.push(Math.abs(t) < step * 1e-9 ? 0 : t);
+  return out;
+}
+
+function label(t) {
+  return Math.abs(t) >= 1e4 || (Math.abs(t) < 1e-3 && t !== 0) ? t.toExponential(1) : String(+t.toPrecision(4));
+}
+
+// [lo, hi] of finite values, widened by a margin (and to a non-empty interval).
+function extent(values, margin = 0.06) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (v === null || !Number.isFinite(v)) continue;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  if (lo === Infinity) return [0, 1];
+  const pad = (hi - lo) * margin || Math.abs(lo) * 0.1 || 1;
+  return [lo - pad, hi + pad];
+}
+
+// Axes with ticks in a plot area; returns the data → pixel maps.
+function axes(ctx, w, h, xr, yr, xLabel, yLabel) {
+  const box = { left: 52, right: w - 10, top: 8, bottom: h - 26 };
+  const px = (x) => box.left + ((x - xr[0]) / (xr[1] - xr[0])) * (box.right - box.left);
+  const py = (y) => box.bottom - ((y - yr[0]) / (yr[1] - yr[0])) * (box.bottom - box.top);
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#6b7385";
+  ctx.strokeStyle = "#eef0f4";
+  ctx.lineWidth = 1;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  for (const t of ticks(xr[0], xr[1], Math.max(2, Math.floor(w / 90)))) {
+    ctx.beginPath();
+    ctx.moveTo(px(t), box.top);
+    ctx.lineTo(px(t), box.bottom);
+    ctx.stroke();
+    ctx.fillText(label(t), px(t), box.bottom + 4);
+  }
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const t of ticks(yr[0], yr[1], Math.max(2, Math.floor(h / 40)))) {
+    ctx.beginPath();
+    ctx.moveTo(box.left, py(t));
+    ctx.lineTo(box.right, py(t));
+    ctx.stroke();
+    ctx.fillText(label(t), box.left - 5, py(t));
+  }
+  ctx.strokeStyle = "#b8bfcc";
+  ctx.strokeRect(box.left, box.top, box.right - box.left, box.bottom - box.top);
+  ctx.fillStyle = "#1d2330";
+  ctx.textAlign = "right";
+  ctx.textBaseline = "bottom";
+  if (xLabel) ctx.fillText(xLabel, box.right - 2, box.bottom - 2);
+  ctx.textAlign = "left";
+  ctx.textBaseline = "top";
+  if (yLabel) ctx.fillText(yLabel, box.left + 4, box.top + 3);
+  return { px, py, box };
+}
+
+// A line through (xs[i], ys[i]), broken where a value is missing or steps are not consecutive (history has
+// gaps when a feed was reconnected). For a trace over time xs is steps itself.
+function polyline(ctx, steps, xs, ys, px, py) {
+  ctx.beginPath();
+  let pen = false;
+  for (let i = 0; i < steps.length; i++) {
+    if (ys[i] === null || !Number.isFinite(ys[i])) {
+      pen = false;
+      continue;
+    }
+    const gap = i > 0 && steps[i] - steps[i - 1] > 1;
+    if (!pen || gap) ctx.moveTo(px(xs[i]), py(ys[i]));
+    else ctx.lineTo(px(xs[i]), py(ys[i]));
+    pen = true;
+  }
+  ctx.stroke();
+}
+
+function maxOf(values) {
+  let m = -Infinity;
+  for (const v of values) if (v > m) m = v;
+  return m;
+}
+
+// The band lo..hi over steps, one polygon per run of consecutive steps.
+function band(ctx, steps, lo, hi, px, py) {
+  let start = 0;
+  for (let i = 1; i <= steps.length; i++) {
+    if (i < steps.length && steps[i] - steps[i - 1] === 1) continue;
+    ctx.beginPath();
+    for (let j = start; j < i; j++) ctx.lineTo(px(steps[j]), py(hi[j]));
+    for (let j = i - 1; j >= start; j--) ctx.lineTo(px(steps[j]), py(lo[j]));
+    ctx.closePath();
+    ctx.fill();
+    start = i;
+  }
+}
+
+// A small FNV-1a hash of the drawn coordinates: lets a test see that the plotted points changed.
+function fingerprint(points, jx, jy) {
+  let h = 0x811c9dc5;
+  for (const p of points) {
+    const s = `${p[jx].toFixed(6)},${p[jy].toFixed(6)};`;
+    for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
+  }
+  return (h >>> 0).toString(16);
+}
+
+// Weighted mean and covariance of two coordinates (for the 95% ellipse).
+function moments2(points, weights, jx, jy) {
+  let mx = 0;
+  let my = 0;
+  for (let i = 0; i < points.length; i++) {
+    mx += weights[i] * points[i][jx];
+    my += weights[i] * points[i][jy];
+  }
+  let sxx = 0;
+  let syy = 0;
+  let sxy = 0;
+  for (let i = 0; i < points.length; i++) {
+    const dx = points[i][jx] - mx;
+    const dy = points[i][jy] - my;
+    sxx += weights[i] * dx * dx;
+    syy += weights[i] * dy * dy;
+    sxy += weights[i] * dx * dy;
+  }
+  return { mx, my, sxx, syy, sxy };
+}
+
+// The particle cloud in the chosen dimensions: scatter (opacity ∝ weight) or a weighted 2-D histogram,
+// the posterior-mean path from the history and the 95% ellipse of the cloud's Gaussian moments.
+function drawCloud() {
+  const canvas = $("cloud");
+  const cloud = view.cloud;
+  if (!cloud || !cloud.points.length) return;
+  const jx = Number($("dim-x").value || 0);
+  const jy = Number($("dim-y").value || Math.min(1, view.dim - 1));
+  const all = cloud.points;
+  const stride = Math.ceil(all.length / MAX_POINTS);
+  const idx = [];
+  for (let i = 0; i < all.length; i += stride) idx.push(i);
+  const points = idx.map((i) => all[i]);
+  // normalised weights of all particles (log-sum-exp), and of the drawn ones relative to their largest
+  const lwMax = maxOf(cloud.logWeights);
+  const wAll = cloud.logWeights.map((lw) => Math.exp(lw - lwMax));
+  const wSum = wAll.reduce((a, b) => a + b, 0);
+  const weights = wAll.map((w) => w / wSum);
+  const drawnW = idx.map((i) => wAll[i]);
+  const drawnMax = maxOf(drawnW);
+
+  const path = view.history.map((e) => [e.mean[jx], e.mean[jy]]);
+  const fitted = $("cloud-fit").value === "cloud" ? [] : path; // what the axes must show besides the cloud
+  const xr = extent(points.map((p) => p[jx]).concat(fitted.map((p) => p[0])));
+  const yr = extent(points.map((p) => p[jy]).concat(fitted.map((p) => p[1])));
+  const { ctx, w, h } = surface(canvas);
+  const { px, py, box } = axes(ctx, w, h, xr, yr, `x[${jx}]`, `x[${jy}]`);
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(box.left, box.top, box.right - box.left, box.bottom - box.top);
+  ctx.clip();
+
+  if ($("cloud-mode").value === "density") {
+    const bins = Math.max(12, Math.min(64, Math.round(2 * Math.sqrt(all.length)))); // ~N/4 particles per row
+    const grid = new Float64Array(bins * bins);
+    for (let i = 0; i < all.length; i++) {
+      const bx = Math.floor(((all[i][jx] - xr[0]) / (xr[1] - xr[0])) * bins);
+      const by = Math.floor(((all[i][jy] - yr[0]) / (yr[1] - yr[0])) * bins);
+      if (bx >= 0 && bx < bins && by >= 0 && by < bins) grid[by * bins + bx] += weights[i];
+    }
+    const top = maxOf(grid);
+    const cw = (box.right - box.left) / bins;
+    const ch = (box.bottom - box.top) / bins;
+    for (let by = 0; by < bins; by++) {
+      for (let bx = 0; bx < bins; bx++) {
+        const v = grid[by * bins + bx] / top;
+        if (v <= 0) continue;
+        ctx.fillStyle = `rgba(37, 99, 235, ${0.08 + 0.92 * Math.sqrt(v)})`;
+        ctx.fillRect(box.left + bx * cw, box.bottom - (by + 1) * ch, cw + 0.5, ch + 0.5);
+      }
+    }
+  } else {
+    const weighted = WEIGHTED.has(view.doc.method);
+    for (let k = 0; k < points.length; k++) {
+      const alpha = weighted ? 0.06 + 0.74 * (drawnW[k] / drawnMax) : 0.35;
+      ctx.fillStyle = `rgba(37, 99, 235, ${alpha.toFixed(3)})`;
+      ctx.beginPath();
+      ctx.arc(px(points[k][jx]), py(points[k][jy]), 2.2, 0, 2 * Math.PI);
+      ctx.fill();
+    }
+  }
+
+  // the 95% region of the Gaussian with the cloud's weighted moments: eigen-decomposition of the 2×2 covariance
+  const m = moments2(all, weights, jx, jy);
+  const tr = (m.sxx + m.syy) / 2;
+  const disc = Math.sqrt(Math.max(0, ((m.sxx - m.syy) / 2) ** 2 + m.sxy ** 2));
+  const angle = 0.5 * Math.atan2(2 * m.sxy, m.sxx - m.syy);
+  const r1 = Math.sqrt(CHI2_2D_95 * Math.max(0, tr + disc));
+  const r2 = Math.sqrt(CHI2_2D_95 * Math.max(0, tr - disc));
+  if (jx !== jy) {
+    ctx.strokeStyle = "#dc2626";
+    ctx.lineWidth = 1.6;
+    ctx.beginPath();
+    for (let t = 0; t <= 64; t++) {
+      const a = (t / 64) * 2 * Math.PI;
+      const ex = r1 * Math.cos(a);
+      const ey = r2 * Math.sin(a);
+      const x = m.mx + ex * Math.cos(angle) - ey * Math.sin(angle);
+      const y = m.my + ex * Math.sin(angle) + ey * Math.cos(angle);
+      if (t === 0) ctx.moveTo(px(x), py(y));
+      else ctx.lineTo(px(x), py(y));
+    }
+    ctx.stroke();
+  }
+
+  // the posterior mean over time (the tracked path), its latest point marked
+  ctx.strokeStyle = "#111827";
+  ctx.lineWidth = 1.5;
+  const steps = view.history.map((e) => e.step);
+  polyline(ctx, steps, path.map((p) => p[0]), path.map((p) => p[1]), px, py);
+  const last = path[path.length - 1];
+  if (last) {
+    ctx.fillStyle = "#111827";
+    ctx.beginPath();
+    ctx.arc(px(last[0]), py(last[1]), 4, 0, 2 * Math.PI);
+    ctx.fill();
+  }
+  ctx.restore();
+
+  // what a test (or a curious user) can read off the element
+  canvas.dataset.points = String(points.length);
+  canvas.dataset.step = String(cloud.step);
+  canvas.dataset.first = `${points[0][jx].toFixed(6)},${points[0][jy].toFixed(6)}`;
+  canvas.dataset.hash = fingerprint(points, jx, jy);
+  $("cloud-note").textContent =
+    `step ${cloud.step}, ${points.length}${points.length < all.length ? ` of ${all.length}` : ""} particles`;
+}
+
+// One trace over steps: `series` are {ys, color}; `bandOf` optionally gives {lo, hi, color}.
+function drawTrace(canvas, steps, series, yLabel, bandOf) {
+  const { ctx, w, h } = surface(canvas);
+  const values = series.flatMap((s) => s.ys).concat(bandOf ? bandOf.lo.concat(bandOf.hi) : []);
+  const xr = steps.length > 1 ? [steps[0], steps[steps.length - 1]] : [steps[0] - 1, steps[0] + 1];
+  const { px, py } = axes(ctx, w, h, xr, extent(values), "", yLabel);
+  if (bandOf) {
+    ctx.fillStyle = bandOf.color;
+    band(ctx, steps, bandOf.lo, bandOf.hi, px, py);
+  }
+  for (const s of series) {
+    ctx.strokeStyle = s.color;
+    ctx.lineWidth = 1.6;
+    polyline(ctx, steps, steps, s.ys, px, py);
+    if (s.dots) {
+      ctx.fillStyle = s.color;
+      for (let i = 0; i < steps.length; i++) {
+        if (s.ys[i] === null) continue;
+        ctx.beginPath();
+        ctx.arc(px(steps[i]), py(s.ys[i]), 2, 0, 2 * Math.PI);
+        ctx.fill();
+      }
+    }
+  }
+}
+
+function bandDims() {
+  if (view.dim <= MAX_BAND_DIMS) return [...Array(view.dim).keys()];
+  return [...new Set([Number($("dim-x").value), Number($("dim-y").value)])];
+}
+
+// Mean ± 1.96 sd per dimension, the log-evidence increments and (weighted methods) the ESS.
+function drawTraces() {
+  const h = view.history;
+  if (!h.length) return;
+  const steps = h.map((e) => e.step);
+  const dims = bandDims();
+  const holder = $("bands");
+  if (holder.childElementCount !== dims.length || holder.dataset.dims !== dims.join(",")) {
+    holder.replaceChildren(...dims.map(() => document.createElement("canvas")));
+    holder.dataset.dims = dims.join(",");
+  }
+  dims.forEach((j, k) => {
+    const color = COLORS[k % COLORS.length];
+    const mean = h.map((e) => e.mean[j]);
+    const lo = h.map((e) => e.mean[j] - 1.96 * e.std[j]);
+    const hi = h.map((e) => e.mean[j] + 1.96 * e.std[j]);
+    drawTrace(holder.children[k], steps, [{ ys: mean, color }], `x[${j}]`, { lo, hi, color: `${color}33` });
+  });
+
+  const lei = h.map((e) => e.lei);
+  drawTrace($("evidence"), steps, [{ ys: lei, color: "#7c3aed", dots: true }], "log p(o_m | past)");
+  const known = lei.filter((v) => v !== null);
+  $("evidence-note").textContent = known.length ? `latest ${known[known.length - 1].toFixed(3)}` : "";
+
+  const weighted = WEIGHTED.has(view.doc.method);
+  $("ess-figure").hidden = !weighted;
+  if (weighted) {
+    const ess = h.map((e) => e.ess);
+    drawTrace($("ess"), steps, [{ ys: ess, color: "#059669", dots: true }], `ESS (of ${view.doc.num_particles})`);
+    $("ess-note").textContent = `latest ${ess[ess.length - 1].toFixed(1)} of ${view.doc.num_particles}`;
+  }
+}
+
+// ----------------------------------------------------------------------------------------- start
+
+function start() {
+  $("forget-key").onclick = () => {
+    sessionStorage.removeItem(KEY_STORAGE);
+    window.location.reload();
+  };
+  for (const id of ["dim-x", "dim-y", "cloud-mode", "cloud-fit"]) {
+    $(id).onchange = () => {
+      drawCloud();
+      drawTraces();
+    };
+  }
+  window.addEventListener("resize", () => {
+    if (view.doc) {
+      drawCloud();
+      drawTraces();
+    }
+  });
+  const match = window.location.pathname.match(/^\/streams\/([^/]+)\/?$/);
+  if (match) runStreamView(decodeURIComponent(match[1]));
+  else runListView();
+}
+
+start();

