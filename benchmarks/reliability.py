@@ -82,7 +82,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import ssl
@@ -102,7 +101,7 @@ import numpy as np
 import torch
 
 from benchmarks.service_load import MODEL as LDS_MODEL
-from benchmarks.service_load import PRIOR, percentile
+from benchmarks.service_load import PRIOR, machine_meta, percentile
 from service.client import AsyncClient, AsyncStream, MpflowError, Retry
 from service.embedded import running_server
 from service.store import StreamStore
@@ -332,7 +331,7 @@ def kill_embedded(data_dir: Path) -> int | None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)
-    _wait_gone(pid)
+    wait_gone(pid)
     return pid
 
 
@@ -347,7 +346,8 @@ def _redis_warnings(path: Path, limit: int = 20) -> dict[str, int]:
     return dict(seen.most_common(limit))
 
 
-def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """The process exited (gone, or a zombie waiting for its parent or init to reap it) within ``timeout``."""
     import psutil
 
     deadline = time.monotonic() + timeout
@@ -931,7 +931,7 @@ def process_fault(
                 service.start()
                 result = asyncio.run(_process_fault_run(service, data_dir, mode, streams, steps, batch, at, progress))
                 pid = result.get("store_pid_after")
-            result["store_stopped_at_end"] = pid is not None and _wait_gone(pid) and running_server(data_dir) is None
+            result["store_stopped_at_end"] = pid is not None and wait_gone(pid) and running_server(data_dir) is None
         finally:
             kill_embedded(data_dir)
     label = {"app": "server SIGKILL (embedded store)", "app+store": "server + its Redis SIGKILL (embedded store)"}
@@ -1345,12 +1345,7 @@ def metadata(args: argparse.Namespace, load_before: tuple[float, ...]) -> dict[s
         f"retries: {FAULT_RETRY} under faults",
         "fault_load": {"model": LDS_MODEL, "prior": PRIOR, "method": FAULT_METHOD, "num_particles": FAULT_PARTICLES},
         "redis_server": redis_server_binary(),
-        "machine_cores": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
+        **machine_meta(load_before),
     }
 
 

@@ -34,9 +34,7 @@ import asyncio
 import collections
 import datetime as dt
 import json
-import math
 import os
-import re
 import tempfile
 import time
 import uuid
@@ -46,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -401,23 +400,24 @@ def fuzz_targets(
 
 
 def all_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(all_finite(v) for v in value)
+    """No NaN or infinity anywhere in a decoded JSON answer (checked by the standard library's strict encoder,
+    independently of the service's own guard)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
     return True
 
 
-def fallback_metric(text: str) -> dict[str, float]:
-    """{"family/method/fallback": count} of ``mpflow_update_fallbacks_total`` in a /metrics page."""
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'mpflow_update_fallbacks_total\{fallback="(\w+)",family="(\w+)",method="(\w+)"\} (\S+)', line)
-        if m:
-            out[f"{m.group(2)}/{m.group(3)}/{m.group(1)}"] = float(m.group(4))
-    return out
+def fallback_counts(metrics_text: str) -> dict[tuple[str, str, str], float]:
+    """{(family, method, fallback): count} of ``mpflow_update_fallbacks_total`` in a /metrics page."""
+    return {
+        (s.labels["family"], s.labels["method"], s.labels["fallback"]): s.value
+        for fam in text_string_to_metric_families(metrics_text)
+        if fam.name == "mpflow_update_fallbacks"
+        for s in fam.samples
+        if s.name == "mpflow_update_fallbacks_total"
+    }
 
 
 def numerical_faults(
@@ -429,7 +429,7 @@ def numerical_faults(
     values = EXTREME if values is None else values
     rows = []
     with httpx.Client(base_url=url, headers=headers or {}, timeout=120.0) as c:
-        before = fallback_metric(c.get("/metrics").text)
+        before = fallback_counts(c.get("/metrics").text)
         for fam in c.get("/v1/models").json()["families"]:
             family = fam["family"]
             params, obs = FAMILIES[family]
@@ -460,8 +460,8 @@ def numerical_faults(
                     row["non_finite_stored"] += got.status_code != 200 or not all_finite(got.json())
                 c.delete(f"/v1/streams/{sid}")
                 rows.append(row)
-        after = fallback_metric(c.get("/metrics").text)
-    metric = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(after) | set(before))}
+        after = fallback_counts(c.get("/metrics").text)
+    metric = {"/".join(k): after.get(k, 0) - before.get(k, 0) for k in sorted(set(after) | set(before))}
     return {"rows": rows, "metric_increase": {k: v for k, v in metric.items() if v}}
 
 

@@ -82,6 +82,20 @@ TARGETS = {"p50_ms_k1": 5.0, "updates_per_s_k64": 500.0, "batching_speedup_k64":
 # the server
 
 
+def machine_meta(load_before: Sequence[float]) -> dict[str, Any]:
+    """What a benchmark's JSON records of the machine: cores, load average before and after, versions."""
+    import torch  # only for its version: the load generator itself never needs it
+
+    return {
+        "machine_cores": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
 @dataclass
 class Store:
     """Where the servers keep their streams: ``env`` for the server process, ``label`` for the report."""
@@ -300,8 +314,6 @@ def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def metadata(args, store_label, methods, particles, ks, k_off, warmup_s, window_s, load_before) -> dict[str, Any]:
-    import torch
-
     return {
         "benchmark": "service_load",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -317,12 +329,7 @@ def metadata(args, store_label, methods, particles, ks, k_off, warmup_s, window_
         "unbatched_at_K": k_off,
         "warmup_s": warmup_s,
         "window_s": window_s,
-        "machine_cores": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
+        **machine_meta(load_before),
     }
 
 

@@ -13,8 +13,6 @@ real).
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,6 +22,7 @@ import pytest
 import torch
 from fastapi import FastAPI
 
+from benchmarks.reliability_input import FAMILIES, GAUSS2, all_finite, fallback_counts
 from operators.models import make_model
 from operators.models.priors import prior_from_spec
 from operators.updaters import UPDATERS, NonFiniteError, get_updater
@@ -36,15 +35,6 @@ redis_url = integration.redis_url  # the real-Redis fixture of the integration t
 # the iterative methods cut short: these tests are about what is stored, not about accuracy
 FAST = {
     "method_options": {"nvgd": {"max_iters": 3, "inner_steps": 3}, "gpf": {"max_iters": 60}, "svgd": {"max_iters": 10}}
-}
-GAUSS2 = {"type": "gaussian", "mean": [0.0, 0.5], "cov": [[1.0, 0.2], [0.2, 0.8]]}
-# family -> (params, observation of scale v)
-FAMILIES: dict[str, tuple[dict[str, Any], Callable[[float], Any]]] = {
-    "linear_gaussian": ({}, lambda v: [v, -v]),
-    "lds": ({"A": [[0.9, 0.1], [0.0, 0.8]], "B": [[1.0, 0.0]], "R": [[0.5]]}, lambda v: [v]),
-    "gmm": ({"s": 1.0}, lambda v: v),
-    "logistic": ({}, lambda v: {"x": [[v, 1.0], [1.0, -v], [0.5, 0.5]], "y": [1, 0, 1]}),
-    "stochastic_volatility": ({"phi": 0.9}, lambda v: [v, -v]),
 }
 # finite in float32 and far in the tails (1e30, 3e38 overflow float32 arithmetic inside the operators)
 EXTREME = [1e6, -1e6, 1e12, 1e30, -1e30, 3e38]
@@ -72,16 +62,6 @@ def run(url: str, *bodies: Body, prefix: str | None = None, **overrides: Any) ->
     return asyncio.run(main())
 
 
-def all_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(all_finite(v) for v in value)
-    return True
-
-
 async def stored_is_finite(c: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     """Read back everything stored for ``sid``; assert it is finite; the stream document."""
     doc = await c.get(f"/v1/streams/{sid}")
@@ -94,16 +74,6 @@ async def stored_is_finite(c: httpx.AsyncClient, sid: str) -> dict[str, Any]:
         all_finite(particles.json()["particles"]) and len(particles.json()["particles"]) == doc.json()["num_particles"]
     )
     return doc.json()
-
-
-def fallback_counts(metrics_text: str) -> dict[tuple[str, str, str], float]:
-    """{(family, method, fallback): count} of ``mpflow_update_fallbacks_total``."""
-    out = {}
-    for line in metrics_text.splitlines():
-        m = re.match(r'mpflow_update_fallbacks_total\{fallback="(\w+)",family="(\w+)",method="(\w+)"\} (\S+)', line)
-        if m:
-            out[(m.group(2), m.group(3), m.group(1))] = float(m.group(4))
-    return out
 
 
 def stream_spec(family: str, method: str, prior: dict[str, Any] | None = None, n: int = 16) -> dict[str, Any]:
