@@ -34,9 +34,7 @@ def predictive(log_likelihood: torch.Tensor, log_weights: torch.Tensor | None = 
     return torch.logsumexp(lw + ll, dim=-1)
 
 
-def kl_integration(
-    entropy_q0: torch.Tensor, mean_v_q0: torch.Tensor, kl_decrease: torch.Tensor
-) -> torch.Tensor:
+def kl_integration(entropy_q0: torch.Tensor, mean_v_q0: torch.Tensor, kl_decrease: torch.Tensor) -> torch.Tensor:
     """log Z = H[q0] − E_q0[V] − ∫ dKL/dt dt (eq. 6); ``kl_decrease`` is Σ_t ε_t dKL/dt (≤ 0)."""
     return (entropy_q0 - mean_v_q0 - kl_decrease).to(torch.float64)
 

@@ -19,9 +19,7 @@ def as_tensor(name: str, value, dtype: torch.dtype = DEFAULT_DTYPE) -> torch.Ten
     try:
         t = value.to(dtype) if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=dtype)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(
-            f"{name}: expected numbers in a (nested) list of equal-length rows ({exc})"
-        ) from None
+        raise ValueError(f"{name}: expected numbers in a (nested) list of equal-length rows ({exc})") from None
     if not torch.isfinite(t).all():
         raise ValueError(f"{name}: contains NaN or infinite values; send finite numbers only")
     return t

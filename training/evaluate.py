@@ -100,7 +100,7 @@ def mpf_updater(record: OperatorRecord) -> Updater:
 
 
 def method_updater(method: str, record: OperatorRecord) -> Updater:
-    """"mpf" → the operator, "mpf-base" → its untrained base flow, anything else → that registered method."""
+    """ "mpf" → the operator, "mpf-base" → its untrained base flow, anything else → that registered method."""
     if method == "mpf":
         return mpf_updater(record)
     return get_updater("mpf" if method == "mpf-base" else method)

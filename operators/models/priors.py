@@ -190,10 +190,7 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
         if not isinstance(covs_raw, list | tuple) or len(covs_raw) != len(w):
             raise ValueError(f"prior.covs: expected {len(w)} covariance matrices, one per component")
         covs = torch.stack(
-            [
-                validation.covariance(f"prior.covs[{k}]", c, means.shape[1], dtype)
-                for k, c in enumerate(covs_raw)
-            ]
+            [validation.covariance(f"prior.covs[{k}]", c, means.shape[1], dtype) for k, c in enumerate(covs_raw)]
         )
         return GaussianMixture((w / w.sum()).to(dtype)[None], means[None], covs[None])
     if kind == "particles":

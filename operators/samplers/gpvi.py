@@ -106,9 +106,7 @@ def _mlp(sizes: Sequence[int], generator: torch.Generator, zero_last: bool) -> n
 class InverseJacobianHelper(nn.Module):
     """h_η(z′[:k], v) ≈ J_f(z′)^{−T} v (eq. 9; architecture App. B.1 plus a linear skip in v)."""
 
-    def __init__(
-        self, dim: int, noise_dim: int, hidden: Sequence[int], lam: float, generator: torch.Generator
-    ):
+    def __init__(self, dim: int, noise_dim: int, hidden: Sequence[int], lam: float, generator: torch.Generator):
         super().__init__()
         self.skip = nn.utils.skip_init(nn.Linear, dim, dim, bias=False)
         with torch.no_grad():
@@ -205,9 +203,7 @@ class GPVIGenerator(nn.Module):
 
     # ---- training -----------------------------------------------------------------------------------------
 
-    def _helper_step(
-        self, zp: torch.Tensor, v: torch.Tensor, opt: torch.optim.Optimizer
-    ) -> tuple[torch.Tensor, float]:
+    def _helper_step(self, zp: torch.Tensor, v: torch.Tensor, opt: torch.optim.Optimizer) -> tuple[torch.Tensor, float]:
         """h_η(z′_j, v_ji) for all pairs, then one Adam step on eq. (10) with Jᵀh by VJP (eq. 11)."""
         mp, m, d = v.shape
         zpair = zp[:, None, :].expand(mp, m, d).reshape(mp * m, d).detach().requires_grad_(True)
@@ -272,15 +268,11 @@ class GPVIGenerator(nn.Module):
         if batch < 2:
             raise ValueError("batch: at least 2 (the kernel bandwidth needs log m > 0)")
         for name, value in (("lr", lr), ("helper_lr", helper_lr), ("final_lr", final_lr)):
-            if value is not None and not (
-                isinstance(value, int | float) and math.isfinite(value) and value > 0
-            ):
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a positive number, got {value!r}")
         gen = generator if generator is not None else rng.generator(0)
         opt_g = torch.optim.Adam(self.g.parameters(), lr=lr)
-        opt_h = (
-            None if self.config.exact_jacobian else torch.optim.Adam(self.helper.parameters(), lr=helper_lr)
-        )
+        opt_h = None if self.config.exact_jacobian else torch.optim.Adam(self.helper.parameters(), lr=helper_lr)
         decay = 1.0 if final_lr is None else (final_lr / lr) ** (1.0 / max(steps - 1, 1))
         hist = torch.empty(3, steps)
         d = self.dim

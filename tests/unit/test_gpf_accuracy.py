@@ -15,11 +15,7 @@ from operators.updaters.gpf import gaussian_particle_flow
 def gaussian_target(D, cond, seed):
     g = torch.Generator().manual_seed(seed)
     Q, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
-    Sigma = (
-        Q
-        @ torch.diag(torch.logspace(0, torch.log10(torch.tensor(cond)).item(), D, dtype=torch.float64))
-        @ Q.T
-    )
+    Sigma = Q @ torch.diag(torch.logspace(0, torch.log10(torch.tensor(cond)).item(), D, dtype=torch.float64)) @ Q.T
     mu = 2 * torch.randn(D, generator=g, dtype=torch.float64)
     L = torch.linalg.cholesky(Sigma)[None]
     return (

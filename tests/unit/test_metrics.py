@@ -17,7 +17,6 @@ from operators import gaussian, metrics, rng
 F64 = torch.float64
 
 
-
 def sample(mean: torch.Tensor, cov: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """n draws of N(mean, cov) → [n, d]."""
     L = gaussian.cholesky(cov[None])[0]

@@ -344,14 +344,27 @@ def test_prior_specs_parse():
         ({"type": "gaussian", "mean": [0, 0], "cov": [[1, 0], [0, INF]]}, 2, "prior.cov"),
         ({"type": "gaussian", "mean": [0, 0]}, 2, "prior.cov"),
         ({"type": "gaussian", "mean": [0, 0], "cov": [[1, 0], [0, 1]], "std": 1}, 2, "prior"),
-        ({"type": "mixture", "weights": [1, 1], "means": [[0, 0], [1, 1]], "covs": [[[1, 0], [0, 1]]]}, 2,
-         "prior.covs"),
-        ({"type": "mixture", "weights": [1, 1], "means": [[0, 0], [1, 1]],
-          "covs": [[[1, 0], [0, 1]], [[1, 2], [2, 1]]]}, 2, "prior.covs[1]"),
-        ({"type": "mixture", "weights": [1, 1], "means": [[0, 0]], "covs": [[[1, 0], [0, 1]]] * 2}, 2,
-         "prior.means"),
-        ({"type": "mixture", "weights": [1, -1], "means": [[0, 0], [1, 1]], "covs": [np.eye(2).tolist()] * 2},
-         2, "prior.weights"),
+        (
+            {"type": "mixture", "weights": [1, 1], "means": [[0, 0], [1, 1]], "covs": [[[1, 0], [0, 1]]]},
+            2,
+            "prior.covs",
+        ),
+        (
+            {
+                "type": "mixture",
+                "weights": [1, 1],
+                "means": [[0, 0], [1, 1]],
+                "covs": [[[1, 0], [0, 1]], [[1, 2], [2, 1]]],
+            },
+            2,
+            "prior.covs[1]",
+        ),
+        ({"type": "mixture", "weights": [1, 1], "means": [[0, 0]], "covs": [[[1, 0], [0, 1]]] * 2}, 2, "prior.means"),
+        (
+            {"type": "mixture", "weights": [1, -1], "means": [[0, 0], [1, 1]], "covs": [np.eye(2).tolist()] * 2},
+            2,
+            "prior.weights",
+        ),
         ({"type": "mixture", "weights": [], "means": [], "covs": []}, 2, "prior.weights"),
         ({"type": "particles", "particles": [[0, 1]]}, 2, "prior.particles"),
         ({"type": "particles", "particles": [[0, 1, 2], [1, 2, 3]]}, 2, "prior.particles"),
@@ -369,13 +382,21 @@ def test_bad_priors_name_the_field(spec, dim, field):
 def _mixtures() -> GaussianMixture:
     """A batch of two 2-component mixtures in float64 (B = 2, K = 2, d = 2)."""
     a = prior_from_spec(
-        {"type": "mixture", "weights": [0.3, 0.7], "means": [[-1.0, 0.5], [1.5, -0.5]],
-         "covs": [[[1.0, 0.3], [0.3, 0.5]], [[0.4, -0.1], [-0.1, 0.9]]]},
+        {
+            "type": "mixture",
+            "weights": [0.3, 0.7],
+            "means": [[-1.0, 0.5], [1.5, -0.5]],
+            "covs": [[[1.0, 0.3], [0.3, 0.5]], [[0.4, -0.1], [-0.1, 0.9]]],
+        },
         dtype=F64,
     )
     b = prior_from_spec(
-        {"type": "mixture", "weights": [0.5, 0.5], "means": [[0.0, 2.0], [3.0, 0.0]],
-         "covs": [[[2.0, 0.0], [0.0, 2.0]], [[0.2, 0.1], [0.1, 0.3]]]},
+        {
+            "type": "mixture",
+            "weights": [0.5, 0.5],
+            "means": [[0.0, 2.0], [3.0, 0.0]],
+            "covs": [[[2.0, 0.0], [0.0, 2.0]], [[0.2, 0.1], [0.1, 0.3]]],
+        },
         dtype=F64,
     )
     return GaussianMixture.stack([a, b])
@@ -393,14 +414,17 @@ def _np_mixture_logpdf(mix: GaussianMixture, b: int, x: np.ndarray) -> np.ndarra
 def _np_mixture_score(mix: GaussianMixture, b: int, x: np.ndarray) -> np.ndarray:
     """Σ_k r_k(x) Σ_k⁻¹ (μ_k − x)."""
     K = mix.weights.shape[1]
-    logc = np.stack([
-        math.log(float(mix.weights[b, k]))
-        + stats.multivariate_normal(mix.means[b, k].numpy(), mix.covs[b, k].numpy()).logpdf(x)
-        for k in range(K)
-    ])
+    logc = np.stack(
+        [
+            math.log(float(mix.weights[b, k]))
+            + stats.multivariate_normal(mix.means[b, k].numpy(), mix.covs[b, k].numpy()).logpdf(x)
+            for k in range(K)
+        ]
+    )
     r = np.exp(logc - logsumexp(logc, axis=0))
-    return sum(r[k][:, None] * np.linalg.solve(mix.covs[b, k].numpy(), (mix.means[b, k].numpy() - x).T).T
-               for k in range(K))
+    return sum(
+        r[k][:, None] * np.linalg.solve(mix.covs[b, k].numpy(), (mix.means[b, k].numpy() - x).T).T for k in range(K)
+    )
 
 
 def test_mixture_log_prob_and_score_closed_form():
@@ -418,10 +442,12 @@ def test_mixture_log_prob_and_score_closed_form():
     torch.testing.assert_close(sc, auto, atol=1e-10, rtol=1e-8)
     # a one-component mixture is the Gaussian it wraps
     g = GaussianMixture.gaussian(mix.means[:, 0], mix.covs[:, 0])
-    ref = np.stack([
-        stats.multivariate_normal(mix.means[b, 0].numpy(), mix.covs[b, 0].numpy()).logpdf(x[b].numpy())
-        for b in range(2)
-    ])
+    ref = np.stack(
+        [
+            stats.multivariate_normal(mix.means[b, 0].numpy(), mix.covs[b, 0].numpy()).logpdf(x[b].numpy())
+            for b in range(2)
+        ]
+    )
     np.testing.assert_allclose(g.log_prob(x).numpy(), ref, rtol=1e-10)
     want = torch.linalg.solve(mix.covs[:, 0][:, None], (mix.means[:, 0][:, None] - x)[..., None])[..., 0]
     torch.testing.assert_close(g.score(x), want, rtol=1e-10, atol=1e-10)  # Σ⁻¹ (μ − x)

@@ -71,6 +71,7 @@ def test_flow_step_integrates_the_forward_field():
         log_q = torch.zeros(1, 64)
         x1, lq1 = flow_step(net, model, obs, x, log_q, steps=40)
         ctx = net.context(x, linearised_likelihood(model, obs, x))
+
         def field(xt, lam, model=model, obs=obs, ctx=ctx):
             return net(xt, lam, model.score(obs, xt), ctx)
 

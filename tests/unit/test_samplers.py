@@ -168,9 +168,7 @@ def test_gpvi_helper_learns_inverse_transpose_jacobian() -> None:
     opt = torch.optim.Adam(gen.helper.parameters(), lr=1e-2)
     g = rng.generator(1)
     for _ in range(400):
-        gen.functional_gradient(
-            torch.randn(10, 3, generator=g), torch.randn(10, 3, generator=g), lambda x: -x, opt
-        )
+        gen.functional_gradient(torch.randn(10, 3, generator=g), torch.randn(10, 3, generator=g), lambda x: -x, opt)
     v = torch.randn(50, 3, generator=g)
     h = gen.helper(torch.zeros(50, 3), v)
     want = torch.linalg.solve(J.T, v.T).T

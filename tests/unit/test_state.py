@@ -24,7 +24,6 @@ FAST = {"max_iters": 20, "inner_steps": 10}
 N, D = 16, 2
 
 
-
 def updater(name: str):
     cls = UPDATERS[name]
     return get_updater(name, **{k: v for k, v in FAST.items() if k in cls.defaults})

@@ -29,7 +29,6 @@ FAST = {"max_iters": 40, "inner_steps": 10}
 FAST_PER_METHOD = {"nvgd": {"max_iters": 5, "inner_steps": 10}}
 
 
-
 def make_updater(name: str) -> Updater:
     cls = UPDATERS[name]
     opts = {k: v for k, v in {**FAST, **FAST_PER_METHOD.get(name, {})}.items() if k in cls.defaults}
@@ -247,10 +246,7 @@ def test_nan_observation_raises(method, family):
 
 
 EXTREME = [
-    (m, f, v)
-    for m in sorted(UPDATERS)
-    for f in ("linear_gaussian", "stochastic_volatility")
-    for v in (1e6, -1e6)
+    (m, f, v) for m in sorted(UPDATERS) for f in ("linear_gaussian", "stochastic_volatility") for v in (1e6, -1e6)
 ]
 
 
