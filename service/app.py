@@ -110,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.auth = Authenticator(settings.api_key_tenants)
     redact_secrets_in_logs()  # uvicorn logs WebSocket paths with their query string (?api_key=...)
+    ws.quiet_denial_noise()
     app.state.operators = OperatorCatalogue(settings.operator_dir_list)
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
     app.include_router(routes.api)
