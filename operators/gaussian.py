@@ -66,6 +66,18 @@ def affine_push(
     return m, 0.5 * (C + C.transpose(-1, -2))
 
 
+#: Liu & West (2001) choose a = (3δ − 1) / (2δ) from a discount factor δ ∈ [0.95, 0.99], so a ∈ [0.974, 0.995]
+LIU_WEST_SHRINKAGE = 0.98
+
+
+def liu_west(x: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor, a: float, xi: torch.Tensor) -> torch.Tensor:
+    """The Liu–West (1999) shrinkage kernel a x + (1 − a) m + √(1 − a²) L ξ for x, ξ [..., n, d], m [..., d],
+    L [..., d, d] (LLᵀ = C): a draw from the kernel density of a cloud with mean m and covariance C whose
+    centres are shrunk towards m so that the mixture keeps m and C exactly (a² C + (1 − a²) C = C) — unlike a
+    plain KDE, wider than its cloud by the kernel."""
+    return a * x + (1.0 - a) * mean[..., None, :] + math.sqrt(1.0 - a * a) * xi @ chol.transpose(-1, -2)
+
+
 def match_moments(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
     """Affinely map the cloud x so that its empirical mean and covariance equal (mean, cov) exactly:
     x' = m + L_target L_emp⁻¹ (x − m_emp). Needs N > d (a full-rank empirical covariance)."""

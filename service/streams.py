@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from operators.models import make_model
+from operators.models import FAMILIES, make_model
 from operators.models.base import ModelFamily
 from operators.models.priors import prior_from_spec
 from operators.state import ParticleState
@@ -302,8 +302,9 @@ class StreamService:
         if n <= 0:
             return None
         weighted = UPDATERS[meta["method"]].weighted if meta["method"] in UPDATERS else True
+        gaussian_posterior = FAMILIES[meta["model"]["family"]].linear_gaussian
         seed = summaries.sample_seed(meta["seed"], int(state.step[0]))
-        return summaries.draw(state, n, weighted=weighted, seed=seed).tolist()
+        return summaries.draw(state, n, weighted=weighted, seed=seed, gaussian_posterior=gaussian_posterior).tolist()
 
     async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await self._read(tenant, stream_id)

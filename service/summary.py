@@ -15,10 +15,16 @@ Draws (``n`` may exceed N):
 * exact Gaussian: m + L ξ, L Lᵀ = P;
 * weighted clouds (``smc``): multinomial resampling of the particles by their weights — the SMC approximation
   itself;
-* unweighted clouds: the Gaussian N(m, C) the cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i,
-  :class:`~operators.samplers.GaussianFlowResampler`) draws it without a factorisation but costs O(n N d); when
-  N ≥ ``CHOLESKY_RATIO``·d the covariance has full rank and m + L ξ with L Lᵀ = C gives the same distribution
-  in O(d³ + n d²), so that is used; below (N close to or under d, a rank-deficient C) the resampler is.
+* unweighted clouds of a model whose posterior is Gaussian (linear-Gaussian families): the Gaussian N(m, C) the
+  cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i, :class:`~operators.samplers.GaussianFlowResampler`)
+  draws it without a factorisation but costs O(n N d); when N ≥ ``CHOLESKY_RATIO``·d the covariance has full
+  rank and m + L ξ with L Lᵀ = C gives the same distribution in O(d³ + n d²), so that is used; below (N close to
+  or under d, a rank-deficient C) the resampler is;
+* unweighted clouds of any other model (a multimodal ``gmm`` posterior, say): the cloud's shrunk kernel density
+  — a uniformly chosen particle moved by the Liu–West kernel a x_i + (1 − a) m + √(1 − a²) L ξ, a = 0.98 as in
+  ``smc``'s rejuvenation (:func:`operators.gaussian.liu_west`): it keeps the cloud's modes, and its mean and
+  covariance exactly (a Gaussian fit would fill the space between modes). Silverman's factor (√(1 − a²) ≈ 0.4
+  at N = 256, d = 2) would smear modes that are narrow against C: the kernel is L ξ, C's factor, not the modes'.
 
 Draws use a generator seeded from (stream seed, step): the same stream at the same step gives the same draws.
 """
@@ -131,14 +137,20 @@ def sample_seed(seed: int, step: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def draw(state: ParticleState, n: int, *, weighted: bool, seed: int) -> torch.Tensor:
-    """n draws [n, d] from the stream's posterior approximation (module docstring)."""
+def draw(state: ParticleState, n: int, *, weighted: bool, seed: int, gaussian_posterior: bool = True) -> torch.Tensor:
+    """n draws [n, d] from the stream's posterior approximation (module docstring); ``gaussian_posterior``: the
+    model's posterior is Gaussian (linear-Gaussian families), so an unweighted cloud stands for N(m, C)."""
     post = Posterior.of(state)
     g = generator(seed)
     n_particles, d = post.x.shape
     if post.exact is None and weighted:
         idx = torch.multinomial(post.w, n, replacement=True, generator=g)
         return post.x[idx]
+    if post.exact is None and not gaussian_posterior and n_particles > d:
+        mean, cov = post.moments()
+        idx = torch.randint(n_particles, (n,), generator=g)
+        xi = torch.randn(n, d, generator=g, dtype=torch.float64)
+        return gaussian.liu_west(post.x[idx], mean, gaussian.cholesky(cov), gaussian.LIU_WEST_SHRINKAGE, xi)
     if post.exact is None and n_particles < CHOLESKY_RATIO * d:
         return GaussianFlowResampler(post.x[None]).sample(n, [g])[0]
     mean, cov = post.moments()

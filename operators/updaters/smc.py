@@ -37,7 +37,7 @@ def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Ten
 class SMCUpdater(Updater):
     name = "smc"
     weighted = True
-    defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": 0.98}
+    defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
@@ -76,5 +76,4 @@ class SMCUpdater(Updater):
         a = float(self.options["shrinkage"])
         mean, cov = gaussian.moments(x.to(torch.float64), lw)
         L = gaussian.cholesky(cov).to(x.dtype)
-        xi = randn(gens, list(xr.shape[1:]), x.dtype)
-        return a * xr + (1 - a) * mean.to(x.dtype)[:, None] + math.sqrt(1 - a * a) * xi @ L.transpose(-1, -2)
+        return gaussian.liu_west(xr, mean.to(x.dtype), L, a, randn(gens, list(xr.shape[1:]), x.dtype))
