@@ -41,7 +41,7 @@ from service.streams import StreamService
 bearer = HTTPBearer(auto_error=False, description="an API key of MPFLOW_API_KEYS (when auth is on)")
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     text = {
         400: "malformed JSON",
         401: "missing or invalid API key",
@@ -85,7 +85,7 @@ ops = APIRouter(tags=["operations"])
     "/streams",
     status_code=201,
     response_model=StreamDocument,
-    responses=_errors(400, 401, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 409, 413, 422, 503),
     summary="Create a stream",
 )
 async def create_stream(request: Request, body: CreateStreamRequest, tenant: Tenant) -> Response:
@@ -97,7 +97,7 @@ async def create_stream(request: Request, body: CreateStreamRequest, tenant: Ten
 @api.post(
     "/streams/{stream_id}/observations",
     response_model=ObservationResult,
-    responses=_errors(400, 401, 404, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 503),
     summary="Apply observations (seq: exactly once)",
 )
 async def observe(request: Request, stream_id: str, body: ObservationsRequest, tenant: Tenant) -> Response:
@@ -110,7 +110,7 @@ async def observe(request: Request, stream_id: str, body: ObservationsRequest, t
 @api.get(
     "/streams/{stream_id}",
     response_model=StreamDocument,
-    responses=_errors(401, 404, 503),
+    responses=error_responses(401, 404, 503),
     summary="The stream document",
 )
 async def get_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
@@ -123,7 +123,7 @@ async def get_stream(request: Request, stream_id: str, tenant: Tenant) -> Respon
 @api.get(
     "/streams/{stream_id}/samples",
     response_model=SamplesResponse,
-    responses=_errors(401, 404, 413, 422, 503),
+    responses=error_responses(401, 404, 413, 422, 503),
     summary="Draws from the current posterior",
 )
 async def get_samples(
@@ -139,7 +139,7 @@ async def get_samples(
 @api.get(
     "/streams/{stream_id}/particles",
     response_model=ParticlesResponse,
-    responses=_errors(401, 404, 503),
+    responses=error_responses(401, 404, 503),
     summary="The particles and their log-weights",
 )
 async def get_particles(request: Request, stream_id: str, tenant: Tenant) -> Response:
@@ -151,7 +151,7 @@ async def get_particles(request: Request, stream_id: str, tenant: Tenant) -> Res
     "/streams/{stream_id}",
     status_code=204,
     response_class=Response,
-    responses=_errors(401, 404, 503),
+    responses=error_responses(401, 404, 503),
     summary="Delete a stream",
 )
 async def delete_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
@@ -160,7 +160,9 @@ async def delete_stream(request: Request, stream_id: str, tenant: Tenant) -> Res
     return Response(status_code=204)
 
 
-@api.get("/streams", response_model=StreamList, responses=_errors(401, 422, 503), summary="The tenant's streams")
+@api.get(
+    "/streams", response_model=StreamList, responses=error_responses(401, 422, 503), summary="The tenant's streams"
+)
 async def list_streams(
     request: Request,
     tenant: Tenant,
@@ -173,20 +175,20 @@ async def list_streams(
 @api.post(
     "/observations:batch",
     response_model=BatchResponse,
-    responses=_errors(400, 401, 413, 422),
+    responses=error_responses(400, 401, 413, 422),
     summary="Observations for many streams (each update on its own)",
 )
 async def observe_batch(request: Request, body: BatchRequest, tenant: Tenant) -> Response:
     return JSONResponse({"results": await _service(request).batch(tenant, body)})
 
 
-@api.get("/models", response_model=ModelsResponse, responses=_errors(401), tags=["catalogue"])
+@api.get("/models", response_model=ModelsResponse, responses=error_responses(401), tags=["catalogue"])
 async def list_models(request: Request, tenant: Tenant) -> Response:
     families = catalogue.models(request.app.state.settings.max_state_dim)
     return JSONResponse({"families": families, "methods": sorted(UPDATERS)})
 
 
-@api.get("/operators", response_model=OperatorsResponse, responses=_errors(401), tags=["catalogue"])
+@api.get("/operators", response_model=OperatorsResponse, responses=error_responses(401), tags=["catalogue"])
 async def list_operators(request: Request, tenant: Tenant) -> Response:
     return JSONResponse({"operators": request.app.state.operators.to_json()})
 

@@ -198,6 +198,9 @@ def test_page_follows_a_tracking_stream_live(browser) -> None:
 def test_events_feed_pushes_each_applied_update() -> None:
     """GET /v1/streams/{id}/events: the document, then one event per update (with every step of a batch)."""
     with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+        documented = client.get("/openapi.json").json()["paths"]["/v1/streams/{stream_id}/events"]["get"]
+        assert "text/event-stream" in documented["responses"]["200"]["content"]
+        assert {"404", "503"} <= set(documented["responses"])  # (401 only where keys are on)
         ex = _example()
         _tracking_stream(client, ex, "feed-1", "kalman", 16)
         with client.stream("GET", "/v1/streams/feed-1/events") as feed:
