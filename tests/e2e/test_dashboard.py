@@ -6,7 +6,7 @@ follow them live — the step counter and the plotted particles change — witho
 With API keys on, the page asks for a key and shows only that key's tenant's streams.
 
 Screenshots go to ``tests/artifacts/`` (git-ignored); ``dashboard_tracking.png`` — a 30-step constant-velocity
-tracking run — is the one in the README (``docs/dashboard.png``).
+tracking run — is the one in the README (``service/dashboard/screenshot.png``).
 
 Skipped, with the reason, without Chromium, Playwright or a reachable Redis (failed instead under ``CI``).
 """
