@@ -13,15 +13,21 @@ import torch
 LOG_2PI = math.log(2 * math.pi)
 
 
+class NotPositiveDefinite(ValueError):  # noqa: N818 (reads as the condition, like LinAlgError's messages)
+    """A covariance that stays non-positive-definite with every jitter :func:`cholesky` tries (a collapsed or
+    overflowed particle cloud, a degenerate prior)."""
+
+
 def cholesky(cov: torch.Tensor, jitter: float = 0.0) -> torch.Tensor:
-    """Lower Cholesky factor of ``cov``, retrying with growing jitter·mean(diag)·I if it is not PD."""
+    """Lower Cholesky factor of ``cov``, retrying with growing jitter·mean(diag)·I if it is not PD
+    (:class:`NotPositiveDefinite` otherwise)."""
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
     scale = torch.diagonal(cov, dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-30)[..., None, None]
     for j in [jitter, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2]:
         L, info = torch.linalg.cholesky_ex(cov + j * scale * eye if j else cov)
         if not bool(info.any()):
             return L
-    raise ValueError("covariance is not positive definite even with jitter")
+    raise NotPositiveDefinite("covariance is not positive definite even with jitter")
 
 
 def log_prob(x: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from service import errors, routes, ws
 from service.auth import Authenticator, redact_secrets_in_logs
 from service.catalogue import OperatorCatalogue
 from service.dashboard import routes as dashboard
+from service.dashboard.events import Feeds
 from service.embedded import EmbeddedRedis
 from service.engine import UpdateEngine
 from service.metrics import Metrics
@@ -58,6 +59,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await engine.start()
     await asyncio.to_thread(app.state.operators.load)
     app.state.store = store
+    app.state.feeds = Feeds(url)  # the dashboard's live feeds: a connection pool of their own
     app.state.engine = engine
     app.state.streams = StreamService(
         settings,
@@ -76,6 +78,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await engine.stop()
+        await app.state.feeds.aclose()
         await store.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)

@@ -53,7 +53,9 @@ class RedactSecrets(logging.Filter):
 
 
 def redact_secrets_in_logs(names: tuple[str, ...] = LOGGERS) -> None:
-    """Put one :class:`RedactSecrets` on each named logger (idempotent)."""
+    """Put one :class:`RedactSecrets` on each named logger (idempotent). A logger's filter does not see what
+    its child loggers propagate to it: ``mpflow serve`` also puts the filter on its log handler
+    (:func:`service.cli.log_config`), which sees every record it writes."""
     for name in names:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactSecrets) for f in logger.filters):

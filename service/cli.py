@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from service.auth import RedactSecrets
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; messages that are JSON objects already (the access log) are merged in."""
@@ -40,7 +42,16 @@ def log_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": JsonFormatter}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        # on the handler, so every record it writes is redacted, whichever (child) logger made it
+        "filters": {"redact": {"()": RedactSecrets}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "filters": ["redact"],
+                "stream": "ext://sys.stderr",
+            }
+        },
         "loggers": {
             "mpflow": {"handlers": ["stderr"], "level": level, "propagate": False},
             "uvicorn": {"handlers": ["stderr"], "level": level, "propagate": False},

@@ -3,10 +3,10 @@ guard every state passes before it is written.
 
 Fall-back. When a stream's method fails on a step — :class:`~operators.updaters.NonFiniteError` (its particles,
 weights or evidence came out NaN/inf: a learned operator or a step-size-driven flow pushed far out of its range,
-e.g. by an observation ~1e30), :class:`torch.linalg.LinAlgError`, or a ``ValueError`` (the observation was
-validated before the step, so what is left is numerical: ``operators.gaussian.cholesky``'s "covariance is not
-positive definite even with jitter" when a cloud collapses or overflows, measured as the commonest failure of
-explosive dynamics) — that one step is computed again from the same state by the first method of
+e.g. by an observation ~1e30), :class:`torch.linalg.LinAlgError`, or
+:class:`operators.gaussian.NotPositiveDefinite` (a covariance that stays indefinite with every jitter, when a
+cloud collapses or overflows: measured as the commonest failure of explosive dynamics) — that one step is
+computed again from the same state by the first method of
 :data:`FALLBACK_ORDER` that succeeds and runs the family:
 
 1. ``gpf`` — Gaussian particle flow in float64 with step sizes that are halved whenever a step raises the free
@@ -17,10 +17,11 @@ explosive dynamics) — that one step is computed again from the same state by t
    it keeps the previous weights when every particle is impossible, so it stays finite wherever the particles
    and the likelihood are.
 
-If every one fails too, the step — and so the whole request — is refused (422 ``non_finite_update``) and
-nothing is applied. The method the stream was created with does not change: the fall-back's result is
-converted back to the form the stream's method reads (:func:`as_method_state`), so the next step runs the
-stream's own method again.
+Any other ``ValueError`` of a step is not numerical (the step cannot run as asked): 422 naming the step, no
+fall-back. If every fall-back fails too, the step — and so the whole request — is refused
+(422 ``non_finite_update``) and nothing is applied. The method the stream was created with does not change:
+the fall-back's result is converted back to the form the stream's method reads (:func:`as_method_state`), so
+the next step runs the stream's own method again.
 
 State forms (``operators/updaters``): every method keeps particles [1, N, d] and normalised log-weights [1, N];
 only ``smc`` is weighted (the others are read with uniform weights). ``kalman`` keeps the exact Gaussian in
@@ -56,7 +57,11 @@ from operators.updaters import UPDATERS, NonFiniteError
 from operators.updaters.base import prior_extras, prior_from_extras
 
 #: errors of a step that a fall-back may cure (module docstring; the inputs were validated before the step)
-FALLBACK_ERRORS: tuple[type[BaseException], ...] = (NonFiniteError, torch.linalg.LinAlgError, ValueError)
+FALLBACK_ERRORS: tuple[type[BaseException], ...] = (
+    NonFiniteError,
+    torch.linalg.LinAlgError,
+    gaussian.NotPositiveDefinite,
+)
 #: the safe methods, tried in this order (module docstring)
 FALLBACK_ORDER = ("gpf", "kalman", "smc")
 #: smc options for a fall-back that must hand back uniformly weighted particles (ESS ≤ N < 2N: resample always)

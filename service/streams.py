@@ -302,7 +302,8 @@ class StreamService:
         if n <= 0:
             return None
         weighted = UPDATERS[meta["method"]].weighted if meta["method"] in UPDATERS else True
-        gaussian_posterior = FAMILIES[meta["model"]["family"]].linear_gaussian
+        family = FAMILIES.get(meta["model"]["family"])  # None: a stored family this server no longer knows
+        gaussian_posterior = family.linear_gaussian if family is not None else True
         seed = summaries.sample_seed(meta["seed"], int(state.step[0]))
         return summaries.draw(state, n, weighted=weighted, seed=seed, gaussian_posterior=gaussian_posterior).tolist()
 
@@ -464,6 +465,8 @@ class StreamService:
                     raise NonFiniteError(f"{method} left non-finite values in the state")
             except FALLBACK_ERRORS as exc:  # NaN/inf particles, a collapsed covariance: a safe method instead
                 res, fallbacks[i] = await self._fall_back(meta, model, state, obs, i, exc)
+            except ValueError as exc:  # not numerical: the step cannot run as asked (nothing applied)
+                raise invalid(f"observations[{i}]: {exc}") from None
             state = res.state
         assert res is not None  # observations has at least one item (schema)
         return res, per_step, fallbacks

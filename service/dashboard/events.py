@@ -10,6 +10,9 @@ so no update falls in between, and then sends::
     event: error         {"error": {...}} when the store stops answering (the feed then ends)
     : keep-alive         a comment every KEEPALIVE_SECONDS without updates
 
+Each feed holds one Redis connection for its subscription, from a pool of its own (:class:`Feeds`, opened by the
+app's lifespan) so that viewers can never take the connections the API's reads and writes need; at most
+``MAX_FEEDS`` feeds per process, beyond which a feed is refused with 503 ``too_many_feeds`` and ``Retry-After``.
 A feed ends after ``MAX_FEED_SECONDS`` and the client reconnects: uvicorn waits for open responses before it
 shuts down, so an endless feed would hold a stopping server (``mpflow serve`` stops within that time). Updates
 applied while no feed is open are not replayed; the first event of the next feed is the current document, so a
@@ -28,22 +31,45 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from redis import exceptions as rexc
 
 from service.dashboard.publish import channel
-from service.errors import unavailable
+from service.errors import ApiError, unavailable
 from service.middleware import LOG_KEY
 from service.routes import Tenant, error_responses
 from service.store import StoreUnavailable, StreamStore
 
 KEEPALIVE_SECONDS = 15.0
+MAX_FEEDS = 64  # live feeds per process, each with its own subscription connection
 MAX_FEED_SECONDS = 20.0  # a stopping server waits at most this long (Kubernetes' default grace is 30 s)
 _POLL_SECONDS = 1.0  # how often a quiet feed checks for a disconnected client and the keep-alive
 _STORE_DOWN = (rexc.ConnectionError, rexc.TimeoutError, OSError, StoreUnavailable)
 
 router = APIRouter()
+
+
+class Feeds:
+    """The live feeds of one process: a Redis connection pool of their own (``MAX_FEEDS`` connections) and the
+    count of open feeds."""
+
+    def __init__(self, url: str, max_feeds: int = MAX_FEEDS):
+        self.store = StreamStore.from_url(url, max_connections=max_feeds)
+        self.max_feeds = max_feeds
+        self.open = 0
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+async def _close(pubsub: Any, feeds: Feeds) -> None:
+    """Unsubscribe and return the connection to the pool, even when the feed's task is being cancelled (a
+    client that went away): a cancelled close would lose the pool's slot for good."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await pubsub.aclose()
+    feeds.open -= 1
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
@@ -74,16 +100,24 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
     if info is not None:
         info["stream"] = stream_id
     service = request.app.state.streams
-    store: StreamStore = service.store
-    pubsub = store.client.pubsub()
+    feeds: Feeds = request.app.state.feeds
+    if feeds.open >= feeds.max_feeds:
+        raise ApiError(
+            503,
+            "too_many_feeds",
+            f"this server already streams {feeds.max_feeds} live feeds; retry later (or use another replica)",
+            {"Retry-After": "5"},
+        )
+    feeds.open += 1
+    pubsub = feeds.store.client.pubsub()
     try:
-        await pubsub.subscribe(channel(store.prefix, tenant, stream_id))
+        await pubsub.subscribe(channel(service.store.prefix, tenant, stream_id))
         first = await service.get(tenant, stream_id)  # 404 for an unknown stream or one of another tenant
-    except _STORE_DOWN:
-        await pubsub.aclose()
-        raise unavailable() from None
+    except _STORE_DOWN as exc:
+        await _close(pubsub, feeds)
+        raise StoreUnavailable(f"live feed: {exc}") from exc  # 503 with Retry-After, counted as a store error
     except BaseException:
-        await pubsub.aclose()
+        await _close(pubsub, feeds)
         raise
 
     async def feed() -> AsyncIterator[bytes]:
@@ -103,11 +137,10 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
         except _STORE_DOWN:
             yield _sse("error", unavailable().body())
         finally:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+            await _close(pubsub, feeds)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(feed(), media_type="text/event-stream", headers=headers)
 
 
-__all__ = ["KEEPALIVE_SECONDS", "MAX_FEED_SECONDS", "router"]
+__all__ = ["KEEPALIVE_SECONDS", "MAX_FEEDS", "MAX_FEED_SECONDS", "Feeds", "router"]

@@ -332,6 +332,28 @@ def test_when_every_method_fails_nothing_is_applied(redis_url, monkeypatch):
     run(redis_url, body)
 
 
+def test_a_step_that_cannot_run_as_asked_is_422_not_a_fall_back(redis_url, monkeypatch):
+    """A ``ValueError`` that is not numerical (a method's own precondition) is not cured by another method: 422
+    naming the step, nothing applied, no fall-back counted. A collapsed covariance (NotPositiveDefinite, a
+    ValueError too) does fall back: the distinction is the exception's class, not its base."""
+
+    class Refusing(UPDATERS["svgd"]):  # type: ignore[misc, valid-type]
+        def _update(self, state, obs, model, gens):
+            raise ValueError("options.kernel: this kernel cannot run on this stream")
+
+    monkeypatch.setitem(UPDATERS, "svgd", Refusing)
+
+    async def body(app: FastAPI, c: httpx.AsyncClient) -> None:
+        sid = (await c.post("/v1/streams", json=stream_spec("linear_gaussian", "svgd"))).json()["stream_id"]
+        r = await c.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.5, 0.5]]})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"].startswith("observations[0]: options.kernel"), r.text
+        assert (await stored_is_finite(c, sid))["step"] == 0
+        assert fallback_counts((await c.get("/metrics")).text) == {}
+
+    run(redis_url, body)
+
+
 def _nan_cov_after(cls: type) -> type:
     """A subclass of kalman whose updates have finite particles but a NaN covariance in the state's extras."""
 

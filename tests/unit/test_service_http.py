@@ -179,3 +179,19 @@ def test_models_catalogue_reads_the_families():
     assert sv["phi"]["default"] == "0.95" and sv["phi"]["kind"] == "number or vector of length d"
     assert fams["linear_gaussian"]["methods"] == sorted(fams["linear_gaussian"]["methods"])
     assert "kalman" in fams["linear_gaussian"]["methods"] and "kalman" not in fams["logistic"]["methods"]
+
+
+def test_the_served_log_handler_redacts_records_of_every_logger():
+    """``mpflow serve``'s log handler carries the redaction filter, so records of child loggers (which a logger
+    filter on ``mpflow`` never sees) are redacted too."""
+    from service.cli import log_config
+
+    cfg = log_config("INFO")
+    assert cfg["filters"]["redact"]["()"] is auth_mod.RedactSecrets
+    assert cfg["handlers"]["stderr"]["filters"] == ["redact"]
+    record = logging.LogRecord(
+        "mpflow.x", logging.INFO, __file__, 1, "GET /ws?api_key=%s (%s)", ("sekret-key-1", "Bearer tok-9"), None
+    )
+    assert auth_mod.RedactSecrets().filter(record)
+    assert "sekret-key-1" not in record.getMessage() and "tok-9" not in record.getMessage()
+    assert "<redacted>" in record.getMessage()
