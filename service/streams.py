@@ -368,9 +368,10 @@ class StreamService:
         self, meta: dict[str, Any], last: StepResult, n_samples: int
     ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
         """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step; 422 and
-        nothing written if the state or its summary is not finite (the last guard before the store)."""
+        nothing written if the summary is not finite (the last guard before the store: :meth:`_apply` has
+        already checked every step's state with :func:`finite_state`)."""
         summary = summaries.summary(last.state)
-        if not (finite_state(last.state) and finite_json(summary)):
+        if not finite_json(summary):
             raise invalid(
                 "observations: the updated state has non-finite values; nothing was applied. Check the "
                 "observations' scale against the model's",
