@@ -1,6 +1,6 @@
 """Service load benchmark: closed-loop streams against a server started as a user starts it.
 
-``python -m benchmarks.service_load [--quick]``
+``python -m benchmarks.service_load [--quick] [--client {aiohttp,httpx}]``
 
 The server is a subprocess ``python -m service --port <free port>`` (uvicorn, one worker, default settings), its
 store the local Redis (``--redis-url``, default redis://127.0.0.1:6379/0) under a key prefix of its own
@@ -10,15 +10,29 @@ store the local Redis (``--redis-url``, default redis://127.0.0.1:6379/0) under 
 Every stream: ``lds``, d = 2, x_m = A x_{m−1} + N(0, Q), o_m = x_m + N(0, R) with A = 0.95·rot(0.1 rad),
 Q = 0.1 I, R = 0.5 I, prior N(0, I); the observations are simulated on the fly (numpy, seeded per stream).
 One cell = (method, N particles, K streams, batching on/off): K streams are created, then each sends
-single-observation updates (with ``seq``) as fast as it gets answers — K concurrent closed-loop clients
-(:class:`service.client.AsyncClient` on httpx, one per stream with one keep-alive connection, all on one event
-loop; no retries: a failure is counted, never hidden).
+single-observation updates (with ``seq``) as fast as it gets answers — K concurrent closed-loop clients, all on
+one event loop, no retries (a failure is counted, never hidden; the loop then re-reads the stream's step).
+
+The load generator's HTTP client (``--client``): ``aiohttp`` (default) — one ``aiohttp.ClientSession`` with K
+keep-alive connections, sending the very bodies :class:`service.client.AsyncClient` sends (stdlib ``json``) — or
+``httpx`` — :class:`service.client.AsyncClient` itself, one per stream with one keep-alive connection. Why
+aiohttp: the load generator runs on the same machine as the server and shares its cores (2 here), so every
+millisecond of CPU it spends per request is taken from the server being measured. Measured (same server, cells
+alternated, mpf N = 256; the load generator's own process CPU time over the window ÷ completed updates):
+httpx ≈ 0.8–1.1 ms CPU per request at K = 16 and 64 (1.15–1.2 ms at K = 1), aiohttp ≈ 0.2–0.35 ms
+(≈ 0.37 ms at K = 1) — 3–4× less; on a quiet 2-core machine that showed as ~40 % more measured throughput
+(K = 16: 486 vs 341 updates/s; K = 64: 444 vs 325), under other jobs' load the noise hides it.
+(orjson would save another ~0.01 ms per request over stdlib ``json`` — ~4 %, not worth a dependency; uvloop
+saved nothing measurable.) The **client CPU ms/req** column reports that figure for every cell.
+
 After a warm-up, requests *completing* inside the measurement window count:
 
 * **updates/s** = completed updates / window length;
 * **p50 / p99**: end-to-end latency (client send → answer parsed) of those requests;
 * **mean batch**: stream-steps per operator call inside the window (server's ``mpflow_batch_size``), and
-  **compute ms**: mean operator time per call (``mpflow_update_duration_seconds``).
+  **compute ms**: mean operator time per call (``mpflow_update_duration_seconds``);
+* **client CPU ms/req**: the load generator's own CPU time (``time.process_time``: user + system, all its
+  threads; not the server's) over the window ÷ updates completed in it.
 
 Grid: method ∈ {mpf, smc, gpf} × N ∈ {256, 1024} × K ∈ {1, 16, 64} with micro-batching on (the default), then
 K = 64 again against a second server with ``MPFLOW_BATCHING=false``. ``--quick``: K ∈ {1, 16}, N = 256, short
@@ -27,8 +41,8 @@ windows (the batching-off server then runs at K = 16). ``mpf`` uses a trained op
 
 Targets (one stream's p50 ≤ 5 ms; ≥ 500 updates/s at 64 streams; batching ≥ 2× unbatched throughput at 64
 streams; all for mpf at N = 256) are reported as met / not met / not measured. The load generator runs on the
-same machine as the server and shares its cores; on a machine loaded by other jobs (the load average is
-recorded) the numbers are pessimistic.
+same machine as the server and shares its cores (its CPU per request is in the table); on a machine loaded by
+other jobs (the load average is recorded) the numbers are pessimistic.
 
 Results: a markdown table on stdout, ``<out>.json`` and ``<out>.png`` (``--out`` defaults to
 ``benchmarks/results/service_load``, ``service_load-quick`` with ``--quick``).
@@ -50,16 +64,25 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import quote
 
+import aiohttp
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.client import NO_RETRY, AsyncClient, AsyncStream
+from service.client import (
+    NO_RETRY,
+    AsyncClient,
+    AsyncStream,
+    MpflowError,
+    _create_body,  # the very bodies AsyncClient sends, for the aiohttp client too
+    _update_body,
+)
 from service.testing import drop_prefix, redis_answers, serve_as_user
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,6 +99,9 @@ MODEL = {
 }
 PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
 TARGETS = {"p50_ms_k1": 5.0, "updates_per_s_k64": 500.0, "batching_speedup_k64": 2.0}
+HTTP_TIMEOUT_S = 300.0
+JSON_HEADERS = {"Content-Type": "application/json"}
+JSON_ENCODING: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}  # as httpx
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -168,47 +194,178 @@ class Target:
 
 @dataclass
 class Tally:
+    """What the closed loops of one cell record: latencies inside the window, errors by code, and every
+    successful update (``done``, inside the window or not: the client-CPU sample counts it)."""
+
     latencies: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    done: int = 0
 
 
-async def drive(stream: AsyncStream, target: Target, window: list[float], stop: asyncio.Event, tally: Tally) -> None:
+class BenchStream(Protocol):
+    """One stream as the closed loop sees it, whichever HTTP client carries it."""
+
+    document: dict[str, Any] | None  # the create answer
+
+    async def update(self, observation: list[float], seq: int) -> None:
+        """``POST .../observations`` with one step numbered ``seq``; raises on any failure."""
+
+    async def step(self) -> int:
+        """``GET`` the stream: its current step (to resynchronise ``seq`` after a failure)."""
+
+    async def delete(self) -> None:
+        """``DELETE`` the stream."""
+
+
+#: ``create(method, N, seed)`` → a new stream (``POST /v1/streams``)
+Create = Callable[[str, int, int], Awaitable[BenchStream]]
+
+
+class HttpxStream:
+    """:class:`service.client.AsyncStream` (httpx) as a :class:`BenchStream`."""
+
+    def __init__(self, stream: AsyncStream):
+        self.stream = stream
+        self.document = stream.document
+
+    async def update(self, observation: list[float], seq: int) -> None:
+        await self.stream.update([observation], seq=seq)
+
+    async def step(self) -> int:
+        return int((await self.stream.get())["step"])
+
+    async def delete(self) -> None:
+        await self.stream.delete()
+
+
+@contextlib.asynccontextmanager
+async def httpx_streams(url: str, k: int) -> AsyncIterator[Create]:
+    """``--client httpx``: one :class:`service.client.AsyncClient` (one keep-alive connection) per stream, no
+    retries. One client per stream: httpcore's pool scans all its connections on every request (O(connections)
+    per request, encode/httpcore#1035), which made one shared 64-connection client the bottleneck."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    tls = ssl.create_default_context()  # unused for http://, but httpx builds one per client unless given one
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def create(method: str, n: int, seed: int) -> BenchStream:
+            client = AsyncClient(url, timeout=HTTP_TIMEOUT_S, retry=NO_RETRY, limits=limits, verify=tls)
+            await stack.enter_async_context(client)
+            stream = await client.create_stream(model=MODEL, prior=PRIOR, method=method, num_particles=n, seed=seed)
+            return HttpxStream(stream)
+
+        yield create
+
+
+def _mpflow_error(status: int, reason: str | None, raw: bytes) -> MpflowError:
+    """The API's error body ``{"error": {"code", "message"}}`` as :class:`service.client.MpflowError` (a code
+    from the status when the body has none)."""
+    code, message = f"http_{status}", reason or "error"
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        err = json.loads(raw).get("error")
+        if isinstance(err, dict):
+            code, message = str(err.get("code", code)), str(err.get("message", message))
+    return MpflowError(status, code, message)
+
+
+async def _call(session: aiohttp.ClientSession, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One API call on ``session``: the decoded JSON answer (None when empty); a non-2xx raises MpflowError."""
+    data = None if body is None else json.dumps(body, **JSON_ENCODING).encode()
+    headers = JSON_HEADERS if body is not None else None
+    async with session.request(method, path, data=data, headers=headers) as response:
+        raw = await response.read()
+        if response.status >= 400:
+            raise _mpflow_error(response.status, response.reason, raw)
+    return json.loads(raw) if raw else None
+
+
+class AiohttpStream:
+    """One stream driven over a shared ``aiohttp.ClientSession``: the same requests as
+    :class:`service.client.AsyncStream` (bodies from the client's own builders), no retries."""
+
+    def __init__(self, session: aiohttp.ClientSession, document: dict[str, Any]):
+        self.session = session
+        self.document = document
+        self.path = f"/v1/streams/{quote(document['stream_id'], safe='')}"
+        self.observations_path = f"{self.path}/observations"
+
+    async def update(self, observation: list[float], seq: int) -> None:
+        await _call(self.session, "POST", self.observations_path, _update_body([observation], seq, 0))
+
+    async def step(self) -> int:
+        return int((await _call(self.session, "GET", self.path))["step"])
+
+    async def delete(self) -> None:
+        await _call(self.session, "DELETE", self.path)
+
+
+@contextlib.asynccontextmanager
+async def aiohttp_streams(url: str, k: int) -> AsyncIterator[Create]:
+    """``--client aiohttp`` (default): one ``aiohttp.ClientSession`` whose connector keeps up to K keep-alive
+    connections to the server (one per stream in flight), no retries."""
+    connector = aiohttp.TCPConnector(limit=k, limit_per_host=k, keepalive_timeout=HTTP_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=timeout) as session:
+
+        async def create(method: str, n: int, seed: int) -> BenchStream:
+            body = _create_body(MODEL, PRIOR, method=method, num_particles=n, seed=seed)
+            return AiohttpStream(session, await _call(session, "POST", "/v1/streams", body))
+
+        yield create
+
+
+CLIENTS: dict[str, Callable[[str, int], contextlib.AbstractAsyncContextManager[Create]]] = {
+    "aiohttp": aiohttp_streams,
+    "httpx": httpx_streams,
+}
+
+
+async def drive(stream: BenchStream, target: Target, window: list[float], stop: asyncio.Event, tally: Tally) -> None:
     """Closed loop: send, await the answer, send the next. Records requests completing inside ``window``."""
     seq = 1
     while not stop.is_set():
         obs = target.observe()
         t0 = time.perf_counter()
         try:
-            await stream.update([obs], seq=seq)
+            await stream.update(obs, seq)
             seq += 1
         except Exception as exc:  # counted, never hidden
             name = getattr(exc, "code", None) or type(exc).__name__
             tally.errors[name] = tally.errors.get(name, 0) + 1
             with contextlib.suppress(Exception):
-                seq = int((await stream.get())["step"]) + 1
+                seq = await stream.step() + 1
             continue
         t1 = time.perf_counter()
+        tally.done += 1
         if window[0] <= t1 <= window[1]:
             tally.latencies.append(t1 - t0)
 
 
-async def run_cell(url: str, method: str, n: int, k: int, warmup_s: float, window_s: float) -> dict[str, Any]:
-    # one client (one keep-alive connection) per stream: httpcore's pool scans all its connections on every
-    # request (O(connections) per request, encode/httpcore#1035), which made one shared 64-connection client
-    # the bottleneck of the load generator
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    tls = ssl.create_default_context()  # unused for http://, but httpx builds one per client unless given one
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(AsyncClient(url, timeout=300.0, retry=NO_RETRY, limits=limits, verify=tls))
-            for _ in range(k)
-        ]
-        streams = await asyncio.gather(
-            *(
-                c.create_stream(model=MODEL, prior=PRIOR, method=method, num_particles=n, seed=i)
-                for i, c in enumerate(clients)
-            )
-        )
+@dataclass
+class CpuMark:
+    """This process's CPU time (user + system, all threads) and the updates completed so far, at one instant."""
+
+    cpu_s: float
+    done: int
+
+    @classmethod
+    def now(cls, tally: Tally) -> CpuMark:
+        return cls(time.process_time(), tally.done)
+
+
+def client_cpu_ms(start: CpuMark, end: CpuMark) -> float | None:
+    """The load generator's own CPU per completed update between two marks, in ms: Δ process time ÷ Δ updates
+    (the server is another process and is not counted; numpy's simulation of the observations is)."""
+    n = end.done - start.done
+    return (end.cpu_s - start.cpu_s) / n * 1e3 if n > 0 else None
+
+
+async def run_cell(
+    url: str, method: str, n: int, k: int, warmup_s: float, window_s: float, client: str = "aiohttp"
+) -> dict[str, Any]:
+    """One cell: K streams created, driven closed loop for ``warmup_s`` + ``window_s`` (extended until
+    :data:`MIN_COMPLETIONS`), then deleted; its summary row (:func:`summarize`)."""
+    async with CLIENTS[client](url, k) as create:
+        streams = await asyncio.gather(*(create(method, n, i) for i in range(k)))
         operator = streams[0].document.get("operator") if streams[0].document else None
         stop, tally = asyncio.Event(), Tally()
         start = time.perf_counter()
@@ -216,16 +373,20 @@ async def run_cell(url: str, method: str, n: int, k: int, warmup_s: float, windo
         tasks = [asyncio.create_task(drive(s, Target(1000 + i), window, stop, tally)) for i, s in enumerate(streams)]
         await asyncio.sleep(warmup_s)
         before = await asyncio.to_thread(scrape, url)
+        cpu_start = CpuMark.now(tally)  # after the scrape: its CPU is not the load generator's per-request cost
         await asyncio.sleep(window_s)
         while len(tally.latencies) < MIN_COMPLETIONS and time.perf_counter() - window[0] < 4 * window_s:
             window[1] = time.perf_counter() + 0.5
             await asyncio.sleep(0.5)
         window[1] = time.perf_counter()
+        cpu_end = CpuMark.now(tally)
         after = await asyncio.to_thread(scrape, url)
         stop.set()
         await asyncio.gather(*tasks)
         await asyncio.gather(*(s.delete() for s in streams), return_exceptions=True)
-    return summarize(method, n, k, operator, window[1] - window[0], tally, before, after)
+    row = summarize(method, n, k, operator, window[1] - window[0], tally, before, after)
+    row["client_cpu_ms_per_request"] = client_cpu_ms(cpu_start, cpu_end)
+    return row
 
 
 def _delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
@@ -271,6 +432,12 @@ def percentile(sorted_xs: list[float], q: float) -> float:
 # ----------------------------------------------------------------------------------------------------------
 # the run
 
+CLIENT_LABELS = {
+    "aiohttp": "K streams on one aiohttp.ClientSession (K keep-alive connections), one event loop, closed loop, "
+    "no retries",
+    "httpx": "K service.client.AsyncClient (httpx, 1 connection each) on one event loop, closed loop, no retries",
+}
+
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     grid = QUICK if args.quick else FULL
@@ -284,13 +451,13 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     with choose_store(args.store, args.redis_url) as store, tempfile.TemporaryDirectory() as logs:
-        print(f"store: {store.label}", file=sys.stderr)
+        print(f"store: {store.label}; client: {args.client}", file=sys.stderr)
         for batching, ks_run in ((True, ks), (False, (k_off,))):
             with server(store, batching, Path(logs)) as url:
                 for method in methods:
                     for n in particles:
                         for k in ks_run:
-                            row = asyncio.run(run_cell(url, method, n, k, warmup_s, window_s))
+                            row = asyncio.run(run_cell(url, method, n, k, warmup_s, window_s, args.client))
                             row["batching"] = batching
                             rows.append(row)
                             print(format_row(row), file=sys.stderr, flush=True)
@@ -320,7 +487,8 @@ def metadata(args, store_label, methods, particles, ks, k_off, warmup_s, window_
         "quick": bool(args.quick),
         "store": store_label,
         "server": "python -m service (uvicorn, 1 worker, default settings; MPFLOW_BATCHING=false for the off rows)",
-        "client": "K service.client.AsyncClient (httpx, 1 connection each) on one event loop, closed loop, no retries",
+        "client_kind": args.client,
+        "client": CLIENT_LABELS[args.client],
         "model": MODEL,
         "prior": PRIOR,
         "methods": list(methods),
@@ -385,16 +553,17 @@ def format_row(r: dict[str, Any]) -> str:
     return (
         f"| {method} | {r['N']} | {r['K']} | {'on' if r['batching'] else 'off'} | {r['updates_per_s']:.1f} "
         f"| {_fmt(r['p50_ms'], '.1f')} | {_fmt(r['p99_ms'], '.1f')} | {_fmt(r['mean_batch'], '.1f')} "
-        f"| {_fmt(r['compute_ms_per_call'], '.1f')} | {r['completed']} | {errors} |"
+        f"| {_fmt(r['compute_ms_per_call'], '.1f')} | {_fmt(r.get('client_cpu_ms_per_request'), '.2f')} "
+        f"| {r['completed']} | {errors} |"
     )
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| method | N | K streams | batching | updates/s | p50 ms | p99 ms | mean batch | compute ms/call "
-        "| requests | errors |"
+        "| client CPU ms/req | requests | errors |"
     )
-    return "\n".join([head, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|", *map(format_row, rows)])
+    return "\n".join([head, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|", *map(format_row, rows)])
 
 
 def format_targets(items: list[dict[str, Any]]) -> str:
@@ -455,6 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.service_load", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="K ∈ {1, 16}, N = 256, short windows")
     p.add_argument("--store", choices=("auto", "redis", "embedded"), default="auto")
+    p.add_argument("--client", choices=tuple(CLIENTS), default="aiohttp", help="the load generator's HTTP client")
     p.add_argument("--redis-url", default=os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0")
     p.add_argument("--methods", type=lambda s: [x for x in s.split(",") if x], default=None, help="e.g. mpf,smc")
     p.add_argument("--particles", type=_ints, default=None, help="e.g. 256,1024")
@@ -467,7 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_benchmark(args)
     meta = result["meta"]
     print(
-        f"store: {meta['store']}; load average before {meta['load_average_before']}, after {meta['load_average_after']}"
+        f"store: {meta['store']}; client: {meta['client_kind']} ({meta['client']}); "
+        f"load average before {meta['load_average_before']}, after {meta['load_average_after']}"
     )
     print()
     print(format_table(result["rows"]))

@@ -59,10 +59,12 @@ def _one_thread() -> None:
 
 @dataclass
 class StepResult:
-    """One stream's row of a (batched) update: the new state [B=1] and its step info [B=1]."""
+    """One stream's row of a (batched) update: the new state [B=1] and its step info [B=1]; ``after``: what the
+    job's ``after`` hook returned (:meth:`UpdateEngine.update`)."""
 
     state: ParticleState
     info: StepInfo
+    after: Any = None
 
 
 class Announcement:
@@ -96,6 +98,7 @@ class _Job:
     state: ParticleState
     obs: torch.Tensor
     future: asyncio.Future
+    after: Callable[[StepResult], Any] | None = None
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -223,19 +226,23 @@ class UpdateEngine:
         state: ParticleState,
         obs: torch.Tensor,
         announced: Announcement | None = None,
+        after: Callable[[StepResult], Any] | None = None,
     ) -> StepResult:
         """One step for one stream: state [B=1], obs of the family's observation shape (no batch dim);
-        ``announced``: the caller's :meth:`expect` announcement, of which this consumes one step."""
+        ``announced``: the caller's :meth:`expect` announcement, of which this consumes one step; ``after``:
+        called on the worker thread with this stream's result right after its (batched) step — what the caller
+        would otherwise do with the new state in a second hop (check it, summarise and encode it); its return
+        value is ``StepResult.after``, an exception it raises is this stream's (and this stream's only)."""
         if self._task is None or self._wakeup is None or self._loop is None:
             raise RuntimeError("the update engine is not running")
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
-            coro = self.update(updater, updater_key, method, model, state, obs)
+            coro = self.update(updater, updater_key, method, model, state, obs, after=after)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
         if announced is not None:
             announced.consume()
         key = batch_key(updater_key, model, state, obs)
         future = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future))
+        self._pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future, after))
         self._wakeup.set()
         return await future
 
@@ -312,6 +319,10 @@ class UpdateEngine:
         return [StepResult(s, i) for s, i in zip(states, infos, strict=True)]
 
     def _compute(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
+        """The jobs' step (batched, or one by one if the batch fails), then each job's ``after`` hook."""
+        return [_after(job, res) for job, res in zip(jobs, self._steps(jobs), strict=True)]
+
+    def _steps(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
         try:
             return list(self._call(jobs))
         except Exception as exc:
@@ -325,6 +336,16 @@ class UpdateEngine:
             except Exception as exc:
                 out.append(exc)
         return out
+
+
+def _after(job: _Job, res: StepResult | BaseException) -> StepResult | BaseException:
+    if job.after is None or isinstance(res, BaseException):
+        return res
+    try:
+        res.after = job.after(res)
+    except Exception as exc:
+        return exc
+    return res
 
 
 __all__ = ["Announcement", "StepResult", "UpdateEngine", "batch_key"]

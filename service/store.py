@@ -15,7 +15,10 @@ Exactly-once updates. ``create`` writes version 1. ``compare_and_set(expected_ve
 it writes only if the stored version equals ``expected_version`` and then stores version + 1, so of any
 number of writers that read the same version exactly one wins. The service loops
 read → compute → CAS; on ``False`` it re-reads and applies API.md's ``seq`` rules (applied, duplicate, 409)
-against the fresh ``step``. A write is acknowledged only after the script returns.
+against the fresh ``step``. A write is acknowledged only after the script returns. The CAS may carry an event
+``(channel, payload)`` (live viewers' update, :mod:`service.dashboard.publish`): the script PUBLISHes it right
+after its write and only then — one round trip, no event for a write that did not happen, and none lost between
+the write and a separate PUBLISH. A channel is not a key, so this stays a single-slot script on Redis Cluster.
 
 Listing index (decision). A sorted set per tenant, all scores 0, members ``<created_ms, 15 digits>:<stream_id>``
 and range queries by lex order: this orders streams by creation time, breaks ties by id, and a page
@@ -77,15 +80,17 @@ redis.call('ZADD', KEYS[3], 0, ARGV[3])
 return 1
 """
 
-# KEYS: meta, state. ARGV: expected version, ttl, state bytes, field, value, ...
+# KEYS: meta, state. ARGV: expected version, ttl, state bytes, event channel ('' for no event), event payload,
+# field, value, ... The event is published only after a write, in the same script (a channel is not a key).
 _CAS = """
 local v = redis.call('HGET', KEYS[1], 'version')
 if (not v) or (v ~= ARGV[1]) then return 0 end
 local nv = string.format('%d', tonumber(v) + 1)
-if #ARGV > 3 then redis.call('HSET', KEYS[1], unpack(ARGV, 4)) end
+if #ARGV > 5 then redis.call('HSET', KEYS[1], unpack(ARGV, 6)) end
 redis.call('HSET', KEYS[1], 'version', nv)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[2])
+if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
 """
 
@@ -158,6 +163,15 @@ def _check_ttl(ttl: int) -> int:
     if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
         raise ValueError(f"ttl: expected a positive whole number of seconds, got {ttl!r}")
     return ttl
+
+
+def _check_event(event: tuple[str, str] | None) -> tuple[str, str]:
+    """The script's event arguments: ``(channel, payload)``, or ``("", "")`` for no event."""
+    if event is None:
+        return "", ""
+    if not (isinstance(event, tuple) and len(event) == 2 and all(isinstance(x, str) for x in event) and event[0]):
+        raise ValueError(f"event: expected (channel, payload) strings with a non-empty channel, got {event!r}")
+    return event
 
 
 def _encode_fields(meta: dict[str, Any]) -> list[str]:
@@ -271,16 +285,20 @@ class StreamStore:
         new_meta: dict[str, Any],
         new_state_bytes: bytes,
         ttl: int,
+        event: tuple[str, str] | None = None,
     ) -> bool:
         """Write iff the stored version is ``expected_version``; then version becomes expected + 1.
 
         ``new_meta`` fields are merged into the stored meta (fields not given keep their value; ``version``
         is the store's). ``False`` — nothing written — on a version mismatch or a missing stream.
+        ``event``: ``(channel, payload)`` to PUBLISH, in the same script, once the write is done (never when
+        nothing was written); the number of subscribers it reached is not reported.
         """
         if isinstance(expected_version, bool) or not isinstance(expected_version, int):
             raise ValueError(f"expected_version: expected an integer, got {expected_version!r}")
         meta_key, state_key = self._keys(tenant, stream_id)
-        args = [str(expected_version), _check_ttl(ttl), bytes(new_state_bytes), *_encode_fields(new_meta)]
+        head = [str(expected_version), _check_ttl(ttl), bytes(new_state_bytes), *_check_event(event)]
+        args = [*head, *_encode_fields(new_meta)]
         async with _guard(write=True):
             return bool(await self._cas(keys=[meta_key, state_key], args=args))
 

@@ -17,12 +17,13 @@ won); without ``seq`` the steps are re-applied on the fresh state (appended in a
 requests on one stream also queue on a per-stream lock, so they do not waste compute on lost races; the
 compare-and-set is what makes it correct across processes.
 
-Where the tensor work runs. The operator update always runs on the engine's worker; stream initialisation on
-its auxiliary threads. Decoding, summarising and encoding a state (and drawing samples) run on the auxiliary
-threads too — so that the event loop keeps serving other requests meanwhile — except for a small state
-(N·d ≤ ``INLINE_MAX_ELEMENTS``) while no other observation request is in flight: then there is nothing else for
-the loop to do, the work takes well under a millisecond, and the hand-offs to a thread and back cost more
-than that (measured: ``benchmarks/service_profile.py``).
+Where the tensor work runs. An observation step runs on the engine's worker (micro-batched with other streams'),
+and so does what follows it for that stream — the finiteness check, the summary, encoding the new state and any
+draws — as the job's ``after`` hook: one hop to a thread per step, not one per stage. A small stored state
+(N·d ≤ ``INLINE_MAX_ELEMENTS``) is decoded on the event loop (a copy of kilobytes costs less than a hop), a large
+one on the auxiliary threads, which also initialise streams and load operators. Other reads (summaries, draws)
+stay on the loop for a small state while no observation request is in flight, else go to the auxiliary threads
+(measured: ``benchmarks/service_profile.py``).
 
 Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
 anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
@@ -37,6 +38,7 @@ nothing is applied. Whatever happened, a state (or summary) with a NaN or an inf
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -57,7 +59,7 @@ from operators.state import ParticleState
 from operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
 from service import summary as summaries
 from service.catalogue import OperatorCatalogue
-from service.dashboard.publish import announce
+from service.dashboard.publish import update_event
 from service.engine import Announcement, StepResult, UpdateEngine
 from service.errors import ApiError, invalid, not_found, too_large, unavailable
 from service.numerics import (
@@ -177,11 +179,13 @@ class StreamService:
     ) -> Any:
         """``fn(*args)``: inline for a small state when no other observation request is in flight (module
         docstring), else — or when ``slow`` (e.g. it may load an operator) — on the engine's auxiliary threads."""
-        d = int(meta["state_dim"])
-        small = max(int(meta["num_particles"]), draws) * d <= INLINE_MAX_ELEMENTS
-        if small and not slow and self._observing <= 1:
+        if self._small(meta, draws) and not slow and self._observing <= 1:
             return fn(*args)
         return await self.engine.run(fn, *args)
+
+    @staticmethod
+    def _small(meta: dict[str, Any], draws: int = 0) -> bool:
+        return max(int(meta["num_particles"]), draws) * int(meta["state_dim"]) <= INLINE_MAX_ELEMENTS
 
     def updater(self, method: str, operator: str | None) -> Updater:
         """A cached updater per (method, operator name); mpf loads the operator from its folder."""
@@ -353,16 +357,39 @@ class StreamService:
         except ValueError as exc:
             raise invalid(str(exc)) from None
 
-    def _prepare_update(
-        self, meta: dict[str, Any], data: bytes, observations: list[Any]
-    ) -> tuple[ModelFamily, Updater, ParticleState, list[torch.Tensor]]:
-        """(model, updater, state, parsed observations) of a stored stream (blocking: may load an operator)."""
+    def _resolve(self, meta: dict[str, Any]) -> tuple[ModelFamily, Updater]:
+        """(model, updater) of a stored stream (blocking when it loads an operator: see ``_observe``)."""
         try:
             model = self.model(meta["model"], meta["state_dim"])
         except ValueError as exc:  # a stored model that no longer validates (a stricter server version)
             raise invalid(str(exc), "stored_model_invalid") from None
-        updater = self.updater(meta["method"], meta.get("operator"))
-        return model, updater, ParticleState.from_bytes(data), self._parse(model, observations)
+        return model, self.updater(meta["method"], meta.get("operator"))
+
+    async def _decode(self, meta: dict[str, Any], data: bytes) -> ParticleState:
+        """The stored state: decoded on the event loop when it is small (a copy of a few kilobytes costs less
+        than a thread hop, however busy the loop), else on the auxiliary threads."""
+        if self._small(meta):
+            return ParticleState.from_bytes(data)
+        return await self.engine.run(ParticleState.from_bytes, data)
+
+    @staticmethod
+    def _require_finite(method: str, state: ParticleState) -> None:
+        if not finite_state(state):  # e.g. kalman's extras; the updater itself checks particles and weights
+            raise NonFiniteError(f"{method} left non-finite values in the state")
+
+    def _after_step(self, method: str, res: StepResult) -> dict[str, Any]:
+        """(on the engine's worker, right after the step) a step that is not the request's last: its state
+        checked, its ``per_step`` entry."""
+        self._require_finite(method, res.state)
+        return summaries.step_summary(res.state, res.info)
+
+    def _after_last(
+        self, meta: dict[str, Any], n_samples: int, res: StepResult
+    ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
+        """(on the engine's worker, right after the step) the request's last step: its state checked, then
+        :meth:`_finish` — so an observation costs the event loop one hop to a thread, not four."""
+        self._require_finite(meta["method"], res.state)
+        return self._finish(meta, res, n_samples)
 
     def _finish(
         self, meta: dict[str, Any], last: StepResult, n_samples: int
@@ -414,14 +441,16 @@ class StreamService:
                                 f"seq: the stream is at step {step}, so the next seq is {step + 1}; got seq "
                                 f"{req.seq} with {n} observation(s) (a gap or a partial overlap); nothing was applied",
                             )
-                    cold = (meta["method"], meta.get("operator")) not in self._updaters  # would load an operator
-                    model, updater, state, parsed = await self._tensor_work(
-                        meta, self._prepare_update, meta, data, req.observations, slow=cold
+                    if (meta["method"], meta.get("operator")) in self._updaters:
+                        model, updater = self._resolve(meta)
+                    else:  # the first use of an operator loads it from disk
+                        model, updater = await self.engine.run(self._resolve, meta)
+                    parsed = self._parse(model, req.observations)
+                    state = await self._decode(meta, data)
+                    last, per_step, fallbacks = await self._apply(
+                        meta, model, updater, state, parsed, req.return_samples, announced
                     )
-                    last, per_step, fallbacks = await self._apply(meta, model, updater, state, parsed, announced)
-                blob, summary, last_step, samples = await self._tensor_work(
-                    meta, self._finish, meta, last, req.return_samples, draws=req.return_samples
-                )
+                blob, summary, last_step, samples = last.after
                 per_step.append(last_step)
                 for i, name in fallbacks.items():
                     per_step[i]["fallback"] = name
@@ -430,11 +459,12 @@ class StreamService:
                     "log_evidence": float(last.state.log_evidence[0]),
                     "updated_at": _now(),
                 }
+                doc = self._answer(stream_id, {**meta, **new_meta}, summary, per_step, samples, duplicate=False)
+                # live viewers (dashboard/events) hear of it from the compare-and-set itself, once it is stored
+                event = update_event(self.store.prefix, tenant, stream_id, doc)
                 if await self.store.compare_and_set(
-                    tenant, stream_id, int(meta["version"]), new_meta, blob, int(meta["ttl_seconds"])
+                    tenant, stream_id, int(meta["version"]), new_meta, blob, int(meta["ttl_seconds"]), event=event
                 ):
-                    doc = self._answer(stream_id, {**meta, **new_meta}, summary, per_step, samples, duplicate=False)
-                    announce(self.store, tenant, stream_id, doc)  # to live viewers, once stored (dashboard/events)
                     return doc
                 # another writer won: re-read and decide again
         raise ApiError(
@@ -448,26 +478,33 @@ class StreamService:
         updater: Updater,
         state: ParticleState,
         parsed: list[torch.Tensor],
+        n_samples: int,
         announced: Announcement | None = None,
     ) -> tuple[StepResult, list[dict[str, Any]], dict[int, str]]:
-        """Apply the steps in order: (the last step's result, ``per_step`` entries of all steps but the last —
-        :meth:`_finish` makes that one along with the summary —, {step index: fall-back method} of the steps
-        that fell back)."""
+        """Apply the steps in order: (the last step's result, whose ``after`` is :meth:`_finish`'s (state bytes,
+        summary, ``per_step`` entry, samples); the ``per_step`` entries of all steps but the last; {step index:
+        fall-back method} of the steps that fell back). Each step's check and summary run on the engine's worker
+        right after it (:meth:`_after_step`, :meth:`_after_last`)."""
         method, operator = meta["method"], meta.get("operator")
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
         res: StepResult | None = None
         for i, obs in enumerate(parsed):
-            if res is not None:
-                per_step.append(await self._tensor_work(meta, summaries.step_summary, res.state, res.info))
+            if i == len(parsed) - 1:
+                after: Callable[[StepResult], Any] = functools.partial(self._after_last, meta, n_samples)
+            else:
+                after = functools.partial(self._after_step, method)
             try:
-                res = await self.engine.update(updater, (method, operator), method, model, state, obs, announced)
-                if not await self._tensor_work(meta, finite_state, res.state):  # e.g. kalman's extras
-                    raise NonFiniteError(f"{method} left non-finite values in the state")
+                res = await self.engine.update(
+                    updater, (method, operator), method, model, state, obs, announced, after=after
+                )
             except FALLBACK_ERRORS as exc:  # NaN/inf particles, a collapsed covariance: a safe method instead
                 res, fallbacks[i] = await self._fall_back(meta, model, state, obs, i, exc)
+                res.after = await self._tensor_work(meta, after, res)
             except ValueError as exc:  # not numerical: the step cannot run as asked (nothing applied)
                 raise invalid(f"observations[{i}]: {exc}") from None
+            if i < len(parsed) - 1:
+                per_step.append(res.after)
             state = res.state
         assert res is not None  # observations has at least one item (schema)
         return res, per_step, fallbacks

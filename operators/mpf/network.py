@@ -24,7 +24,10 @@ step's particles — the normalised inputs):
 * h_θ = Gated_k(… Gated_1([ctx, z, s_z], λ) …, λ), Gated_j(y, λ) = (W_j y + b_j) · σ(λ v_j + c_j) + λ c_j
   (eq. 17–18, the reference's ConcatSquash layers), tanh between layers, and the last layer initialised to
   zero, so an untrained operator is exactly the Daum–Huang flow. The ctx part W_j^c ctx + b_j of every layer
-  is the same for all particles and all λ of a Bayes step, so it is computed once per step.
+  is the same for all particles and all λ of a Bayes step, so it is computed once per step. h_θ (and φ) are
+  evaluated through σ with each gate and the affine parts of the tanh around a layer folded into its weights
+  (:class:`FoldedWeights`): one matmul-add and one σ per layer over the particles (per-op overhead and passes
+  over the activations are what an update costs at serving sizes).
 Divergence is invariant under the affine change x = m + L z, so d log q/dλ = −∇_z·f_z (eq. 8).
 
 The base flow is stiff when the observation is much more informative than the prior (e_k ≫ 1: one RK4
@@ -46,20 +49,6 @@ from operators import gaussian
 from operators.mpf.gaussian_flow import DaumHuangFlow, GaussianLikelihood
 
 
-def tanh(x: torch.Tensor) -> torch.Tensor:
-    """tanh(x) = 2 σ(2x) − 1, the same function evaluated through σ: this CPU build's vectorised ``torch.tanh``
-    is about 3× slower than ``torch.sigmoid`` plus the two affine ops on a [256, 64] float32 block (it was a
-    quarter of an MPF update's time). Differentiable (no in-place ops on σ's saved output)."""
-    return torch.sigmoid(x * 2.0).mul(2.0).sub(1.0)
-
-
-class Tanh(nn.Module):
-    """:func:`tanh` as a layer (holds no parameters, so state dicts are those of ``nn.Tanh``)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return tanh(x)
-
-
 class Gated(nn.Module):
     """Gated_j([ctx, h], λ) = (W^c ctx + W^h h + b) · σ(λ v + c) + λ c  (MPF eq. 18), with W^c ctx + b
     computed once per Bayes step by :meth:`context_bias`."""
@@ -79,12 +68,55 @@ class Gated(nn.Module):
         return self.ctx(ctx)[:, None]
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        """h [B, N, in], bias [B, 1, out] (:meth:`context_bias`), λ [B] → [B, N, out]; fused into one batched
-        matmul-add and one multiply-add (per-op overhead dominates at serving sizes)."""
-        B, N, _ = h.shape
+        """h [B, N, in], bias [B, 1, out] (:meth:`context_bias`), λ [B] → [B, N, out] (eq. 18 as written; the
+        network evaluates it through :meth:`folded`)."""
         lam = lam[:, None, None]  # [B] → broadcast over particles and features
-        pre = torch.baddbmm(bias.expand(B, N, -1), h, self.linear.weight.t().expand(B, -1, -1))
-        return torch.addcmul(lam * self.gate_c, pre, torch.sigmoid(lam * self.gate_v + self.gate_c))
+        pre = torch.baddbmm(bias, h, self.linear.weight.t().expand(h.shape[0], -1, -1))
+        return pre * torch.sigmoid(lam * self.gate_v + self.gate_c) + lam * self.gate_c
+
+
+@dataclass
+class FoldedWeights:
+    """θ rewritten for evaluation through σ (tanh u = 2σ(2u) − 1), fixed while θ is.
+
+    Layer j of h_θ with input s and output rescaled, out_scale_j · Gated_j(in_scale_j · s + in_shift_j, λ), is
+    s M_j(λ) + β_j(λ) with
+
+        M_j(λ) = weights[j] ⊙ g_j(λ),   weights[j] = out_scale · in_scale · W_jᵀ   [in, out],
+        β_j(λ) = (ctx Wc + cb)_j ⊙ g_j(λ) + λ · out_scale · c_j,   g_j(λ) = σ(λ v_j + c_j),
+
+    where Wc [C, Σ out] and cb [Σ out] hold out_scale · W^cᵀ and out_scale · (b + in_shift · W 1) of all layers
+    side by side (layer j owns the columns ``cols[j]``; the gates v, c likewise, so one σ gives every gate). A
+    tanh input is 2s − 1 of the previous σ-output s (in_scale 2, in_shift −1) and a tanh output needs 2u
+    (out_scale 2; the last layer's r_b tanh(u / r_b) needs 2u / r_b): each layer is s' = σ(s M + β), one
+    batched matmul-add and one in-place σ over the particles, the gate folded into the [in, out] weights
+    (O(in · out) per λ, not two passes over [N, out]). The DeepSet φ likewise: s₁ = σ(z phi[0] + phi[1]),
+    s₂ = σ(s₁ phi[2] + phi[3]), φ = 2 s₂ − 1."""
+
+    weights: list[torch.Tensor]
+    ctx_weight: torch.Tensor
+    ctx_bias: torch.Tensor
+    gate_v: torch.Tensor
+    gate_c: torch.Tensor
+    gate_c_scaled: torch.Tensor
+    cols: list[slice]
+    phi: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class FoldedNetwork:
+    """h_θ for one Bayes step: :class:`FoldedWeights` and the step's context term ctx Wc + cb [B, 1, Σ out]."""
+
+    weights: FoldedWeights
+    bias: torch.Tensor
+
+    def layer_maps(self, lam: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(M_j(λ) [B, in, out], β_j(λ) [B, 1, out]) of every layer at λ [B] (:class:`FoldedWeights`)."""
+        w = self.weights
+        lam = lam[:, None, None]
+        gates = torch.sigmoid(torch.addcmul(w.gate_c, lam, w.gate_v))  # [B, 1, Σ out]
+        betas = torch.addcmul(lam * w.gate_c_scaled, self.bias, gates)
+        return [(weight * gates[..., c], betas[..., c]) for weight, c in zip(w.weights, w.cols, strict=True)]
 
 
 @dataclass
@@ -94,17 +126,20 @@ class StepContext:
     mean: torch.Tensor  # [B, d]
     chol: torch.Tensor  # [B, d, d], P = LLᵀ
     embedding: torch.Tensor  # [B, E]: DeepSet of the prior particles + likelihood summary
-    biases: list[torch.Tensor]  # per layer W^c ctx + b, [B, 1, out]
+    network: FoldedNetwork  # h_θ's layers with W^c ctx + b and everything else λ-independent folded in
     eigvec: torch.Tensor  # [B, d, d] U of Λ_z = U diag(e) Uᵀ
     eigval: torch.Tensor  # [B, d] e ≥ 0
     eta_y: torch.Tensor  # [B, d] Uᵀ η_z
     use_base: bool
     likelihood: GaussianLikelihood
 
-    def frame(self, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def frame(self, lam: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact solution of the whitened base flow from λ = 0, y(λ) = Φ(λ) ⊙ y(0) + ψ(λ) with
         Φ = (1 + λe)^{-1/2}, ψ = λ Uᵀη_z / (1 + λe) → (Φ, ψ), each [B, d] (λ a number or [B])."""
-        la = torch.as_tensor(lam, dtype=self.eigval.dtype, device=self.eigval.device).reshape(-1, 1)
+        if isinstance(lam, torch.Tensor):
+            la = lam.reshape(-1, 1)
+        else:
+            la = torch.full((1, 1), float(lam), dtype=self.eigval.dtype, device=self.eigval.device)
         one = 1.0 + la * self.eigval
         return torch.rsqrt(one), la * self.eta_y / one
 
@@ -137,7 +172,7 @@ class MPFVelocity(nn.Module):
     ):
         super().__init__()
         self.dim, self.use_base, self.residual_bound = dim, use_base, residual_bound
-        self.phi = nn.Sequential(nn.Linear(dim, embed), Tanh(), nn.Linear(embed, embed), Tanh())
+        self.phi = nn.Sequential(nn.Linear(dim, embed), nn.Tanh(), nn.Linear(embed, embed), nn.Tanh())
         n_lik = dim * (dim + 1) // 2 + dim  # upper triangle of the whitened Λ, and the whitened η
         self.ctx_dim = embed + n_lik
         widths = [2 * dim, *([hidden] * (layers - 1)), dim]
@@ -145,6 +180,9 @@ class MPFVelocity(nn.Module):
         nn.init.zeros_(self.layers[-1].linear.weight)  # f starts as the base flow (torchdiffeq FAQ)
         nn.init.zeros_(self.layers[-1].ctx.weight)
         self.register_buffer("_triu", torch.triu_indices(dim, dim), persistent=False)
+        ends = list(itertools.accumulate(widths[1:]))
+        self._gate_slices = [slice(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        self._folded_cache: tuple[tuple, FoldedWeights] | None = None
 
     # ------------------------------------------------------------------ per Bayes step
     def context(self, prior_particles: torch.Tensor, likelihood: GaussianLikelihood) -> StepContext:
@@ -156,7 +194,8 @@ class MPFVelocity(nn.Module):
         chol64 = gaussian.cholesky(cov64)
         xc = (x.to(torch.float64) - mean64[:, None]).transpose(-1, -2)
         z = torch.linalg.solve_triangular(chol64, xc, upper=False).transpose(-1, -2)
-        emb = self.phi(z.to(dtype)).mean(1)  # eq. 16: mean_n φ(x_m^n)
+        folded = self.folded_weights()
+        emb = self.deepset(z.to(dtype), folded)  # eq. 16: mean_n φ(x_m^n)
         prec = likelihood.precision.to(torch.float64)
         lam_z = chol64.transpose(-1, -2) @ prec @ chol64
         lam_z = 0.5 * (lam_z + lam_z.transpose(-1, -2))
@@ -174,7 +213,7 @@ class MPFVelocity(nn.Module):
             mean=mean64.to(dtype),
             chol=chol64.to(dtype),
             embedding=embedding,
-            biases=[layer.context_bias(embedding) for layer in self.layers],
+            network=self._fold(embedding, folded),
             eigvec=eigvec.to(dtype),
             eigval=eigval.to(dtype),
             eta_y=eta_y.to(dtype),
@@ -183,15 +222,87 @@ class MPFVelocity(nn.Module):
         )
 
     # ------------------------------------------------------------------ the field
+    def folded_weights(self) -> FoldedWeights:
+        """θ as :class:`FoldedWeights`. Cached while θ is unchanged (keyed by the parameters' version counters,
+        which every in-place update bumps) when no gradient is being recorded — serving; with grad mode on
+        (training) it is rebuilt on every call so that gradients reach θ."""
+        params = tuple(self.parameters())
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return self._fold_weights()
+        key = tuple((id(p), p._version) for p in params)
+        if self._folded_cache is None or self._folded_cache[0] != key:
+            with torch.no_grad():
+                self._folded_cache = (key, self._fold_weights())
+        return self._folded_cache[1]
+
+    def _fold_weights(self) -> FoldedWeights:
+        last = len(self.layers) - 1
+        out_scales = [2.0 if j < last else 2.0 / self.residual_bound for j in range(last + 1)]
+        in_scales = [1.0 if j == 0 else 2.0 for j in range(last + 1)]
+        in_shifts = [0.0 if j == 0 else -1.0 for j in range(last + 1)]
+        layers = list(self.layers)
+        first, second = self.phi[0], self.phi[2]
+        return FoldedWeights(
+            weights=[lay.linear.weight.t() * (k * a) for lay, k, a in zip(layers, out_scales, in_scales, strict=True)],
+            ctx_weight=torch.cat([lay.ctx.weight.t() * k for lay, k in zip(layers, out_scales, strict=True)], 1),
+            ctx_bias=torch.cat(
+                [
+                    (lay.ctx.bias + sh * lay.linear.weight.sum(1)) * k
+                    for lay, k, sh in zip(layers, out_scales, in_shifts, strict=True)
+                ]
+            ),
+            gate_v=torch.cat([lay.gate_v for lay in layers]),
+            gate_c=torch.cat([lay.gate_c for lay in layers]),
+            gate_c_scaled=torch.cat([lay.gate_c * k for lay, k in zip(layers, out_scales, strict=True)]),
+            cols=self._gate_slices,
+            phi=(
+                first.weight.t() * 2.0,
+                first.bias * 2.0,
+                second.weight.t() * 4.0,
+                (second.bias - second.weight.sum(1)) * 2.0,
+            ),
+        )
+
+    def deepset(self, z: torch.Tensor, folded: FoldedWeights | None = None) -> torch.Tensor:
+        """mean_n φ(z_n) [B, E] for z [B, N, d] (eq. 16), φ = tanh ∘ W₂ ∘ tanh ∘ W₁ evaluated through σ
+        (:class:`FoldedWeights`): two matmuls and two in-place σ over the particles, then 2 mean s₂ − 1."""
+        w1, b1, w2, b2 = (folded or self.folded_weights()).phi
+        B, N, d = z.shape
+        s = torch.addmm(b1, z.reshape(B * N, d), w1).sigmoid_()
+        s = torch.addmm(b2, s, w2).sigmoid_()
+        return s.reshape(B, N, -1).mean(1) * 2.0 - 1.0
+
+    def _fold(self, embedding: torch.Tensor, folded: FoldedWeights) -> FoldedNetwork:
+        """h_θ for one Bayes step: the context term of every layer in one matmul (:class:`FoldedNetwork`)."""
+        return FoldedNetwork(folded, torch.addmm(folded.ctx_bias, embedding, folded.ctx_weight)[:, None])
+
+    @staticmethod
+    def features(z: torch.Tensor, score_z: torch.Tensor) -> torch.Tensor:
+        """h_θ's per-particle input [z, asinh s_z] [B, N, 2d] (asinh tames extreme scores)."""
+        return torch.cat([z, torch.asinh(score_z)], -1)
+
+    def residual(
+        self, features: torch.Tensor, lam: torch.Tensor, ctx: StepContext, *, eigenbasis: bool = False
+    ) -> torch.Tensor:
+        """h_θ [B, N, d] from :meth:`features` at λ [B] — or, with ``eigenbasis``, h_θ U (row vectors: the
+        co-moving frame's dw/dλ = Uᵀ h_θ of :func:`operators.mpf.step.flow_step`).
+
+        h_θ = r_b tanh(u / r_b), u = Gated_k(tanh(… tanh(Gated_1(features))…)), is evaluated through σ
+        (:class:`FoldedWeights`): each hidden layer as s' = σ(s M_j(λ) + β_j(λ)) on the previous σ-output s, and
+        the last with out_scale 2 / r_b, so that h_θ = 2 r_b s − r_b and h_θ U = s (2 r_b U) − r_b 1ᵀU (one
+        matmul-add). The same function as eq. 17–18 written layer by layer, to float rounding
+        (tests/unit/test_mpf_network.py)."""
+        s = features
+        for M, beta in ctx.network.layer_maps(lam):
+            s = torch.baddbmm(beta, s, M).sigmoid_()
+        rb = self.residual_bound
+        if eigenbasis:
+            return torch.baddbmm(ctx.eigvec.sum(-2, keepdim=True) * -rb, s, ctx.eigvec * (2.0 * rb))
+        return s * (2.0 * rb) - rb
+
     def residual_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """h_θ(ctx, z, s_z, λ) [B, N, d] in whitened coordinates, ``score_z`` = Lᵀ ∇x log p(o | x) at x = m + L z."""
-        h = torch.cat([z, torch.asinh(score_z)], -1)
-        last = len(self.layers) - 1
-        for j, (layer, bias) in enumerate(zip(self.layers, ctx.biases, strict=True)):
-            h = layer(h, bias, lam)
-            if j < last:
-                h = tanh(h)
-        return self.residual_bound * tanh(h / self.residual_bound)
+        return self.residual(self.features(z, score_z), lam, ctx)
 
     def field_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """f_z = DH_z + U Φ(λ) Uᵀ h_θ [B, N, d], the whole whitened field (the module docstring)."""

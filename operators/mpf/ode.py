@@ -135,10 +135,13 @@ def integrate(
     length = _span_end(t1, "t1", B, x0) - start  # [B], may be negative (a backward flow)
     build = create_graph and torch.is_grad_enabled()
 
+    # the unit span [0, 1] of every stream (serving's): t = s, no rescaling
+    unit = not isinstance(t0, torch.Tensor) and not isinstance(t1, torch.Tensor) and t0 == 0 and t1 == 1
+
     def dynamics(s: torch.Tensor, state):
-        t = start + s * length  # [B]
+        t = s.expand(B) if unit else start + s * length  # [B]
         if not track:  # no autograd needed: under no_grad (serving) the output is detached anyway
-            return velocity_fn(state, t) * length[:, None, None]
+            return velocity_fn(state, t) if unit else velocity_fn(state, t) * length[:, None, None]
         x, _ = state
         f, div = velocity_and_divergence(velocity_fn, x, t, method=div_method, probes=probes, create_graph=create_graph)
         return f * length[:, None, None], -div * length[:, None]

@@ -70,18 +70,29 @@ def flow_step(
     def position(w: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(y, z) with y = Φ(λ) ⊙ w + ψ(λ) and z = U y, for w [B, N, d] (row vectors)."""
         phi, psi = ctx.frame(lam)
-        y = w * phi[:, None] + psi[:, None]
+        y = torch.addcmul(psi[:, None], w, phi[:, None])
         return y, y @ U.transpose(-1, -2)
 
-    def score_z(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Lᵀ ∇x log p(o | x) at x = m + L z; for linear-Gaussian families exactly η_z − Λ_z z = U (Uᵀη_z − e ⊙ y)."""
-        if exact:
-            return (ctx.eta_y[:, None] - y * ctx.eigval[:, None]) @ U.transpose(-1, -2)
-        return model.score(obs, ctx.to_x(z)) @ L
+    if exact:
+        # [z, s_z] is affine in w: with y = Φ ⊙ w + ψ, z = y Uᵀ and s_z = Lᵀ(η − Λx) = (Uᵀη_z − e ⊙ y) Uᵀ,
+        # [z, s_z] = w (diag(Φ) K) + (ψ K + k₀), K = [Uᵀ | −diag(e) Uᵀ] [B, d, 2d], k₀ = [0 | η_y Uᵀ] [B, 1, 2d]
+        Ut = U.transpose(-1, -2)
+        K = torch.cat([Ut, -ctx.eigval[:, :, None] * Ut], -1)
+        k0 = torch.cat([torch.zeros_like(ctx.eta_y), (ctx.eta_y[:, None] @ Ut)[:, 0]], -1)[:, None]
+        d = x.shape[-1]
+
+        def features(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+            phi, psi = ctx.frame(lam)
+            zs = torch.baddbmm(torch.baddbmm(k0, psi[:, None], K), w, phi[:, :, None] * K)
+            return torch.cat([zs[..., :d], torch.asinh(zs[..., d:])], -1)
+    else:
+
+        def features(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+            _, z = position(w, lam)
+            return net.features(z, model.score(obs, ctx.to_x(z)) @ L)
 
     def velocity(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        y, z = position(w, lam)
-        return net.residual_z(z, lam, score_z(y, z), ctx) @ U  # dw/dλ = Uᵀ h
+        return net.residual(features(w, lam), lam, ctx, eigenbasis=True)  # dw/dλ = Uᵀ h
 
     if divergence == "none":
         log_q = None
@@ -103,4 +114,4 @@ def flow_step(
     )
     if log_q1 is not None:  # log q_z = log q_w − log|det Φ(1)| = log q_w + ½ Σ_k log(1 + e_k)
         log_q1 = log_q1 + 0.5 * torch.log1p(ctx.eigval).sum(-1, keepdim=True)
-    return ctx.to_x(position(w1, torch.ones(x.shape[0], dtype=x.dtype, device=x.device))[1]), log_q1
+    return ctx.to_x(position(w1, 1.0)[1]), log_q1

@@ -1,10 +1,11 @@
 """Publishing stream updates to live viewers (Redis publish/subscribe; read by :mod:`service.dashboard.events`).
 
-:func:`announce` is called by :meth:`~service.streams.StreamService.observe` right after an update's
-compare-and-set succeeded — the update is durable before anyone hears of it. It publishes a compact event on
-the channel ``<prefix>:events:<tenant>:<stream_id>`` from a background task, so the answer to the writer never
-waits for it, and a failed publish never fails the (already stored) update: viewers are told, best effort.
-Because the channel lives in the store, a viewer connected to one replica sees updates applied by any replica.
+An applied update is told to viewers as a compact event on the channel ``<prefix>:events:<tenant>:<stream_id>``,
+published only once the update is stored. :func:`update_event` builds that event as ``(channel, payload)`` for
+:meth:`~service.store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right after its write
+and only if the write happened — atomically with it and without a second round trip
+(:meth:`~service.streams.StreamService.observe` passes it). Because the channel lives in the store, a viewer
+connected to one replica sees updates applied by any replica.
 
 Event size is bounded: ``summary`` leaves out ``cov`` (d² numbers) and ``per_step`` keeps the last entries only,
 up to ``MAX_EVENT_NUMBERS`` means and stds in all (a 1000-step batch of a 2-D stream is sent whole).
@@ -14,17 +15,10 @@ This module imports nothing of the request path (:mod:`service.streams` imports 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
-from service.store import StreamStore
-
-log = logging.getLogger("mpflow.events")
-
 MAX_EVENT_NUMBERS = 20000
-_pending: set[asyncio.Task] = set()  # background publishes (a reference keeps each task alive until done)
 
 
 def channel(prefix: str, tenant: str, stream_id: str) -> str:
@@ -49,22 +43,13 @@ def event_of(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _publish(store: StreamStore, name: str, payload: str) -> None:
-    try:
-        await store.client.publish(name, payload)
-    except Exception as exc:  # best effort: the update is stored, only live viewers miss it (store down, closing)
-        log.debug("could not publish a stream event: %s", exc)
-
-
-def announce(store: StreamStore, tenant: str, stream_id: str, doc: dict[str, Any]) -> None:
-    """Publish the applied update ``doc`` (an observation answer) to the stream's viewers, in the background.
-    Duplicates (nothing applied) are not announced."""
+def update_event(prefix: str, tenant: str, stream_id: str, doc: dict[str, Any]) -> tuple[str, str] | None:
+    """``(channel, payload)`` telling the stream's viewers of the applied update ``doc`` (an observation answer):
+    the stream's :func:`channel` and :func:`event_of` as compact JSON. ``None`` when there is nothing to tell: a
+    duplicate (nothing applied) or an answer without ``per_step``."""
     if doc.get("duplicate") or not doc.get("per_step"):
-        return
-    payload = json.dumps(event_of(doc), separators=(",", ":"))
-    task = asyncio.get_running_loop().create_task(_publish(store, channel(store.prefix, tenant, stream_id), payload))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+        return None
+    return channel(prefix, tenant, stream_id), json.dumps(event_of(doc), separators=(",", ":"))
 
 
-__all__ = ["MAX_EVENT_NUMBERS", "announce", "channel", "event_of"]
+__all__ = ["MAX_EVENT_NUMBERS", "channel", "event_of", "update_event"]

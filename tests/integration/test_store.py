@@ -119,6 +119,59 @@ def test_compare_and_set_versions(redis_url):
     run(redis_url, body)
 
 
+async def published(store: StreamStore, name: str, write: Callable[[], Awaitable[Any]]) -> tuple[Any, list[bytes]]:
+    """``(write()'s result, the payloads published on channel name while it ran)``, from a real subscription.
+
+    After ``write`` has answered, a sentinel is published on the channel: Redis runs commands one at a time and
+    delivers a channel's messages in that order, so every message the write published comes before it — the
+    list is complete without waiting on a timeout."""
+    sentinel = f"sentinel-{uuid.uuid4().hex}".encode()
+    pubsub = store.client.pubsub()
+    try:
+        await pubsub.subscribe(name)
+        assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
+        result = await write()
+        assert await store.client.publish(name, sentinel) == 1
+        messages: list[bytes] = []
+        while (m := await pubsub.get_message(ignore_subscribe_messages=True, timeout=5)) is not None:
+            if m["data"] == sentinel:
+                return result, messages
+            messages.append(m["data"])
+        raise AssertionError(f"the sentinel never came; got {messages}")
+    finally:
+        await pubsub.aclose()
+
+
+def test_compare_and_set_publishes_its_event_once_and_only_after_a_write(redis_url):
+    data = smc_state().to_bytes()
+    payload = '{"stream_id":"s","step":1,"per_step":[{"step":1}]}'
+
+    async def body(store: StreamStore):
+        name = f"{store.prefix}:events:t:s"
+        assert await store.create("t", "s", meta_doc(), data, TTL)
+
+        def cas(version: int, stream_id: str = "s", event: tuple[str, str] | None = (name, payload)):
+            return lambda: store.compare_and_set("t", stream_id, version, {"step": version}, data, TTL, event=event)
+
+        # a version mismatch writes nothing and publishes nothing; nor does a missing stream
+        assert await published(store, name, cas(7)) == (False, [])
+        assert await published(store, name, cas(1, "nope")) == (False, [])
+        assert (await store.get("t", "s"))[0]["version"] == 1
+        # the write publishes exactly once, the payload as given; without an event, nothing is published
+        assert await published(store, name, cas(1)) == (True, [payload.encode()])
+        assert await published(store, name, cas(2, event=None)) == (True, [])
+        meta, _ = await store.get("t", "s")
+        assert meta["version"] == 3 and meta["step"] == 2  # the event did not disturb the meta fields
+        # of racing writers from one read, only the winner's event is published
+        racers = [store.compare_and_set("t", "s", 3, {"step": i}, data, TTL, event=(name, str(i))) for i in range(20)]
+        results, messages = await published(store, name, lambda: asyncio.gather(*racers))
+        assert sum(results) == 1 and messages == [str(results.index(True)).encode()]
+        with pytest.raises(ValueError):
+            await store.compare_and_set("t", "s", 4, {}, data, TTL, event=("", payload))
+
+    run(redis_url, body)
+
+
 def test_ttl_on_both_keys_and_refreshed(redis_url):
     data = smc_state().to_bytes()
 

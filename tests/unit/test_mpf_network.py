@@ -41,6 +41,39 @@ def test_trained_residual_changes_the_field_and_context_is_permutation_invariant
     assert torch.allclose(net(x[:, perm], lam, score[:, perm], ctx_perm), v[:, perm], atol=1e-5)
 
 
+def _layer_by_layer(net, z, lam, score_z, ctx):
+    """h_θ and mean φ written as eq. 16–18 say, layer by layer with torch.tanh (the folded evaluation of
+    MPFVelocity.residual_z / deepset must be this same function)."""
+    h = torch.cat([z, torch.asinh(score_z)], -1)
+    for j, layer in enumerate(net.layers):
+        h = layer(h, layer.context_bias(ctx.embedding), lam)
+        if j < len(net.layers) - 1:
+            h = torch.tanh(h)
+    emb = torch.tanh(net.phi[2](torch.tanh(net.phi[0](z)))).mean(1)
+    return net.residual_bound * torch.tanh(h / net.residual_bound), emb
+
+
+def test_folded_evaluation_is_the_layer_by_layer_network():
+    net, x, score, lik = make(d=3, B=2, N=64)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ctx = net.context(x, lik)
+    z = ctx.to_z(x)
+    lam = torch.tensor([0.25, 0.8])
+    score_z = score @ ctx.chol
+    want_h, want_emb = _layer_by_layer(net, z, lam, score_z, ctx)
+    assert want_h.abs().max() > 0.1  # a residual that is not trivially zero
+    assert torch.allclose(net.residual_z(z, lam, score_z, ctx), want_h, atol=2e-5, rtol=1e-5)
+    assert torch.allclose(net.deepset(z), want_emb, atol=2e-6)
+    # and their gradients with respect to θ agree (training runs through the folded form)
+    params = list(net.parameters())
+    g_fold = torch.autograd.grad(net.residual_z(z, lam, score_z, ctx).square().sum(), params, retain_graph=True)
+    g_ref = torch.autograd.grad(_layer_by_layer(net, z, lam, score_z, ctx)[0].square().sum(), params)
+    for a, b in zip(g_fold, g_ref, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_gradients_reach_every_parameter():
     net, x, score, lik = make()
     with torch.no_grad():

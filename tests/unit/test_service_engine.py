@@ -129,3 +129,45 @@ def test_engine_must_run_and_arguments_are_checked():
             await engine.update(get_updater("smc"), "k", "smc", model, state, torch.zeros(2))
 
     asyncio.run(main())
+
+
+def test_after_hooks_run_on_the_worker_per_stream_and_fail_alone():
+    """Each job's ``after`` hook sees its own row of the batched step on the worker thread; a hook that raises
+    fails its stream only (the batch-mates keep their results and hooks)."""
+    import threading
+
+    updater, model = get_updater("smc"), make_model("linear_gaussian", None, 2)
+    threads: list[str] = []
+
+    def after(res):
+        threads.append(threading.current_thread().name)
+        if float(res.state.log_evidence[0]) == 0.0:  # never: a step always adds evidence
+            raise AssertionError("after saw the pre-step state")
+        return float(res.state.particles.mean())
+
+    def failing(res):
+        raise ValueError("observations[0]: refused by the hook")
+
+    async def main():
+        rec = Recorder()
+        engine = UpdateEngine(max_batch_size=8, max_wait_ms=50, observer=rec)
+        await engine.start()
+        try:
+            states = [updater.init(PRIOR, model, 32, seed=i) for i in range(4)]
+            hooks = [after, failing, after, after]
+            return rec, await asyncio.gather(
+                *(
+                    engine.update(updater, ("smc", None), "smc", model, s, torch.tensor([1.0, -1.0]), after=h)
+                    for s, h in zip(states, hooks, strict=True)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            await engine.stop()
+
+    rec, results = asyncio.run(main())
+    assert max(b for *_, b in rec.calls) > 1  # they were stacked
+    assert isinstance(results[1], ValueError) and "refused by the hook" in str(results[1])
+    for r in (results[0], results[2], results[3]):
+        assert r.after == pytest.approx(float(r.state.particles.mean()))
+    assert threads and all(t.startswith("mpflow-update") for t in threads)
