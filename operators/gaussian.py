@@ -7,6 +7,7 @@ All functions work in the dtype of their inputs (references and metrics call the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -61,12 +62,14 @@ def moments(x: torch.Tensor, log_weights: torch.Tensor | None = None) -> tuple[t
     """Weighted mean [B, d] and covariance [B, d, d] of a particle cloud (the 1/N, biased estimate,
     as GPF eq. 15 uses: C = Σ_i w_i (x_i − m)(x_i − m)ᵀ)."""
     if log_weights is None:
-        w = torch.full(x.shape[:2], 1.0 / x.shape[1], dtype=x.dtype, device=x.device)
+        mean = x.mean(1)
+        diff = x - mean[:, None, :]
+        cov = diff.transpose(-1, -2) @ diff / x.shape[1]
     else:
         w = torch.softmax(log_weights.to(x.dtype), dim=-1)
-    mean = torch.einsum("bn,bnd->bd", w, x)
-    diff = x - mean[:, None, :]
-    cov = torch.einsum("bn,bnd,bne->bde", w, diff, diff)
+        mean = (w[:, None] @ x)[:, 0]
+        diff = x - mean[:, None, :]
+        cov = (diff * w[..., None]).transpose(-1, -2) @ diff
     return mean, 0.5 * (cov + cov.transpose(-1, -2))
 
 
@@ -91,14 +94,38 @@ def liu_west(x: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor, a: float, 
     return a * x + (1.0 - a) * mean[..., None, :] + math.sqrt(1.0 - a * a) * xi @ chol.transpose(-1, -2)
 
 
+@dataclass(frozen=True)
+class Whitened:
+    """A cloud x [B, N, d] as x = m + z Lᵀ: its mean m [B, d], the Cholesky factor L [B, d, d] of its
+    covariance (LLᵀ = C) and its whitened points z = L⁻¹ (x − m) [B, N, d] (empirical mean 0, covariance I)."""
+
+    mean: torch.Tensor
+    chol: torch.Tensor
+    z: torch.Tensor
+
+    def points(self) -> torch.Tensor:
+        """x = m + z Lᵀ [B, N, d]."""
+        return self.mean[:, None, :] + self.z @ self.chol.transpose(-1, -2)
+
+
+def whiten(x: torch.Tensor) -> Whitened:
+    """The cloud x [B, N, d] in the coordinates of its own (unweighted) mean and covariance (N > d)."""
+    mean, cov = moments(x)
+    chol = cholesky(cov)
+    z = torch.linalg.solve_triangular(chol, (x - mean[:, None]).transpose(-1, -2), upper=False)
+    return Whitened(mean, chol, z.transpose(-1, -2))
+
+
+def matched(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> Whitened:
+    """The cloud x mapped affinely onto (mean, cov) exactly — x' = m + L_target L_emp⁻¹ (x − m_emp) — as
+    :class:`Whitened` (its whitened points are x's own). Needs N > d (a full-rank empirical covariance)."""
+    return Whitened(mean, cholesky(cov), whiten(x).z)
+
+
 def match_moments(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
     """Affinely map the cloud x so that its empirical mean and covariance equal (mean, cov) exactly:
-    x' = m + L_target L_emp⁻¹ (x − m_emp). Needs N > d (a full-rank empirical covariance)."""
-    m_emp, c_emp = moments(x)
-    L_emp = cholesky(c_emp)
-    L_tgt = cholesky(cov)
-    z = torch.linalg.solve_triangular(L_emp, (x - m_emp[:, None]).transpose(-1, -2), upper=False)
-    return mean[:, None, :] + (L_tgt @ z).transpose(-1, -2)
+    x' = m + L_target L_emp⁻¹ (x − m_emp) (:func:`matched`). Needs N > d."""
+    return matched(x, mean, cov).points()
 
 
 def moment_matched(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:

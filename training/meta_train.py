@@ -137,8 +137,9 @@ def task_loss(
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
         for m in range(tasks.length):
             obs = tasks.obs[:, m]
+            white = None  # the predicted cloud's whitened form, as serving passes it to flow_step
             if model.dynamic:
-                x, _ = predict(model, x, tasks.gens, density=False)  # the loss fits its own p̂_m below
+                x, _, white = predict(model, x, tasks.gens, density=False)  # the loss fits its own p̂_m below
                 log_prior = _density(predicted_prior, x)
                 log_q, start = log_prior(x), m
             elif segment and m > 0 and m % segment == 0:  # eq. 21: a new task from the particles at the cut
@@ -147,7 +148,16 @@ def task_loss(
                 log_q, start = log_prior(x), m
             probes = rademacher_probes(tasks.gens, 1, N, x.shape[-1], x.dtype) if x.shape[-1] > EXACT_MAX_DIM else None
             x, log_q = flow_step(
-                net, model, obs, x, log_q, steps=steps, create_graph=create_graph, adjoint=adjoint, probes=probes
+                net,
+                model,
+                obs,
+                x,
+                log_q,
+                steps=steps,
+                create_graph=create_graph,
+                adjoint=adjoint,
+                probes=probes,
+                whitened=white,
             )
             log_joint = log_prior(x)  # eq. 22: log π(x_m) + Σ_{start≤s≤m} log p(o_s | x_m)
             for s in range(start, m + 1):

@@ -45,20 +45,28 @@ def linear_gaussian_likelihood(H: torch.Tensor, R: torch.Tensor, obs: torch.Tens
 
 
 def statistical_linearisation(
-    x: torch.Tensor, score: torch.Tensor, log_weights: torch.Tensor | None = None
+    x: torch.Tensor,
+    score: torch.Tensor,
+    log_weights: torch.Tensor | None = None,
+    whitened: gaussian.Whitened | None = None,
 ) -> GaussianLikelihood:
     """Fit (Λ, η) to the likelihood scores ``score`` [B, N, d] at the particles ``x`` [B, N, d] by Stein's
-    identity (module docstring). Computed in float64."""
+    identity (module docstring). Computed in float64. ``whitened``: x's (unweighted) :class:`Whitened` form
+    when the caller has it (its mean and Cholesky factor are reused)."""
     x64, s64 = x.to(torch.float64), score.to(torch.float64)
     w = (
         torch.full(x.shape[:2], 1.0 / x.shape[1], dtype=torch.float64)
         if log_weights is None
         else torch.softmax(log_weights.to(torch.float64), -1)
     )
-    mean, cov = gaussian.moments(x64, log_weights)
+    if whitened is not None and log_weights is None:
+        mean, chol = whitened.mean, whitened.chol
+    else:
+        mean, cov = gaussian.moments(x64, log_weights)
+        chol = gaussian.cholesky(cov)
     xc = x64 - mean[:, None]
     cross = torch.einsum("bn,bni,bnj->bij", w, s64, xc)  # E[s (x − m)ᵀ] ≈ −Λ C
-    prec = -torch.cholesky_solve(cross.transpose(-1, -2), gaussian.cholesky(cov)).transpose(-1, -2)
+    prec = -torch.cholesky_solve(cross.transpose(-1, -2), chol).transpose(-1, -2)
     prec = 0.5 * (prec + prec.transpose(-1, -2))
     eig, vec = torch.linalg.eigh(prec)
     prec = vec @ torch.diag_embed(eig.clamp_min(0.0)) @ vec.transpose(-1, -2)
@@ -99,11 +107,14 @@ class DaumHuangFlow:
         return torch.diagonal(self.matrices(lam)[0], dim1=-2, dim2=-1).sum(-1)
 
 
-def linearised_likelihood(model, obs: torch.Tensor, x: torch.Tensor) -> GaussianLikelihood:
+def linearised_likelihood(
+    model, obs: torch.Tensor, x: torch.Tensor, whitened: gaussian.Whitened | None = None
+) -> GaussianLikelihood:
     """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
-    else :func:`statistical_linearisation` of the scores at the (detached) particles x [B, N, d]."""
+    else :func:`statistical_linearisation` of the scores at the (detached) particles x [B, N, d] (``whitened``:
+    x's :class:`~operators.gaussian.Whitened` form, reused when given)."""
     if model.linear_gaussian:
         H, R = model.observation_affine()
         return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
     x = x.detach()
-    return statistical_linearisation(x, model.score(obs, x))
+    return statistical_linearisation(x, model.score(obs, x), whitened=whitened)

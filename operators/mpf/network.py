@@ -105,10 +105,12 @@ class FoldedWeights:
 
 @dataclass
 class FoldedNetwork:
-    """h_θ for one Bayes step: :class:`FoldedWeights` and the step's context term ctx Wc + cb [B, 1, Σ out]."""
+    """h_θ for one Bayes step: :class:`FoldedWeights`, the step's context term ctx Wc + cb [B, 1, Σ out], and
+    the map from the last layer's σ-output to h_θ U (:meth:`MPFVelocity.residual`)."""
 
     weights: FoldedWeights
     bias: torch.Tensor
+    head: tuple[torch.Tensor, torch.Tensor]  # (2 r_b U [B, d, d], −r_b 1ᵀU [B, 1, d]): h_θ U from the last σ
 
     def layer_maps(self, lam: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(M_j(λ) [B, in, out], β_j(λ) [B, 1, out]) of every layer at λ [B] (:class:`FoldedWeights`)."""
@@ -185,15 +187,16 @@ class MPFVelocity(nn.Module):
         self._folded_cache: tuple[tuple, FoldedWeights] | None = None
 
     # ------------------------------------------------------------------ per Bayes step
-    def context(self, prior_particles: torch.Tensor, likelihood: GaussianLikelihood) -> StepContext:
+    def context(
+        self, prior_particles: torch.Tensor, likelihood: GaussianLikelihood, whitened: gaussian.Whitened | None = None
+    ) -> StepContext:
         """Moments, DeepSet embedding, whitened likelihood and per-layer context biases from the (detached)
-        prior particles [B, N, d]. The Gaussian algebra runs in float64."""
+        prior particles [B, N, d] (``whitened``: their float64 :class:`~operators.gaussian.Whitened` form, when
+        the caller has it). The Gaussian algebra runs in float64."""
         x = prior_particles.detach()
         dtype = x.dtype
-        mean64, cov64 = gaussian.moments(x.to(torch.float64))
-        chol64 = gaussian.cholesky(cov64)
-        xc = (x.to(torch.float64) - mean64[:, None]).transpose(-1, -2)
-        z = torch.linalg.solve_triangular(chol64, xc, upper=False).transpose(-1, -2)
+        white = whitened if whitened is not None else gaussian.whiten(x.to(torch.float64))
+        mean64, chol64, z = white.mean, white.chol, white.z
         folded = self.folded_weights()
         emb = self.deepset(z.to(dtype), folded)  # eq. 16: mean_n φ(x_m^n)
         prec = likelihood.precision.to(torch.float64)
@@ -213,7 +216,7 @@ class MPFVelocity(nn.Module):
             mean=mean64.to(dtype),
             chol=chol64.to(dtype),
             embedding=embedding,
-            network=self._fold(embedding, folded),
+            network=self._fold(embedding, folded, eigvec.to(dtype)),
             eigvec=eigvec.to(dtype),
             eigval=eigval.to(dtype),
             eta_y=eta_y.to(dtype),
@@ -272,9 +275,15 @@ class MPFVelocity(nn.Module):
         s = torch.addmm(b2, s, w2).sigmoid_()
         return s.reshape(B, N, -1).mean(1) * 2.0 - 1.0
 
-    def _fold(self, embedding: torch.Tensor, folded: FoldedWeights) -> FoldedNetwork:
-        """h_θ for one Bayes step: the context term of every layer in one matmul (:class:`FoldedNetwork`)."""
-        return FoldedNetwork(folded, torch.addmm(folded.ctx_bias, embedding, folded.ctx_weight)[:, None])
+    def _fold(self, embedding: torch.Tensor, folded: FoldedWeights, eigvec: torch.Tensor) -> FoldedNetwork:
+        """h_θ for one Bayes step: the context term of every layer in one matmul, and the head from the last
+        σ-output s to h_θ U = s (2 r_b U) − r_b 1ᵀU (:class:`FoldedNetwork`)."""
+        rb = self.residual_bound
+        return FoldedNetwork(
+            folded,
+            torch.addmm(folded.ctx_bias, embedding, folded.ctx_weight)[:, None],
+            (eigvec * (2.0 * rb), eigvec.sum(-2, keepdim=True) * -rb),
+        )
 
     @staticmethod
     def features(z: torch.Tensor, score_z: torch.Tensor) -> torch.Tensor:
@@ -297,7 +306,8 @@ class MPFVelocity(nn.Module):
             s = torch.baddbmm(beta, s, M).sigmoid_()
         rb = self.residual_bound
         if eigenbasis:
-            return torch.baddbmm(ctx.eigvec.sum(-2, keepdim=True) * -rb, s, ctx.eigvec * (2.0 * rb))
+            weight, bias = ctx.network.head
+            return torch.baddbmm(bias, s, weight)
         return s * (2.0 * rb) - rb
 
     def residual_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:

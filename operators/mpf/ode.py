@@ -131,12 +131,14 @@ def integrate(
     div_method = resolve_method(divergence, d, probes) if track else "none"
     if log_q0 is not None and log_q0.shape != (B, N):
         raise ValueError(f"log_q0 must have shape [B, N] = {(B, N)}, got {tuple(log_q0.shape)}")
-    start = _span_end(t0, "t0", B, x0)
-    length = _span_end(t1, "t1", B, x0) - start  # [B], may be negative (a backward flow)
-    build = create_graph and torch.is_grad_enabled()
-
     # the unit span [0, 1] of every stream (serving's): t = s, no rescaling
     unit = not isinstance(t0, torch.Tensor) and not isinstance(t1, torch.Tensor) and t0 == 0 and t1 == 1
+    if unit:
+        start = length = None
+    else:
+        start = _span_end(t0, "t0", B, x0)
+        length = _span_end(t1, "t1", B, x0) - start  # [B], may be negative (a backward flow)
+    build = create_graph and torch.is_grad_enabled()
 
     def dynamics(s: torch.Tensor, state):
         t = s.expand(B) if unit else start + s * length  # [B]
@@ -144,6 +146,8 @@ def integrate(
             return velocity_fn(state, t) if unit else velocity_fn(state, t) * length[:, None, None]
         x, _ = state
         f, div = velocity_and_divergence(velocity_fn, x, t, method=div_method, probes=probes, create_graph=create_graph)
+        if unit:
+            return f, -div
         return f * length[:, None, None], -div * length[:, None]
 
     if log_q0 is None:
@@ -161,7 +165,7 @@ def integrate(
             params = list(adjoint_params)
             if isinstance(velocity_fn, nn.Module):
                 params += list(velocity_fn.parameters())
-            params += [t for t in (start, length) if t.requires_grad]
+            params += [t for t in (start, length) if t is not None and t.requires_grad]
             sol = odeint_adjoint(dynamics, y0, s_span, adjoint_params=_unique(params), **kwargs)
         else:
             sol = odeint(dynamics, y0, s_span, **kwargs)

@@ -31,17 +31,23 @@ from operators.rng import Generators
 
 def predict(
     model: ModelFamily, x: torch.Tensor, gens: Generators, log_weights: torch.Tensor | None = None, *, density=True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The transition step of a dynamic family (module docstring, 1.) → (x_pred, log N(x_pred; F m + c, F C Fᵀ + Q))
-    (the density only when ``density``); static families return (x, None)."""
+) -> tuple[torch.Tensor, torch.Tensor | None, gaussian.Whitened | None]:
+    """The transition step of a dynamic family (module docstring, 1.) → (x_pred, log N(x_pred; F m + c, F C Fᵀ + Q)
+    (the density only when ``density``), x_pred whitened (float64, for :func:`flow_step`; None when N ≤ d));
+    static families return (x, None, None)."""
     if not model.dynamic:
-        return x, None
+        return x, None, None
     mean, cov = gaussian.moments(x.detach().double(), log_weights)
     mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
-    x = gaussian.moment_matched(model.transition(x, gens), mean, cov)  # no Monte Carlo noise in the moments
+    moved = model.transition(x, gens)
+    white = None
+    if x.shape[1] > x.shape[2]:  # no Monte Carlo noise in the moments
+        white = gaussian.matched(moved.double(), mean, cov)
+        moved = white.points().to(x.dtype)
     if not density:
-        return x, None
-    return x, gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(x.dtype)
+        return moved, None, white
+    chol = white.chol if white is not None else gaussian.cholesky(cov)
+    return moved, gaussian.log_prob(moved.double(), mean, chol).to(x.dtype), white
 
 
 def flow_step(
@@ -57,13 +63,19 @@ def flow_step(
     create_graph: bool = False,
     adjoint: bool = False,
     probes: torch.Tensor | None = None,
+    whitened: gaussian.Whitened | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Transport (x, log q) through one observation → (x1, log_q1). ``divergence="none"`` skips the density
     (log_q1 is None: serving, where nobody reads it). ``create_graph`` keeps the graph for training;
     serving calls it under ``torch.no_grad()``. ``adjoint`` (training) takes gradients by torchdiffeq's
     adjoint method: O(1) memory in the ODE steps, θ its parameters.
-    ``probes`` [P, B, N, d]: Hutchinson probes, used by ``divergence="auto"`` when d > 8."""
-    ctx = net.context(x, linearised_likelihood(model, obs, x))
+    ``probes`` [P, B, N, d]: Hutchinson probes, used by ``divergence="auto"`` when d > 8. ``whitened``: x in
+    float64 whitened coordinates when the caller has them (:func:`predict`), else computed here."""
+    if whitened is None:
+        white = gaussian.whiten(x.detach().double())
+    else:
+        white = gaussian.Whitened(whitened.mean.detach(), whitened.chol.detach(), whitened.z.detach())
+    ctx = net.context(x, linearised_likelihood(model, obs, x, white), white)
     L, U = ctx.chol, ctx.eigvec
     exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
 

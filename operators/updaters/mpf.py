@@ -103,11 +103,16 @@ class MPFUpdater(Updater):
         net = self.options["network"]
         if net is None:  # the zero residual: the exact Daum–Huang flow
             if dim not in self._untrained:
-                self._untrained[dim] = MPFVelocity(dim).eval()
+                with torch.inference_mode(False):  # normal parameters, even when first built inside a step
+                    self._untrained[dim] = MPFVelocity(dim).eval()
             net = self._untrained[dim]
         if net.dim != dim:
             raise ValueError(f"options.network: the operator is for d = {net.dim}, the model has d = {dim}")
         return net
+
+    def autograd_free(self) -> bool:
+        """Serving's step (no density tracking) needs no autograd; tracking takes ∇·f by autograd."""
+        return not self.options["track_density"]
 
     def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         x = state.particles
@@ -126,7 +131,7 @@ class MPFUpdater(Updater):
         B, N, d = state.particles.shape
         o = self.options
         track = o["track_density"]
-        x, log_q = predict(model, state.particles, gens, state.log_weights, density=track)
+        x, log_q, white = predict(model, state.particles, gens, state.log_weights, density=track)
         if log_q is None and track:
             log_q = state.log_density
         with torch.no_grad():
@@ -140,6 +145,7 @@ class MPFUpdater(Updater):
                 method=o["solver"],
                 steps=o["steps"],
                 divergence="auto" if track else "none",
+                whitened=white,
             )
         n_eff = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
