@@ -11,9 +11,10 @@ shipped operator of the family (:func:`operators.updaters.mpf.find_operator`), i
 one step) and no density tracking (as served); a family without a shipped operator runs the untrained base
 flow and says so. The methods alternate update by update (mpf, smc, mpf, …), so a load spike on this shared
 machine hits both alike; the table reports medians, 90th percentiles and the ratio of medians to ``smc``.
-"flow_step ms" times the operator alone (:func:`operators.mpf.step.flow_step` on the current cloud: likelihood
-linearisation, context, the RK4 integration), "mpf update" the whole ``update`` (plus the evidence estimate,
-finiteness checks and the stream's generator state).
+"flow_step ms" times the operator alone (:func:`operators.mpf.step.flow_step` on the current cloud, under
+``torch.inference_mode`` as served: whitening, likelihood linearisation, context, the RK4 integration), "mpf
+update" the whole ``update`` (plus the predict step of dynamic families, the evidence estimate, finiteness checks
+and the stream's generator state; the predict step hands its whitened cloud to the flow, which then skips its own).
 
 Results: a markdown table on stdout, ``benchmarks/results/mpf_latency.json`` and ``.png``.
 """
@@ -67,7 +68,8 @@ def measure(family: str, N: int, repeats: int, warmup: int, d: int = 2) -> dict[
             # the operator alone: one flow_step (linearise, context, RK4) on the current cloud
             x = states["mpf"].particles
             t0 = time.perf_counter()
-            flow_step(net, model, obs[:, t], x, None, method=opts["solver"], steps=opts["steps"], divergence="none")
+            with torch.inference_mode():  # as the updater runs it (MPFUpdater.autograd_free)
+                flow_step(net, model, obs[:, t], x, None, method=opts["solver"], steps=opts["steps"], divergence="none")
             if t >= warmup:
                 times["flow"].append(1000 * (time.perf_counter() - t0))
             for name, u in updaters.items():

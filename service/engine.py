@@ -23,7 +23,11 @@ by one so that only the guilty stream sees the error.
 
 Torch runs off the event loop: batched updates on one worker thread (``torch.set_num_threads(1)``; the
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
-work (state initialisation, summaries, draws) on a small auxiliary pool through :meth:`UpdateEngine.run`.
+work (state initialisation, summaries, draws) on a small auxiliary pool through :meth:`UpdateEngine.run`. A job
+may carry an ``after`` hook, run on the worker with that stream's result right after the batched step (the
+stream service checks, summarises and encodes the new state there): one hop to a thread per step instead of
+one per stage — every hop is a wake-up and a GIL hand-over, and under load those, not the arithmetic, were what
+the event loop spent its time on.
 ``batching=False`` (or ``max_batch_size=1``) turns micro-batching off: one stream per call, no waiting.
 """
 

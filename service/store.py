@@ -95,6 +95,12 @@ return 1
 """
 
 # KEYS: meta, state, index.
+# a consistent snapshot of one stream: its meta hash and its state (a script runs atomically; one command
+# costs the event loop less than a MULTI/EXEC pipeline of two)
+_GET = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+
 _DELETE = """
 local idx = redis.call('HGET', KEYS[1], '_index')
 redis.call('DEL', KEYS[1], KEYS[2])
@@ -217,6 +223,7 @@ class StreamStore:
         self._create = client.register_script(_CREATE)
         self._cas = client.register_script(_CAS)
         self._delete = client.register_script(_DELETE)
+        self._get = client.register_script(_GET)
 
     @classmethod
     def from_url(
@@ -269,13 +276,13 @@ class StreamStore:
             return bool(await self._create(keys=[meta_key, state_key, self._index(tenant)], args=args))
 
     async def get(self, tenant: str, stream_id: str) -> tuple[dict[str, Any], bytes] | None:
-        """``(meta, state_bytes)`` read in one MULTI (a consistent snapshot), or ``None`` if absent."""
+        """``(meta, state_bytes)`` read by one script (a consistent snapshot), or ``None`` if absent."""
         meta_key, state_key = self._keys(tenant, stream_id)
-        async with _guard(), self.client.pipeline(transaction=True) as pipe:
-            raw, state = await pipe.hgetall(meta_key).get(state_key).execute()
-        if not raw or state is None:
+        async with _guard():
+            flat, state = await self._get(keys=[meta_key, state_key])
+        if not flat or state is None:
             return None
-        return _decode_meta(raw), state
+        return _decode_meta(dict(zip(flat[::2], flat[1::2], strict=True))), state
 
     async def compare_and_set(
         self,
