@@ -10,10 +10,10 @@ around the service's own functions (class-level wrappers, so nothing in the serv
 * ``observe()``: :meth:`StreamService.observe`, the handler's work; ``app − observe()`` is routing, body
   parsing/validation (pydantic), the JSON answer and the middleware; ``client e2e − app`` is HTTP (uvicorn,
   sockets, httpx);
-* inside ``observe()``: ``store.get`` / ``store.compare_and_set`` (Redis round trips), ``engine.update`` (queue,
-  thread hop, the update) with ``updater.update`` (compute only) inside it, each ``engine.run(fn)`` (aux
-  thread hop + fn) and the tensor work itself (``_prepare_update``: decode the state, parse the observations;
-  ``step_summary``; ``_finish``: summary, encode the state), wherever it runs.
+* inside ``observe()``: ``store.get`` / ``store.compare_and_set`` (Redis round trips), ``_resolve`` (the
+  cached model and updater), ``_decode`` (the stored state), ``engine.update`` (queue, thread hop, the update
+  and the job's ``after`` hook) with ``updater.update`` (compute only) and ``_finish`` (summary, encode the state,
+  on the worker) inside it, each ``engine.run(fn)`` (aux thread hop + fn) where one happens.
 
 The table gives the median and mean ms per request of each stage over ``--requests`` requests (after
 ``--warmup``). ``--cprofile`` also profiles the event-loop thread (the uvicorn thread) with cProfile and prints
@@ -104,8 +104,9 @@ def instrument() -> None:
     store.StreamStore.get = _timed_async("  store.get", store.StreamStore.get)
     store.StreamStore.compare_and_set = _timed_async("  store.compare_and_set", store.StreamStore.compare_and_set)
     UpdateEngine.update = _timed_async("  engine.update (queue+hop+update)", UpdateEngine.update)
-    for name in ("_prepare_update", "_finish", "_view"):  # the tensor work, wherever it runs
+    for name in ("_resolve", "_finish", "_view"):  # the tensor work, wherever it runs
         setattr(streams.StreamService, name, _timed(f"    {name}", getattr(streams.StreamService, name)))
+    streams.StreamService._decode = _timed_async("    _decode", streams.StreamService._decode)
     summary.step_summary = _timed("    step_summary", summary.step_summary)
     original_run = UpdateEngine.run
 

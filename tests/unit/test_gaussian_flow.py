@@ -68,3 +68,19 @@ def test_singular_likelihood_precision_is_handled():
     x1, _ = flow_to_one(flow, x0, torch.zeros(2, 50, dtype=F64))
     m1, C1 = gaussian.moments(x1)
     assert torch.allclose(m1, m_post, atol=1e-7) and torch.allclose(C1, P_post, atol=1e-7)
+
+
+def test_whiten_and_matched_clouds():
+    """whiten: z has mean 0 and covariance I and x = m + z Lᵀ; matched: the same z mapped onto (m, P) exactly."""
+    m, P, *_, g = setup(d=3, B=2)
+    x = torch.randn(2, 40, 3, generator=g, dtype=F64) * 2.0 + 1.0
+    white = gaussian.whiten(x)
+    zm, zc = gaussian.moments(white.z)
+    torch.testing.assert_close(zm, torch.zeros_like(zm), rtol=0, atol=1e-12)
+    torch.testing.assert_close(zc, torch.eye(3, dtype=F64).expand(2, 3, 3), rtol=0, atol=1e-12)
+    torch.testing.assert_close(white.points(), x, rtol=0, atol=1e-12)
+    moved = gaussian.matched(x, m, P)
+    torch.testing.assert_close(moved.z, white.z)
+    mm, mc = gaussian.moments(moved.points())
+    torch.testing.assert_close(mm, m, rtol=0, atol=1e-12)
+    torch.testing.assert_close(mc, P, rtol=0, atol=1e-10)

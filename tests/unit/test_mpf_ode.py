@@ -382,3 +382,16 @@ def test_bad_input_raises_value_error_naming_the_field(kwargs, field):
     args.update(kwargs)
     with pytest.raises(ValueError, match=f"^{field}"):
         integrate(args.pop("velocity_fn"), args.pop("x0"), args.pop("log_q0"), args.pop("t0"), args.pop("t1"), **args)
+
+
+@pytest.mark.parametrize("divergence", ["none", "exact"])
+def test_unit_span_fast_path_equals_the_general_path(divergence):
+    """Floats t0 = 0, t1 = 1 (serving's span) skip the span rescaling; the result is the general path's."""
+    field, g = TanhField(2, seed=21, scale=1.0), gen(22)
+    x0, log_q0 = randn(g, 3, 5, 2), randn(g, 3, 5)
+    fast = integrate(field, x0, log_q0, 0.0, 1.0, method="rk4", steps=2, divergence=divergence)
+    ones = torch.ones(3, dtype=F64)
+    general = integrate(field, x0, log_q0, 0 * ones, ones, method="rk4", steps=2, divergence=divergence)
+    torch.testing.assert_close(fast[0], general[0], rtol=0, atol=1e-14)
+    if divergence == "exact":
+        torch.testing.assert_close(fast[1], general[1], rtol=0, atol=1e-14)
