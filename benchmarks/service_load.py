@@ -3,9 +3,10 @@
 ``python -m benchmarks.service_load [--quick] [--client {aiohttp,httpx}]``
 
 The server is a subprocess ``python -m service --port <free port> --workers W`` (uvicorn; ``--workers`` 1, the
-default, or one per core; default settings otherwise), its store the local Redis (``--redis-url``, default redis://127.0.0.1:6379/0) under a key prefix of its own
-(``MPFLOW_REDIS_PREFIX=mpflowbench-<random>``, deleted afterwards) — or, when that Redis does not answer (or with
-``--store embedded``), the embedded Redis in a temporary ``MPFLOW_DATA_DIR``. The output says which.
+default, or one per core; default settings otherwise), its store the local Redis (``--redis-url``, default
+redis://127.0.0.1:6379/0) under a key prefix of its own (``MPFLOW_REDIS_PREFIX=mpflowbench-<random>``, deleted
+afterwards) — or, when that Redis does not answer (or with ``--store embedded``), the embedded Redis in a
+temporary ``MPFLOW_DATA_DIR``. The output says which.
 
 Every stream: ``lds``, d = 2, x_m = A x_{m−1} + N(0, Q), o_m = x_m + N(0, R) with A = 0.95·rot(0.1 rad),
 Q = 0.1 I, R = 0.5 I, prior N(0, I); the observations are simulated on the fly (numpy, seeded per stream).
