@@ -12,7 +12,11 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from service.auth import RedactSecrets
@@ -75,7 +79,34 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=serve)
 
 
+@contextmanager
+def shared_metrics_dir(workers: int) -> Iterator[str | None]:
+    """With ``workers > 1``: a fresh private directory (``mpflow-metrics-*``) in ``PROMETHEUS_MULTIPROC_DIR``
+    for the workers, which are spawned later and inherit the environment; removed, with the variable, on exit.
+    Yields the directory in use, or None with one worker. A directory the user set already is used as it is
+    and kept (SystemExit if it is not a directory, before any worker starts)."""
+    from service.metrics import MULTIPROC_ENV
+
+    own = os.environ.get(MULTIPROC_ENV)
+    if own:
+        if not os.path.isdir(own):
+            raise SystemExit(f"{MULTIPROC_ENV}={own!r} is not a directory")
+        yield own
+        return
+    if workers <= 1:
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="mpflow-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def serve(args: argparse.Namespace) -> int:
+    """Run uvicorn until it stops (``service.app:create_app`` in ``args.workers`` processes); 0."""
     import uvicorn
 
     from service.settings import Settings
@@ -85,18 +116,19 @@ def serve(args: argparse.Namespace) -> int:
     if args.log_level:
         os.environ["MPFLOW_LOG_LEVEL"] = args.log_level
     settings = Settings()  # fail here, with the field named, on a bad MPFLOW_* value
-    uvicorn.run(
-        "service.app:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        access_log=False,  # mpflow.access logs one JSON line per request
-        log_config=log_config(settings.log_level),
-        ws_max_size=settings.max_body_bytes,
-        # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
-        timeout_graceful_shutdown=5,
-    )
+    with shared_metrics_dir(args.workers):
+        uvicorn.run(
+            "service.app:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            access_log=False,  # mpflow.access logs one JSON line per request
+            log_config=log_config(settings.log_level),
+            ws_max_size=settings.max_body_bytes,
+            # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
+            timeout_graceful_shutdown=5,
+        )
     return 0
 
 

@@ -15,21 +15,54 @@ benchmarks can build many apps in one process).
                                                       ``mpflow_updates_total`` it counts computations (a
                                                       step re-run after a lost write race counts again)
 =========================================== ========= ==============================================
+
+**Several workers** (``python -m service --workers N``, N > 1; see :mod:`service.cli`). Each uvicorn worker is
+a process with its own metrics, so with a registry per process a scrape would show only the counts of the one
+worker that answered it. There the service runs prometheus_client's multiprocess mode: ``serve`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a private temporary directory before the workers start (prometheus_client
+chooses its value class at import), every worker writes its samples to memory-mapped files there, and
+:meth:`Metrics.render` reads them all through a :class:`~prometheus_client.multiprocess.MultiProcessCollector`
+in a fresh registry: counters and histograms are summed over the workers (a dead or restarted worker's counts
+stay in the sum, so totals never go back). ``mpflow_streams`` is set from the store at each scrape, so the gauge
+uses ``multiprocess_mode="mostrecent"`` (the value of the latest scrape, whichever worker made it; a non-``live``
+mode, so no ``mark_process_dead`` book-keeping is needed). Names and labels are the same; multiprocess mode
+exports no ``*_created`` samples, and ``mpflow_streams`` only once a scrape has read the store. Without
+``PROMETHEUS_MULTIPROC_DIR`` (one worker, tests) a :class:`Metrics` renders its own registry.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The directory shared by the workers' metric files (``PROMETHEUS_MULTIPROC_DIR``), or None when unset.
+
+    RuntimeError when it is set but prometheus_client was imported before it was: this process's samples
+    would then stay in memory, and the aggregate read from the files would silently miss them."""
+    path = os.environ.get(MULTIPROC_ENV) or None
+    if path is not None and values.ValueClass is values.MutexValue:
+        raise RuntimeError(f"{MULTIPROC_ENV} was set after prometheus_client was imported; set it before")
+    return path
+
 
 class Metrics:
+    """The service's metrics: recorded into a per-app registry; rendered from it, or from every worker's
+    files in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set when the Metrics is built)."""
+
     def __init__(self) -> None:
+        self.multiprocess_dir = multiprocess_dir()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter(
@@ -53,7 +86,8 @@ class Metrics:
         self.batch_size = Histogram(
             "mpflow_batch_size", "streams per operator call", buckets=_BATCH_BUCKETS, registry=r
         )
-        self.streams = Gauge("mpflow_streams", "streams in the store", registry=r)
+        # set from the store at each scrape: across workers the latest scrape's value is the count
+        self.streams = Gauge("mpflow_streams", "streams in the store", multiprocess_mode="mostrecent", registry=r)
         self.store_errors = Counter(
             "mpflow_store_errors_total", "requests that found the store unreachable", registry=r
         )
@@ -79,7 +113,13 @@ class Metrics:
         self.fallbacks.labels(family, method, fallback).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """Prometheus text: this app's registry, or with several workers the sum over all their files
+        (a fresh registry per scrape, as prometheus_client advises, so no live metric is counted twice)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "MULTIPROC_ENV", "Metrics", "multiprocess_dir"]
