@@ -32,7 +32,7 @@ from service.metrics import Metrics
 from service.middleware import BodyLimit, Observe
 from service.settings import Settings
 from service.store import StreamStore
-from service.streams import StreamService, check_method_options
+from service.streams import StreamService, check_method_options, row_views
 
 log = logging.getLogger("mpflow.app")
 
@@ -55,6 +55,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_wait_ms=settings.batch_max_wait_ms,
         batching=settings.batching,
         observer=app.state.metrics.observe_batch,
+        summarise=row_views,
     )
     await engine.start()
     await asyncio.to_thread(app.state.operators.load)

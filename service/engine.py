@@ -69,6 +69,7 @@ class StepResult:
     state: ParticleState
     info: StepInfo
     after: Any = None
+    summary: Any = None  # this stream's row of the engine's ``summarise`` (None without one)
 
 
 class Announcement:
@@ -159,6 +160,7 @@ class UpdateEngine:
         batching: bool = True,
         aux_threads: int = 2,
         observer: BatchObserver | None = None,
+        summarise: Callable[[ParticleState], list[Any]] | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be positive, got {max_batch_size}")
@@ -167,6 +169,7 @@ class UpdateEngine:
         self.max_batch_size = max_batch_size if batching else 1
         self.max_wait = max_wait_ms / 1000.0
         self.observer = observer
+        self.summarise = summarise  # per-stream values of a batched new state, computed once per call
         self._pending: dict[Hashable, deque[_Job]] = {}
         self._announcements = 0  # open announcements (expect)
         self._expected = 0  # steps announced and not yet submitted
@@ -320,7 +323,8 @@ class UpdateEngine:
             self.observer(first.method, first.model.name, len(jobs), elapsed)
         states = new.unbind() if len(jobs) > 1 else [new]
         infos = _split_info(info, len(jobs)) if len(jobs) > 1 else [info]
-        return [StepResult(s, i) for s, i in zip(states, infos, strict=True)]
+        rows = self.summarise(new) if self.summarise is not None else [None] * len(jobs)
+        return [StepResult(s, i, summary=r) for s, i, r in zip(states, infos, rows, strict=True)]
 
     def _compute(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
         """The jobs' step (batched, or one by one if the batch fails), then each job's ``after`` hook."""

@@ -119,15 +119,23 @@ def as_method_state(new: ParticleState, old: ParticleState, method: str, fallbac
     return new.replace(extras=extras, log_density=log_density)
 
 
-def finite_state(state: ParticleState) -> bool:
-    """Every float tensor of the state finite (log-weights: no NaN or +inf, and not all −inf)."""
+def finite_rows(state: ParticleState) -> list[bool]:
+    """Per stream of a batch: every float tensor of its state finite (log-weights: no NaN or +inf, and not all
+    −inf)."""
     lw = state.log_weights
-    if bool(torch.isnan(lw).any()) or bool((lw == math.inf).any()) or not bool((lw > -math.inf).any(-1).all()):
-        return False
+    ok = ~torch.isnan(lw).any(-1) & ~(lw == math.inf).any(-1) & (lw > -math.inf).any(-1)
     tensors = [state.particles, state.log_evidence, *state.extras.values()]
     if state.log_density is not None:
         tensors.append(state.log_density)
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    for t in tensors:
+        if t.is_floating_point():
+            ok &= torch.isfinite(t).reshape(t.shape[0], -1).all(-1)
+    return ok.tolist()
+
+
+def finite_state(state: ParticleState) -> bool:
+    """Every float tensor of the state finite, for every stream (:func:`finite_rows`)."""
+    return all(finite_rows(state))
 
 
 def finite_json(value: Any) -> bool:
@@ -149,5 +157,6 @@ __all__ = [
     "fallback_input",
     "fallback_methods",
     "finite_json",
+    "finite_rows",
     "finite_state",
 ]

@@ -69,6 +69,7 @@ from service.numerics import (
     fallback_input,
     fallback_methods,
     finite_json,
+    finite_rows,
     finite_state,
 )
 from service.schemas import STREAM_ID_PATTERN, BatchRequest, CreateStreamRequest, ObservationsRequest
@@ -111,6 +112,12 @@ class KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+def row_views(state: ParticleState) -> list[tuple[dict[str, Any], bool]]:
+    """(summary, finite) of every stream of a batched new state: the update engine's ``summarise`` hook, so a
+    micro-batch is summarised and checked in one pass (:func:`service.summary.summaries`, :func:`finite_rows`)."""
+    return list(zip(summaries.summaries(state), finite_rows(state), strict=True))
 
 
 def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
@@ -373,31 +380,33 @@ class StreamService:
         return await self.engine.run(ParticleState.from_bytes, data)
 
     @staticmethod
-    def _require_finite(method: str, state: ParticleState) -> None:
-        if not finite_state(state):  # e.g. kalman's extras; the updater itself checks particles and weights
+    def _checked_summary(method: str, res: StepResult) -> dict[str, Any]:
+        """The step's new state summarised — the engine's batched :func:`row_views` row when it has one — after
+        checking it is finite (``NonFiniteError``, so the step falls back, if not)."""
+        summary, finite = res.summary if res.summary is not None else (None, finite_state(res.state))
+        if not finite:  # e.g. kalman's extras; the updater itself checks particles and weights
             raise NonFiniteError(f"{method} left non-finite values in the state")
+        return summary if summary is not None else summaries.summary(res.state)
 
     def _after_step(self, method: str, res: StepResult) -> dict[str, Any]:
         """(on the engine's worker, right after the step) a step that is not the request's last: its state
         checked, its ``per_step`` entry."""
-        self._require_finite(method, res.state)
-        return summaries.step_summary(res.state, res.info)
+        return summaries.step_summary(res.state, res.info, state_summary=self._checked_summary(method, res))
 
     def _after_last(
         self, meta: dict[str, Any], n_samples: int, res: StepResult
     ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
         """(on the engine's worker, right after the step) the request's last step: its state checked, then
         :meth:`_finish` — so an observation costs the event loop one hop to a thread, not four."""
-        self._require_finite(meta["method"], res.state)
-        return self._finish(meta, res, n_samples)
+        return self._finish(meta, res, n_samples, self._checked_summary(meta["method"], res))
 
     def _finish(
-        self, meta: dict[str, Any], last: StepResult, n_samples: int
+        self, meta: dict[str, Any], last: StepResult, n_samples: int, summary: dict[str, Any] | None = None
     ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
-        """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step; 422 and
-        nothing written if the summary is not finite (the last guard before the store: :meth:`_apply` has
-        already checked every step's state with :func:`finite_state`)."""
-        summary = summaries.summary(last.state)
+        """(state bytes, summary, the last step's ``per_step`` entry, samples) after the last step (``summary``:
+        the new state's, when already computed); 422 and nothing written if the summary is not finite (the last
+        guard before the store: every step's state has been checked with :func:`finite_rows`)."""
+        summary = summary if summary is not None else summaries.summary(last.state)
         if not finite_json(summary):
             raise invalid(
                 "observations: the updated state has non-finite values; nothing was applied. Check the "
@@ -615,4 +624,4 @@ class StreamService:
         return [r for r in results if r is not None]
 
 
-__all__ = ["KeyedLocks", "StreamService", "check_method_options", "document"]
+__all__ = ["KeyedLocks", "StreamService", "check_method_options", "document", "row_views"]

@@ -79,41 +79,59 @@ class Posterior:
         mean, cov = gaussian.moments(self.x[None], torch.log(self.w)[None])
         return mean[0], cov[0]
 
-    def quantiles(self, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-        """[len(QUANTILES), d]."""
-        if self.exact is not None:
-            return mean[None] + _Z[:, None] * std[None]
-        return weighted_quantiles(self.x, self.w, QUANTILES)
-
-    @property
-    def ess(self) -> float:
-        return float(1.0 / (self.w * self.w).sum())
-
 
 def weighted_quantiles(x: torch.Tensor, w: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:
     """Per-column quantiles of x [N, d] under weights w [N] (summing to 1) → [len(qs), d]: the inverse of the
     weighted empirical CDF, min{x : F(x) ≥ q} (numpy's ``inverted_cdf`` for uniform weights)."""
-    xs, order = torch.sort(x, dim=0)  # [N, d]
-    cdf = torch.cumsum(w[order], 0).T.contiguous()  # [d, N], non-decreasing
-    q = torch.tensor(qs, dtype=cdf.dtype).expand(x.shape[1], len(qs)).contiguous()  # [d, Q]
-    idx = torch.searchsorted(cdf, q * cdf[:, -1:]).clamp_max(x.shape[0] - 1)
-    return xs.T.gather(1, idx).T
+    return batch_weighted_quantiles(x[None], w[None], qs)[0]
+
+
+def batch_weighted_quantiles(x: torch.Tensor, w: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:
+    """:func:`weighted_quantiles` of every stream of a batch: x [B, N, d], w [B, N] → [B, len(qs), d]."""
+    B, N, d = x.shape
+    xs, order = torch.sort(x, dim=1)  # [B, N, d]
+    cdf = torch.cumsum(torch.gather(w[..., None].expand(B, N, d), 1, order), 1).transpose(1, 2).contiguous()
+    q = torch.tensor(qs, dtype=cdf.dtype).expand(B, d, len(qs)) * cdf[..., -1:]  # [B, d, Q]
+    idx = torch.searchsorted(cdf, q.contiguous()).clamp_max(N - 1)
+    return torch.gather(xs.transpose(1, 2), 2, idx).transpose(1, 2)
+
+
+def summaries(state: ParticleState) -> list[dict]:
+    """The document's ``summary`` of every stream of a batch (B dicts: mean, cov, std, quantiles, ess,
+    log_evidence; the module docstring's definitions), computed for the whole batch at once — the update engine
+    summarises a micro-batch in one pass instead of one per stream."""
+    x = state.particles.to(torch.float64)
+    w = torch.softmax(state.log_weights.to(torch.float64), -1)  # [B, N]
+    exact = "mean" in state.extras and "cov" in state.extras
+    if exact:
+        mean, cov = state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64)
+    else:
+        mean, cov = gaussian.moments(x, torch.log(w))
+    std = torch.diagonal(cov, dim1=-2, dim2=-1).clamp_min(0).sqrt()  # [B, d]
+    # [B, Q, d]: the exact Gaussian's m + z_q sd, or the cloud's weighted quantiles
+    qs = mean[:, None] + _Z[None, :, None] * std[:, None] if exact else batch_weighted_quantiles(x, w, QUANTILES)
+    ess = 1.0 / (w * w).sum(-1)
+    rows = zip(
+        mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess.tolist(), state.log_evidence.tolist(), strict=True
+    )
+    return [
+        {
+            "mean": m,
+            "cov": c,
+            "std": s,
+            "quantiles": {str(q): row for q, row in zip(QUANTILES, qrows, strict=True)},
+            "ess": e,
+            "log_evidence": float(le),
+        }
+        for m, c, s, qrows, e, le in rows
+    ]
 
 
 def summary(state: ParticleState) -> dict:
-    """The document's ``summary``: mean, cov, std, quantiles, ess, log_evidence."""
-    post = Posterior.of(state)
-    mean, cov = post.moments()
-    std = torch.diagonal(cov).clamp_min(0).sqrt()
-    qs = post.quantiles(mean, std)
-    return {
-        "mean": mean.tolist(),
-        "cov": cov.tolist(),
-        "std": std.tolist(),
-        "quantiles": {str(q): row for q, row in zip(QUANTILES, qs.tolist(), strict=True)},
-        "ess": post.ess,
-        "log_evidence": float(state.log_evidence[0]),
-    }
+    """The document's ``summary`` of one stream's state (B = 1): mean, cov, std, quantiles, ess, log_evidence."""
+    if state.batch_size != 1:
+        raise ValueError("state: summaries are per stream (B = 1); summaries() takes a batch")
+    return summaries(state)[0]
 
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
@@ -159,4 +177,13 @@ def draw(state: ParticleState, n: int, *, weighted: bool, seed: int, gaussian_po
     return mean[None] + xi @ L.T
 
 
-__all__ = ["QUANTILES", "draw", "sample_seed", "step_summary", "summary", "weighted_quantiles"]
+__all__ = [
+    "QUANTILES",
+    "batch_weighted_quantiles",
+    "draw",
+    "sample_seed",
+    "step_summary",
+    "summaries",
+    "summary",
+    "weighted_quantiles",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from operators.models import make_model
@@ -119,3 +120,19 @@ def test_unweighted_draws_of_a_non_gaussian_model_keep_the_modes_and_the_moments
     assert torch.allclose(kde.mean(0), m, atol=0.05)
     assert torch.allclose(torch.cov(kde.T), c, rtol=0.03, atol=0.03)  # Liu–West keeps C exactly in expectation
     assert torch.equal(kde, S.draw(st, 60000, weighted=False, seed=4, gaussian_posterior=False))  # seeded
+
+
+@pytest.mark.parametrize("method", ["smc", "kalman", "mpf"])
+def test_batched_summaries_equal_each_streams_own(method):
+    """summaries() of a batch row by row = summary() of each stream alone (weighted, exact and plain clouds)."""
+    model = make_model("linear_gaussian", None, 2)
+    prior = prior_from_spec({"type": "gaussian", "mean": [0.5, -1.0], "cov": [[2.0, 0.3], [0.3, 1.0]]})
+    updater = get_updater(method)
+    states = [updater.init(prior, model, 64, seed=s) for s in range(3)]
+    obs = torch.tensor([[1.0, 2.0], [0.0, 0.0], [-3.0, 1.0]])
+    batch, _ = updater.update(ParticleState.stack(states), obs, model)
+    rows = S.summaries(batch)
+    assert len(rows) == 3
+    for row, alone in zip(rows, batch.unbind(), strict=True):
+        assert row == S.summary(alone)
+    assert rows[0] != rows[2]
