@@ -19,11 +19,12 @@ compare-and-set is what makes it correct across processes.
 
 Where the tensor work runs. An observation step runs on the engine's worker (micro-batched with other streams'),
 and so does what follows it for that stream — the finiteness check, the summary, encoding the new state and any
-draws — as the job's ``after`` hook: one hop to a thread per step, not one per stage. A small stored state
-(N·d ≤ ``INLINE_MAX_ELEMENTS``) is decoded on the event loop (a copy of kilobytes costs less than a hop), a large
-one on the auxiliary threads, which also initialise streams and load operators. Other reads (summaries, draws)
-stay on the loop for a small state while no observation request is in flight, else go to the auxiliary threads
-(measured: ``benchmarks/service_profile.py``).
+draws — as the job's ``after`` hook: one hop to a thread per step, not one per stage (the summary and the check
+are computed for the whole micro-batch at once by the engine's ``summarise`` hook, :func:`row_views`). A small
+stored state (N·d ≤ ``INLINE_MAX_ELEMENTS``) is decoded on the event loop (a copy of kilobytes costs less than a
+hop), a large one on the auxiliary threads, which also initialise streams and load operators. Other reads
+(summaries, draws) stay on the loop for a small state while no observation request is in flight, else go to the
+auxiliary threads (measured: ``benchmarks/service_profile.py``).
 
 Validation (shapes against the family, positive-definite covariances, method/model compatibility) happens before
 anything is written; the operators package raises ``ValueError("field: ...")``, answered as 422 with that message.
