@@ -85,6 +85,27 @@ def _init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _init_network(name_or_dir: str, family: str, dim: int):
+    """(record, a trainable copy of its network) of the operator ``--init-from`` names; it must be for the same
+    family and dimension (SystemExit otherwise)."""
+    import copy
+
+    from operators.registry import resolve
+    from operators.updaters.mpf import network_from_record
+
+    try:
+        record = resolve(name_or_dir)
+    except ValueError as exc:
+        raise SystemExit(f"--init-from: {exc}") from None
+    if (record.family, record.state_dim) != (family, dim):
+        found = f"{record.family} with d = {record.state_dim}"
+        raise SystemExit(f"--init-from: {record.name} is for {found}, not {family} with d = {dim}")
+    net = copy.deepcopy(network_from_record(record)).train()
+    for p in net.parameters():
+        p.requires_grad_(True)
+    return record, net
+
+
 def _train(args: argparse.Namespace) -> int:
     """Meta-train an MPF operator on sampled tasks, then save it with :func:`operators.registry.save_operator`."""
     from operators.mpf.network import MPFVelocity
@@ -98,6 +119,11 @@ def _train(args: argparse.Namespace) -> int:
     arch = {"hidden": args.hidden, "layers": args.layers, "embed": args.embed, "use_base": True}
     torch.manual_seed(args.seed)  # the network's initial weights (the same on every rank)
     net = MPFVelocity(args.dim, **arch)
+    init_from = None
+    if args.init_from:  # fine-tune: start from a registered operator's θ (and its architecture)
+        record, source = _init_network(args.init_from, args.family, args.dim)
+        arch, net = dict(record.config["architecture"]), source
+        init_from = {"name": record.name, "content_hash": record.content_hash}
     out = Path(args.out)
     device = resolve_device(args.device)
     if device.type == "cuda" and world > 1:
@@ -121,6 +147,7 @@ def _train(args: argparse.Namespace) -> int:
         "world_size": world,
         "device": device.type,
         "loss": "MPF eq. 19 (cumulative; eq. 21 segments; dynamic families: per-step loss vs the predicted density)",
+        "init_from": init_from,
     }
     stem = f"{args.family}-d{args.dim}-seed{args.seed}"
     result = meta_train(
@@ -208,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", required=True, help="registry folder to save the operator in")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", action="store_true", help="continue from OUT/_training/<family>-d<d>-seed<S>.pt")
+    t.add_argument(
+        "--init-from",
+        help="start from this registered operator's weights and architecture (a name or folder): fine-tuning",
+    )
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--weight-decay", type=float, default=1e-5)
     t.add_argument("--ode-steps", type=int, default=1, help="RK4 steps per observation")

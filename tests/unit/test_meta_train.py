@@ -117,6 +117,32 @@ def test_cli_train_writes_a_loadable_operator(tmp_path, capsys):
     assert torch.equal(outs[0], outs[1])
 
 
+def test_cli_init_from_fine_tunes_a_registered_operator(tmp_path, capsys):
+    """--init-from starts from the operator's θ and architecture (lr 0: the saved θ is the source's exactly) and
+    records where it came from; an operator of another family is refused."""
+    source_argv = [
+        "train", "--family", "gmm", "--dim", "2", "--iterations", "2", "--batch", "2", "--steps-per-seq", "2",
+        "--particles", "16", "--out", str(tmp_path / "src"), "--hidden", "8", "--embed", "8", "--layers", "2",
+        "--val-every", "1", "--val-tasks", "2", "--lr", "5e-2", "--quiet",
+    ]  # fmt: skip
+    assert main(source_argv) == 0
+    source = load_record(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"])
+    argv = [
+        "train", "--family", "gmm", "--dim", "2", "--iterations", "2", "--batch", "2", "--steps-per-seq", "2",
+        "--particles", "16", "--out", str(tmp_path / "ft"), "--init-from", str(source.path),
+        "--val-every", "1", "--val-tasks", "2", "--lr", "0", "--weight-decay", "0", "--quiet",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    tuned = load_record(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"])
+    assert tuned.config["architecture"] == source.config["architecture"]  # not the CLI's default width
+    assert tuned.config["training"]["init_from"] == {"name": source.name, "content_hash": source.content_hash}
+    a, b = load_weights(tuned), load_weights(source)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
+    wrong = ["train", "--family", "lds", "--dim", "2", "--iterations", "1", "--out", str(tmp_path / "x")]
+    with pytest.raises(SystemExit, match="is for gmm"):
+        main([*wrong, "--init-from", str(source.path), "--quiet"])
+
+
 def _kalman_increments(tasks):
     mean, cov = tasks.prior.moments()
     return kalman_filter(mean, cov, tasks.model, tasks.obs)[2]  # log p(o_m | o_<m) [B, T]
