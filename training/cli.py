@@ -26,6 +26,7 @@ from operators.models.priors import prior_from_spec
 from operators.references import kalman_filter
 from operators.rng import generator
 from operators.updaters import UPDATERS, get_updater
+from training.meta_train import LR_SCHEDULES
 from training.tasks import TASK_FAMILIES
 
 
@@ -106,6 +107,14 @@ def _init_network(name_or_dir: str, family: str, dim: int):
     return record, net
 
 
+def launcher(world: int) -> list[str]:
+    """How a training command starts, for the operator's README: ``mpflow`` for one process; under torchrun
+    the same command with its process count — the global batch (and so θ) depends on it."""
+    if world <= 1:
+        return ["mpflow"]
+    return ["torchrun", "--standalone", "--nproc_per_node", str(world), "-m", "training.cli"]
+
+
 def _train(args: argparse.Namespace) -> int:
     """Meta-train an MPF operator on sampled tasks, then save it with :func:`operators.registry.save_operator`."""
     from operators.mpf.network import MPFVelocity
@@ -138,6 +147,7 @@ def _train(args: argparse.Namespace) -> int:
         "curriculum": args.curriculum,
         "particles": args.particles,
         "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
         "weight_decay": args.weight_decay,
         "seed": args.seed,
         "val_every": args.val_every,
@@ -159,6 +169,7 @@ def _train(args: argparse.Namespace) -> int:
         T=args.steps_per_seq,
         N=args.particles,
         lr=args.lr,
+        lr_schedule=args.lr_schedule,
         weight_decay=args.weight_decay,
         steps=args.ode_steps,
         seed=args.seed,
@@ -197,7 +208,7 @@ def _train(args: argparse.Namespace) -> int:
         "val_loss_untrained": result["val_loss_untrained"],
         "best_iteration": result["best_iteration"],
     }
-    command = shlex.join(["mpflow", *(args.argv or [])])
+    command = shlex.join([*launcher(world), *(args.argv or [])])
     readme = (
         f"# MPF operator ({args.family}, d = {args.dim})\n\nTrained with\n\n    {command}\n\n"
         f"({result['iterations']} iterations, {result['seconds'] / 60:.1f} min on {device.type}, {world} process(es); "
@@ -240,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         help="start from this registered operator's weights and architecture (a name or folder): fine-tuning",
     )
     t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument(
+        "--lr-schedule", default="constant", choices=LR_SCHEDULES, help="cosine: annealed to 0 over --iterations"
+    )
     t.add_argument("--weight-decay", type=float, default=1e-5)
     t.add_argument("--ode-steps", type=int, default=1, help="RK4 steps per observation")
     t.add_argument("--val-every", type=int, default=10)

@@ -347,8 +347,15 @@ def _sem(per_task: torch.Tensor) -> float | None:
     return _num(per_task.std(unbiased=True) / math.sqrt(B)) if B > 1 else None
 
 
-def summarize_run(run: MethodRun, report_steps: Sequence[int] = REPORT_STEPS) -> dict[str, Any]:
-    """Summary (averages over steps and tasks, SE over tasks, values at ``report_steps``) and curves."""
+def report_steps(T: int) -> list[int]:
+    """The steps a summary reports for a T-step run: :data:`REPORT_STEPS` up to T, and T itself (the final
+    posterior, e.g. gmm "after 30 observations")."""
+    return sorted({s for s in REPORT_STEPS if s <= T} | ({T} if T > 0 else set()))
+
+
+def summarize_run(run: MethodRun) -> dict[str, Any]:
+    """Summary (averages over steps and tasks, SE over tasks, values at :func:`report_steps` and the SE over
+    tasks at the final step) and curves."""
     T = next(iter(run.values.values())).shape[0] if run.values else 0
     summary: dict[str, Any] = {"steps_completed": T}
     curves: dict[str, Any] = {}
@@ -359,7 +366,8 @@ def summarize_run(run: MethodRun, report_steps: Sequence[int] = REPORT_STEPS) ->
         summary[name] = {
             "avg": _num(v.mean()),
             "sem": _sem(v.mean(0)),
-            "at": {str(s): _num(v[s - 1].mean()) for s in report_steps if s <= T},
+            "at": {str(s): _num(v[s - 1].mean()) for s in report_steps(T)},
+            "sem_final": _sem(v[-1]),
         }
         curves[name] = _floats(v.mean(1))
         curves[f"{name}_sem"] = _floats(v.std(1) / math.sqrt(v.shape[1])) if v.shape[1] > 1 else None
@@ -458,7 +466,7 @@ def evaluate(
             "methods": list(methods),
             "seed": seed,
             "task_kwargs": task_kwargs(record),
-            "report_steps": [s for s in REPORT_STEPS if s <= T],
+            "report_steps": report_steps(T),
             "timing": "ms_per_update = median wall time of one update call over B = tasks streams",
             "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__,
@@ -530,9 +538,11 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """One line per (method, N): mean error, variance ratio at the report steps, MMD², cross-entropy, ms."""
-    steps = result["settings"]["report_steps"]
-    head = ["method", "N", "mean err", *(f"var@{s}" for s in steps), "MMD²", "x-ent", "logZ err", "ms/upd"]
+    """One line per (method, N): mean error, variance ratio at the report steps, MMD² (average and at the final
+    step), cross-entropy, ms."""
+    steps, last = result["settings"]["report_steps"], str(result["settings"]["steps"])
+    head = ["method", "N", "mean err", *(f"var@{s}" for s in steps), "MMD²", f"MMD²@{last}", "x-ent", "logZ err"]
+    head.append("ms/upd")
     lines = [" ".join(f"{h:>9}" for h in head)]
     for r in result["results"]:
         s = r["summary"]
@@ -546,6 +556,7 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(avg("mean_error_sd")),
             *(_fmt(s["var_ratio"]["at"].get(str(k))) if "var_ratio" in s else "—" for k in steps),
             _fmt(avg("mmd2"), ".2e"),
+            _fmt(s["mmd2"]["at"].get(last) if "mmd2" in s else None, ".2e"),
             _fmt(avg("cross_entropy")),
             _fmt(avg("logz_increment_error")),
             _fmt(s.get("ms_per_update"), ".2f"),

@@ -217,6 +217,20 @@ def curriculum_length(T: int, iteration: int, iterations: int, curriculum: float
     return max(1, min(T, math.ceil(T * (iteration + 1) / (curriculum * iterations))))
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def learning_rate(lr: float, iteration: int, iterations: int, schedule: str = "constant") -> float:
+    """Adam's step size at training iteration ``iteration`` (0-based) of ``iterations``: ``lr`` throughout
+    ("constant"), or cosine annealing from ``lr`` to 0 (Loshchilov & Hutter 2017, without restarts):
+    lr·½(1 + cos(π·i/I)). A function of the iteration alone, so a resumed run follows the same schedule."""
+    if schedule == "constant":
+        return lr
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * min(iteration, iterations) / iterations))
+    raise ValueError(f"lr_schedule: expected one of {list(LR_SCHEDULES)}, got {schedule!r}")
+
+
 def meta_train(
     net: MPFVelocity,
     family: str,
@@ -227,6 +241,7 @@ def meta_train(
     T: int,
     N: int,
     lr: float = 1e-3,
+    lr_schedule: str = "constant",
     weight_decay: float = 1e-5,
     steps: int = 1,
     seed: int = 0,
@@ -250,6 +265,8 @@ def meta_train(
 ) -> dict[str, Any]:
     """Algorithm 1 (module docstring). Trains ``net`` in place and leaves the best validated θ in it.
 
+    ``lr_schedule``: "constant" or "cosine" (:func:`learning_rate`, annealed over ``iterations``; with
+    ``max_minutes``, choose ``iterations`` the time allows, or the run stops before the schedule ends).
     ``segment``/``segment_prior``: sequence segmentation (eq. 21, :func:`task_loss`); ``curriculum``: the
     fraction of the run over which the training sequence length grows from 1 to T
     (:func:`curriculum_length`; validation always uses T); ``adjoint``: adjoint-method gradients.
@@ -277,6 +294,7 @@ def meta_train(
     for name, value in (("iterations", iterations), ("val_every", val_every), ("val_tasks", val_tasks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    learning_rate(lr, 0, iterations, lr_schedule)  # validates the schedule's name before any work
     dev = resolve_device(device)
     net.to(dev)
     rank, world = _world()
@@ -366,6 +384,8 @@ def meta_train(
             if ok:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+                for group in opt.param_groups:
+                    group["lr"] = learning_rate(lr, it, iterations, lr_schedule)
                 opt.step()
             else:
                 skipped += 1

@@ -69,3 +69,8 @@ def test_torchrun_cli_trains_one_operator(tmp_path):
     assert [p.name for p in folders] == ["linear_gaussian-d2-v1"]
     config = json.loads((folders[0] / "config.json").read_text())
     assert config["training"]["world_size"] == 2
+    # the README's command reproduces the run: torchrun with the same process count (the global batch)
+    assert (
+        "torchrun --standalone --nproc_per_node 2 -m training.cli train --family linear_gaussian"
+        in (folders[0] / "README.md").read_text()
+    )

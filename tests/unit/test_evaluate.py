@@ -79,7 +79,8 @@ def test_quick_report_files_and_keys(lg_run, capsys):
         for name in ev.METRICS:
             assert math.isfinite(r["summary"][name]["avg"])
             assert len(r["curves"][name]) == 6 and len(r["curves"][f"{name}_sem"]) == 6
-        assert r["summary"]["var_ratio"]["at"] == {}  # no report step (10/50/100) within 6 steps
+        assert list(r["summary"]["var_ratio"]["at"]) == ["6"]  # no step 10/50/100 within 6: only the final one
+        assert r["summary"]["mmd2"]["sem_final"] > 0
         assert len(r["curves"]["var_ratio_per_dim"][0]) == 2
         assert r["summary"]["ms_per_update"] > 0
     assert m["wall_s"] > 0
@@ -111,6 +112,7 @@ def test_table_and_registry_merge(lg_run, capsys):
     record, _, m = lg_run
     table = ev.format_table(m)
     assert table.splitlines()[0].split()[:3] == ["method", "N", "mean"] and "kalman" in table
+    assert "MMD²@6" in table.splitlines()[0]  # the final step's MMD² (gmm: "after 30 observations")
     after = load_record(record.path)
     assert after.content_hash == record.content_hash  # metrics.json is outside the hash
     evaluation = after.metrics["evaluation"]

@@ -236,3 +236,33 @@ def test_min_improvement_ignores_gains_within_noise(monkeypatch, min_improvement
     kw = dict(iterations=8, lr=1e-2, seed=0, val_every=2, progress=False, device="cpu", batch=2, T=2, N=16, val_tasks=2)
     result = meta_train(_net(), "linear_gaussian", 2, min_improvement=min_improvement, **kw)
     assert result["best_iteration"] == kept
+
+
+def test_learning_rate_schedules():
+    from training.meta_train import learning_rate
+
+    assert [learning_rate(1e-3, i, 100) for i in (0, 50, 99)] == [1e-3] * 3
+    cosine = [learning_rate(1e-3, i, 100, "cosine") for i in range(101)]
+    assert cosine[0] == pytest.approx(1e-3) and cosine[50] == pytest.approx(5e-4) and cosine[100] == pytest.approx(0)
+    assert cosine == sorted(cosine, reverse=True)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        learning_rate(1e-3, 0, 100, "linear")
+
+
+def test_cosine_schedule_sets_the_step_size_of_every_iteration(monkeypatch):
+    """Each Adam step of a cosine run uses lr·½(1 + cos(π i / I)) for its iteration i; a bad name fails first."""
+    import training.meta_train as mt
+
+    seen = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    kw = dict(lr=1e-2, seed=0, val_every=4, progress=False, device="cpu", batch=2, T=2, N=16, val_tasks=2)
+    mt.meta_train(_net(), "gmm", 2, iterations=4, lr_schedule="cosine", **kw)
+    assert seen == pytest.approx([1e-2 * 0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(4)])
+    with pytest.raises(ValueError, match="lr_schedule"):
+        mt.meta_train(_net(), "gmm", 2, iterations=4, lr_schedule="step", **kw)
