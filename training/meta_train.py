@@ -27,8 +27,8 @@ a checkpoint continues exactly as a straight run would.
 
 Sequence segmentation with a KDE prior (eq. 20–21), the dynamic-family loss (predict, then the per-step
 loss against the predicted density), a curriculum on sequence length, adjoint gradients and data-parallel
-training under torchrun (DistributedDataParallel; gloo on CPU, NCCL on GPUs) are options of
-:func:`meta_train`. Not implemented: the reference's learned integration span.
+training under torchrun (DistributedDataParallel; gloo on CPU, NCCL on GPUs) and a cosine step-size schedule
+are options of :func:`meta_train`. Not implemented: the reference's learned integration span.
 """
 
 from __future__ import annotations
