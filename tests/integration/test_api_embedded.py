@@ -4,6 +4,7 @@ survive an app restart and a killed Redis; stale registry/pid files from a crash
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -85,3 +86,35 @@ def test_stale_registry_pointing_nowhere_is_not_fatal(tmp_path):
         assert url.startswith("unix://") and Path(url[len("unix://") :]).exists()
     finally:
         server.stop()
+
+
+def test_two_processes_stopping_at_once_still_shut_the_server_down(tmp_path):
+    """Two users of one server (two uvicorn workers) stopping at the same moment: stops are serialised by the
+    data dir's lock, so the second sees itself as the last user and shuts the server down — no redis-server is
+    left running (a leaked daemon would hold the AOF after the service is gone)."""
+    import threading
+
+    from service.embedded import running_server
+
+    data = tmp_path / "data"
+    servers = [EmbeddedRedis(data), EmbeddedRedis(data)]
+    urls = [s.start() for s in servers]
+    assert urls[0] == urls[1]  # the second joined the first's server
+    pid = running_server(data)[0]
+    barrier = threading.Barrier(2)
+
+    def stop(server: EmbeddedRedis) -> None:
+        barrier.wait()
+        server.stop()
+
+    threads = [threading.Thread(target=stop, args=(s,)) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert running_server(data) is None
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
