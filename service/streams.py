@@ -32,7 +32,8 @@ anything is written; the operators package raises ``ValueError("field: ...")``, 
 Numerical failures (:mod:`service.numerics`). A step whose method fails numerically — non-finite particles, weights,
 evidence or state, a covariance no longer positive definite — is computed again by a safe fall-back (gpf, then
 kalman for linear-Gaussian families, then smc); its ``per_step`` entry and the answer say ``"fallback"`` and
-``mpflow_update_fallbacks_total`` counts it. If every fall-back fails the request is 422 ``non_finite_update`` and
+``mpflow_update_fallbacks_total`` counts it; the log gets a WARNING, at most one a minute per kind
+(:class:`service.throttled_log.ThrottledLog`). If every fall-back fails the request is 422 ``non_finite_update`` and
 nothing is applied. Whatever happened, a state (or summary) with a NaN or an infinity is never written.
 """
 
@@ -76,6 +77,7 @@ from service.numerics import (
 from service.schemas import STREAM_ID_PATTERN, BatchRequest, CreateStreamRequest, ObservationsRequest
 from service.settings import Settings
 from service.store import StoreUnavailable, StreamStore
+from service.throttled_log import ThrottledLog
 
 log = logging.getLogger("mpflow.streams")
 
@@ -86,6 +88,7 @@ _MODEL_CACHE_SIZE = 4096
 ZERO_WEIGHT_LOG = -sys.float_info.max
 #: particles × state dimension (and draws × state dimension) up to which tensor work stays on the event loop
 INLINE_MAX_ELEMENTS = 16384
+FALLBACK_LOG_INTERVAL_S = 60.0  # at most one fall-back WARNING per (method, fall-back, error) a minute
 _STREAM_ID = re.compile(STREAM_ID_PATTERN)
 
 
@@ -173,6 +176,7 @@ class StreamService:
         self.settings = settings
         self.on_store_error = on_store_error
         self.on_fallback = on_fallback  # (family, method, fall-back or "none") per step that fell back
+        self._fallback_log = ThrottledLog(log, FALLBACK_LOG_INTERVAL_S)  # the metric counts every one
         self.store = store
         self.engine = engine
         self.operators = operators
@@ -555,7 +559,14 @@ class StreamService:
             except FALLBACK_ERRORS as exc:
                 tried.append(f"{name}: {exc}")
                 continue
-            log.warning("%s step failed (%s: %s); computed by %s instead", method, type(error).__name__, error, name)
+            self._fallback_log.warning(
+                (method, name, type(error).__name__),
+                "%s step failed (%s: %s); computed by %s instead",
+                method,
+                type(error).__name__,
+                error,
+                name,
+            )
             self._count_fallback(model.name, method, name)
             return StepResult(new, res.info), name
         self._count_fallback(model.name, method, "none")
