@@ -94,13 +94,13 @@ if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
 """
 
-# KEYS: meta, state, index.
-# a consistent snapshot of one stream: its meta hash and its state (a script runs atomically; one command
-# costs the event loop less than a MULTI/EXEC pipeline of two)
+# KEYS: meta, state. A consistent snapshot of one stream: its meta hash and its state (a script runs
+# atomically; one command costs the event loop less than a MULTI/EXEC pipeline of two)
 _GET = """
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 
+# KEYS: meta, state, index.
 _DELETE = """
 local idx = redis.call('HGET', KEYS[1], '_index')
 redis.call('DEL', KEYS[1], KEYS[2])

@@ -66,18 +66,29 @@ class Posterior:
     def of(cls, state: ParticleState) -> Posterior:
         if state.batch_size != 1:
             raise ValueError("state: summaries are per stream (B = 1)")
-        x = state.particles[0].to(torch.float64)
-        w = torch.softmax(state.log_weights[0].to(torch.float64), -1)
-        exact = None
-        if "mean" in state.extras and "cov" in state.extras:
-            exact = (state.extras["mean"][0].to(torch.float64), state.extras["cov"][0].to(torch.float64))
-        return cls(x, w, exact)
+        x, w, exact = _float64(state)
+        return cls(x[0], w[0], None if exact is None else (exact[0][0], exact[1][0]))
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.exact is not None:
-            return self.exact
-        mean, cov = gaussian.moments(self.x[None], torch.log(self.w)[None])
+        exact = None if self.exact is None else (self.exact[0][None], self.exact[1][None])
+        mean, cov = _moments(self.x[None], self.w[None], exact)
         return mean[0], cov[0]
+
+
+def _float64(state: ParticleState) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """A batch's posteriors in float64: particles [B, N, d], normalised weights [B, N], and the exact Gaussian
+    (mean [B, d], cov [B, d, d]) when the method keeps one."""
+    x = state.particles.to(torch.float64)
+    w = torch.softmax(state.log_weights.to(torch.float64), -1)
+    exact = None
+    if "mean" in state.extras and "cov" in state.extras:
+        exact = (state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64))
+    return x, w, exact
+
+
+def _moments(x: torch.Tensor, w: torch.Tensor, exact) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean [B, d], cov [B, d, d]): the exact Gaussian's when there is one, else the weighted cloud's."""
+    return exact if exact is not None else gaussian.moments(x, torch.log(w))
 
 
 def weighted_quantiles(x: torch.Tensor, w: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:
@@ -100,16 +111,15 @@ def summaries(state: ParticleState) -> list[dict]:
     """The document's ``summary`` of every stream of a batch (B dicts: mean, cov, std, quantiles, ess,
     log_evidence; the module docstring's definitions), computed for the whole batch at once — the update engine
     summarises a micro-batch in one pass instead of one per stream."""
-    x = state.particles.to(torch.float64)
-    w = torch.softmax(state.log_weights.to(torch.float64), -1)  # [B, N]
-    exact = "mean" in state.extras and "cov" in state.extras
-    if exact:
-        mean, cov = state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64)
-    else:
-        mean, cov = gaussian.moments(x, torch.log(w))
+    x, w, exact = _float64(state)  # [B, N, d], [B, N]
+    mean, cov = _moments(x, w, exact)
     std = torch.diagonal(cov, dim1=-2, dim2=-1).clamp_min(0).sqrt()  # [B, d]
     # [B, Q, d]: the exact Gaussian's m + z_q sd, or the cloud's weighted quantiles
-    qs = mean[:, None] + _Z[None, :, None] * std[:, None] if exact else batch_weighted_quantiles(x, w, QUANTILES)
+    qs = (
+        mean[:, None] + _Z[None, :, None] * std[:, None]
+        if exact is not None
+        else batch_weighted_quantiles(x, w, QUANTILES)
+    )
     ess = 1.0 / (w * w).sum(-1)
     rows = zip(
         mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess.tolist(), state.log_evidence.tolist(), strict=True
