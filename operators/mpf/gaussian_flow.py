@@ -108,13 +108,18 @@ class DaumHuangFlow:
 
 
 def linearised_likelihood(
-    model, obs: torch.Tensor, x: torch.Tensor, whitened: gaussian.Whitened | None = None
+    model,
+    obs: torch.Tensor,
+    x: torch.Tensor,
+    whitened: gaussian.Whitened | None = None,
+    score: torch.Tensor | None = None,
 ) -> GaussianLikelihood:
     """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
     else :func:`statistical_linearisation` of the scores at the (detached) particles x [B, N, d] (``whitened``:
-    x's :class:`~operators.gaussian.Whitened` form, reused when given)."""
+    x's :class:`~operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when
+    the caller has it)."""
     if model.linear_gaussian:
         H, R = model.observation_affine()
         return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
     x = x.detach()
-    return statistical_linearisation(x, model.score(obs, x), whitened=whitened)
+    return statistical_linearisation(x, model.score(obs, x) if score is None else score, whitened=whitened)

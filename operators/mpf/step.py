@@ -75,9 +75,11 @@ def flow_step(
         white = gaussian.whiten(x.detach().double())
     else:
         white = gaussian.Whitened(whitened.mean.detach(), whitened.chol.detach(), whitened.z.detach())
-    ctx = net.context(x, linearised_likelihood(model, obs, x, white), white)
-    L, U = ctx.chol, ctx.eigvec
     exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
+    score0 = None if exact else model.score(obs, x.detach())  # at the start: the fit's (non-linear) and f's
+    ctx = net.context(x, linearised_likelihood(model, obs, x, white, score0), white)
+    L, U = ctx.chol, ctx.eigvec
+    w0 = ctx.to_z(x) @ U  # w(0) = y(0) = Uᵀ z(0)
 
     def position(w: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(y, z) with y = Φ(λ) ⊙ w + ψ(λ) and z = U y, for w [B, N, d] (row vectors)."""
@@ -98,8 +100,14 @@ def flow_step(
             zs = torch.baddbmm(torch.baddbmm(k0, psi[:, None], K), w, phi[:, :, None] * K)
             return torch.cat([zs[..., :d], torch.asinh(zs[..., d:])], -1)
     else:
+        # Serving (no density): the first stage's features are those of the start point, whose score the
+        # linearisation already took. Every torchdiffeq solver passes the initial state itself (w0, the same
+        # object) only at λ = 0. With the density tracked, ∇·f differentiates f in w, so nothing is reused.
+        start = net.features(white.z.to(x.dtype), score0 @ L) if divergence == "none" else None
 
         def features(w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+            if w is w0 and start is not None:
+                return start
             _, z = position(w, lam)
             return net.features(z, model.score(obs, ctx.to_x(z)) @ L)
 
@@ -110,7 +118,7 @@ def flow_step(
         log_q = None
     w1, log_q1 = integrate(
         velocity,
-        ctx.to_z(x) @ U,  # w(0) = y(0) = Uᵀ z(0)
+        w0,
         log_q,
         0.0,
         1.0,
