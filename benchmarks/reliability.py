@@ -54,7 +54,7 @@ Scenarios (20 streams × 200 steps each, 5 steps per request unless told otherwi
   After the restart, each stream's step must be at least what was acknowledged before the kill.
 
 * **soak** — 100 streams × 1000 steps, one step per request (``--soak-streams``, ``--soak-steps``), embedded
-  store. Method ``mpf`` with the trained ``linear_gaussian-d2-v1`` operator, N = 64, on ``linear_gaussian``
+  store. Method ``mpf`` with the trained ``linear_gaussian-d2-v2`` operator, N = 64, on ``linear_gaussian``
   d = 2 (o ~ N(x, 3I)): the method a user gets by default for this model, i.e. the service's fast path
   (learned operator, ODE integration, micro-batching) with a small state, so that the time goes to the
   per-request machinery a soak is about (HTTP, store, engine), and numerically stable over 1000 steps

@@ -23,6 +23,7 @@ import torch
 from operators import gaussian, metrics
 from operators.models import FAMILIES, make_model
 from operators.models.priors import prior_from_spec
+from operators.mpf.network import RESIDUAL_GATES, MPFVelocity
 from operators.references import kalman_filter
 from operators.rng import generator
 from operators.updaters import UPDATERS, get_updater
@@ -117,7 +118,6 @@ def launcher(world: int) -> list[str]:
 
 def _train(args: argparse.Namespace) -> int:
     """Meta-train an MPF operator on sampled tasks, then save it with :func:`operators.registry.save_operator`."""
-    from operators.mpf.network import MPFVelocity
     from operators.registry import save_operator
     from training.meta_train import meta_train, resolve_device
     from training.tasks import sample_tasks
@@ -125,7 +125,13 @@ def _train(args: argparse.Namespace) -> int:
     rank, world = _init_distributed()
     torch.set_num_threads(args.threads)
     task_kwargs = json.loads(args.task_options) if args.task_options else {}
-    arch = {"hidden": args.hidden, "layers": args.layers, "embed": args.embed, "use_base": True}
+    arch = {
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "embed": args.embed,
+        "use_base": True,
+        "residual_gate": args.residual_gate,
+    }
     torch.manual_seed(args.seed)  # the network's initial weights (the same on every rank)
     net = MPFVelocity(args.dim, **arch)
     init_from = None
@@ -261,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--hidden", type=int, default=64)
     t.add_argument("--layers", type=int, default=3)
     t.add_argument("--embed", type=int, default=64)
+    t.add_argument(
+        "--residual-gate",
+        default="none",
+        choices=RESIDUAL_GATES,
+        help="information: scale the learned residual by 1 − exp(−KL^1.5), KL the linearised step's information",
+    )
     t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (eq. 21)")
     t.add_argument(
         "--segment-prior", default="kde", choices=["kde", "kde-shrunk", "gaussian"], help="prior of a segment"

@@ -3,7 +3,7 @@
 The field works in the prior's whitened coordinates z = L⁻¹ (x − m) (prior moments m, P = LLᵀ of the
 step's particles — the normalised inputs):
 
-    f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
+    f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ g h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
 
 * DH_z is the exact Daum–Huang flow (:mod:`operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
   under the whitened, statistically linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)). With the
@@ -21,6 +21,16 @@ step's particles — the normalised inputs):
   permutation invariant, computed once per Bayes step from the detached particles) and a summary of the
   linearised likelihood. For minibatch observations (``logistic``) (Λ, η) is the sum over the minibatch —
   a permutation-invariant set embedding of the observations (§3.3).
+* The residual gate (``residual_gate="information"``; "none" keeps g ≡ 1): the residual is scaled by
+  g = 1 − exp(−KL^{3/2}) ∈ [0, 1), KL the information (nats) that the linearised step gains, the KL
+  divergence of its Gaussian posterior from the whitened prior (:func:`information_gate`). The base flow is
+  exact for the quadratic part of the log-likelihood over the cloud; what the residual must correct is the
+  rest, led by its third-order term, which in whitened coordinates scales as (posterior sd)³ ∝ KL^{3/2} for
+  a smooth likelihood whose information piles up (KL ~ 1/m after m observations). So the gate lets the
+  correction through where a step is informative or the cloud is multimodal (KL = O(1)), and makes it vanish
+  at the rate the exact correction does where the posterior has become nearly Gaussian. Without it a small
+  relative bias ε of h_θ in every step adds up: for a static model the posterior sd shrinks as m^{-1/2}, so
+  an ungated ε moves the mean by O(ε m) posterior sd after m steps (tests/unit/test_mpf_network.py).
 * h_θ = Gated_k(… Gated_1([ctx, z, s_z], λ) …, λ), Gated_j(y, λ) = (W_j y + b_j) · σ(λ v_j + c_j) + λ c_j
   (eq. 17–18, the reference's ConcatSquash layers), tanh between layers, and the last layer initialised to
   zero, so an untrained operator is exactly the Daum–Huang flow. The ctx part W_j^c ctx + b_j of every layer
@@ -75,6 +85,22 @@ class Gated(nn.Module):
         return pre * torch.sigmoid(lam * self.gate_v + self.gate_c) + lam * self.gate_c
 
 
+RESIDUAL_GATES = ("none", "information")
+
+
+def information_gate(eigval: torch.Tensor, eta_y: torch.Tensor) -> torch.Tensor:
+    """g = 1 − exp(−KL^{3/2}) [B] of the whitened, linearised step (module docstring), from the eigenvalues
+    e [B, d] of Λ_z and η_y = Uᵀ η_z [B, d]. The step's Gaussian posterior of the prior N(0, I) is N(μ, Σ)
+    with Σ = diag(1 / (1 + e)) and μ = η_y / (1 + e) in the eigenbasis, so
+
+        KL(N(μ, Σ) ‖ N(0, I)) = ½ Σ_k [ log(1 + e_k) − e_k / (1 + e_k) + η_y,k² / (1 + e_k)² ].
+
+    For small steps KL ≈ ½ |η_y|² + ¼ Σ e_k² and g ≈ KL^{3/2}; for very informative ones g → 1."""
+    one = 1.0 + eigval
+    kl = 0.5 * (torch.log1p(eigval) - eigval / one + (eta_y / one).square()).sum(-1)
+    return -torch.expm1(-kl.clamp_min(0.0).pow(1.5))
+
+
 @dataclass
 class FoldedWeights:
     """θ rewritten for evaluation through σ (tanh u = 2σ(2u) − 1), fixed while θ is.
@@ -110,7 +136,8 @@ class FoldedNetwork:
 
     weights: FoldedWeights
     bias: torch.Tensor
-    head: tuple[torch.Tensor, torch.Tensor]  # (2 r_b U [B, d, d], −r_b 1ᵀU [B, 1, d]): h_θ U from the last σ
+    head: tuple[torch.Tensor, torch.Tensor]  # (2 r_b g U [B, d, d], −r_b g 1ᵀU [B, 1, d]): g h_θ U from the last σ
+    gate: torch.Tensor | None  # g [B, 1, 1] (:func:`information_gate`), None when ungated
 
     def layer_maps(self, lam: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(M_j(λ) [B, in, out], β_j(λ) [B, 1, out]) of every layer at λ [B] (:class:`FoldedWeights`)."""
@@ -171,9 +198,13 @@ class MPFVelocity(nn.Module):
         embed: int = 64,
         use_base: bool = True,
         residual_bound: float = 4.0,
+        residual_gate: str = "none",
     ):
         super().__init__()
+        if residual_gate not in RESIDUAL_GATES:
+            raise ValueError(f"residual_gate: must be one of {RESIDUAL_GATES}, got {residual_gate!r}")
         self.dim, self.use_base, self.residual_bound = dim, use_base, residual_bound
+        self.residual_gate = residual_gate
         self.phi = nn.Sequential(nn.Linear(dim, embed), nn.Tanh(), nn.Linear(embed, embed), nn.Tanh())
         n_lik = dim * (dim + 1) // 2 + dim  # upper triangle of the whitened Λ, and the whitened η
         self.ctx_dim = embed + n_lik
@@ -210,13 +241,14 @@ class MPFVelocity(nn.Module):
         eigval, eigvec = torch.linalg.eigh(lam_z)
         eigval = eigval.clamp_min(0.0)
         eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
+        gate = information_gate(eigval, eta_y).to(dtype) if self.residual_gate == "information" else None
         if not self.use_base:  # Φ ≡ 1, ψ ≡ 0: the network is the whole field
             eigval, eta_y = torch.zeros_like(eigval), torch.zeros_like(eta_y)
         return StepContext(
             mean=mean64.to(dtype),
             chol=chol64.to(dtype),
             embedding=embedding,
-            network=self._fold(embedding, folded, eigvec.to(dtype)),
+            network=self._fold(embedding, folded, eigvec.to(dtype), gate),
             eigvec=eigvec.to(dtype),
             eigval=eigval.to(dtype),
             eta_y=eta_y.to(dtype),
@@ -275,14 +307,19 @@ class MPFVelocity(nn.Module):
         s = torch.addmm(b2, s, w2).sigmoid_()
         return s.reshape(B, N, -1).mean(1) * 2.0 - 1.0
 
-    def _fold(self, embedding: torch.Tensor, folded: FoldedWeights, eigvec: torch.Tensor) -> FoldedNetwork:
+    def _fold(
+        self, embedding: torch.Tensor, folded: FoldedWeights, eigvec: torch.Tensor, gate: torch.Tensor | None
+    ) -> FoldedNetwork:
         """h_θ for one Bayes step: the context term of every layer in one matmul, and the head from the last
-        σ-output s to h_θ U = s (2 r_b U) − r_b 1ᵀU (:class:`FoldedNetwork`)."""
+        σ-output s to g h_θ U = s (2 r_b g U) − r_b g 1ᵀU (:class:`FoldedNetwork`; g ≡ 1 ungated)."""
         rb = self.residual_bound
+        g = None if gate is None else gate[:, None, None]
+        scale = eigvec if g is None else eigvec * g
         return FoldedNetwork(
             folded,
             torch.addmm(folded.ctx_bias, embedding, folded.ctx_weight)[:, None],
-            (eigvec * (2.0 * rb), eigvec.sum(-2, keepdim=True) * -rb),
+            (scale * (2.0 * rb), scale.sum(-2, keepdim=True) * -rb),
+            g,
         )
 
     @staticmethod
@@ -293,8 +330,9 @@ class MPFVelocity(nn.Module):
     def residual(
         self, features: torch.Tensor, lam: torch.Tensor, ctx: StepContext, *, eigenbasis: bool = False
     ) -> torch.Tensor:
-        """h_θ [B, N, d] from :meth:`features` at λ [B] — or, with ``eigenbasis``, h_θ U (row vectors: the
-        co-moving frame's dw/dλ = Uᵀ h_θ of :func:`operators.mpf.step.flow_step`).
+        """g h_θ [B, N, d] from :meth:`features` at λ [B] — or, with ``eigenbasis``, g h_θ U (row vectors: the
+        co-moving frame's dw/dλ = Uᵀ g h_θ of :func:`operators.mpf.step.flow_step`); g the residual gate of the
+        step (:func:`information_gate`; 1 when the network has none).
 
         h_θ = r_b tanh(u / r_b), u = Gated_k(tanh(… tanh(Gated_1(features))…)), is evaluated through σ
         (:class:`FoldedWeights`): each hidden layer as s' = σ(s M_j(λ) + β_j(λ)) on the previous σ-output s, and
@@ -308,14 +346,15 @@ class MPFVelocity(nn.Module):
         if eigenbasis:
             weight, bias = ctx.network.head
             return torch.baddbmm(bias, s, weight)
-        return s * (2.0 * rb) - rb
+        h = s * (2.0 * rb) - rb
+        return h if ctx.network.gate is None else h * ctx.network.gate
 
     def residual_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """h_θ(ctx, z, s_z, λ) [B, N, d] in whitened coordinates, ``score_z`` = Lᵀ ∇x log p(o | x) at x = m + L z."""
+        """g h_θ(ctx, z, s_z, λ) [B, N, d] in whitened coordinates, ``score_z`` = Lᵀ ∇x log p(o | x) at x = m + L z."""
         return self.residual(self.features(z, score_z), lam, ctx)
 
     def field_z(self, z: torch.Tensor, lam: torch.Tensor, score_z: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """f_z = DH_z + U Φ(λ) Uᵀ h_θ [B, N, d], the whole whitened field (the module docstring)."""
+        """f_z = DH_z + U Φ(λ) Uᵀ g h_θ [B, N, d], the whole whitened field (the module docstring)."""
         U = ctx.eigvec
         h = ((self.residual_z(z, lam, score_z, ctx) @ U) * ctx.frame(lam)[0][:, None]) @ U.transpose(-1, -2)
         return h + ctx.base_z(z, lam) if ctx.use_base else h

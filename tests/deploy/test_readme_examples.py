@@ -79,12 +79,12 @@ def test_readme_marks_the_tour_blocks() -> None:
 
 
 def test_curl_tour_as_written(server: int) -> None:
-    """tour-curl: create (step 0, mpf on linear_gaussian-d2-v1), two observations (the exact conjugate
+    """tour-curl: create (step 0, mpf on linear_gaussian-d2-v2), two observations (the exact conjugate
     posterior N(0.2·Σo, 0.6 I), log-evidence −6.623), five samples; then tour-seq: a repeat is a duplicate,
     a gap is 409 ``seq_conflict``."""
     created, observed, sampled = (json.loads(line) for line in run_block("tour-curl", server).splitlines())
     assert created["step"] == 0 and created["stream_id"] == "demo"
-    assert created["method"] == "mpf" and created["operator"] == "linear_gaussian-d2-v1"
+    assert created["method"] == "mpf" and created["operator"] == "linear_gaussian-d2-v2"
 
     # exact posterior: prior N(0, I), o ~ N(x, 3I): precision 1 + 2/3, mean = 0.6 · Σo / 3
     obs = torch.tensor([[0.3, -1.2], [0.1, -0.9]], dtype=torch.float64)

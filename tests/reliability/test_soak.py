@@ -1,7 +1,7 @@
 """A scaled-down soak (10 streams × 100 one-step updates; the full 100 × 1000 is ``python -m benchmarks.reliability``).
 
 The server runs as a user runs it (``python -m service``, embedded store) and is fed through service.client with
-``mpf`` (the trained ``linear_gaussian-d2-v1`` operator, N = 64) on ``linear_gaussian`` d = 2. Asserted: no
+``mpf`` (the trained ``linear_gaussian-d2-v2`` operator, N = 64) on ``linear_gaussian`` d = 2. Asserted: no
 error of any kind; the server's resident memory grows at most 10 % from the end of the warm-up (the first 10 %
 of the updates) to the end; the p99 latency of the last 10 % of the requests is at most 3× that of the first
 10 % (the benchmark's target is 1.5×; the machine is shared); each stream's state in Redis has exactly the size
@@ -31,7 +31,7 @@ def test_expected_state_bytes_adds_up():
 
 def test_soak_memory_and_latency_stay_flat():
     r = soak(STREAMS, STEPS, sample_s=0.25)
-    assert r["operator"] == "linear_gaussian-d2-v1"
+    assert r["operator"] == "linear_gaussian-d2-v2"
     assert r["updates"] == STREAMS * STEPS
     assert r["stored_steps_ok"] == STREAMS
     assert r["http_503"] == r["http_5xx_other"] == r["http_409"] == r["transport_errors"] == 0

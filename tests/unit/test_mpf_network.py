@@ -111,3 +111,111 @@ def test_flow_step_integrates_the_forward_field():
         x2, lq2 = integrate(field, x, log_q, 0.0, 1.0, steps=40)
         assert torch.allclose(x1, x2, atol=1e-4), family
         assert torch.allclose(lq1, lq2, atol=1e-3), family
+
+
+def test_information_gate_is_one_minus_exp_of_the_kl_of_the_linearised_step():
+    from operators.mpf.network import information_gate
+
+    g = torch.Generator().manual_seed(3)
+    e = torch.rand(5, 3, generator=g, dtype=torch.float64) * 4
+    eta = torch.randn(5, 3, generator=g, dtype=torch.float64) * 2
+    post_cov = torch.diag_embed(1 / (1 + e))
+    post_mean = eta / (1 + e)
+    mvn = torch.distributions.MultivariateNormal
+    prior = mvn(torch.zeros(3, dtype=torch.float64), torch.eye(3, dtype=torch.float64))
+    kl = torch.distributions.kl_divergence(mvn(post_mean, post_cov), prior)
+    assert torch.allclose(information_gate(e, eta), 1 - torch.exp(-(kl**1.5)))
+    assert torch.equal(information_gate(torch.zeros(2, 3), torch.zeros(2, 3)), torch.zeros(2))
+
+
+def test_gated_residual_is_the_ungated_one_times_the_gate():
+    net, x, score, lik = make()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    gated = MPFVelocity(3, residual_gate="information")
+    gated.load_state_dict(net.state_dict())
+    lam = torch.tensor([0.2, 0.6])
+    ctx, ctx_g = net.context(x, lik), gated.context(x, lik)
+    gate = ctx_g.network.gate[:, 0, 0]
+    assert bool(((gate > 0.05) & (gate < 1)).all())
+    z, s_z = ctx.to_z(x), score @ ctx.chol
+    h, h_g = net.residual_z(z, lam, s_z, ctx), gated.residual_z(z, lam, s_z, ctx_g)
+    assert torch.allclose(h_g, gate[:, None, None] * h, atol=1e-6)
+    feats = net.features(z, s_z)  # the co-moving frame's head (flow_step) is gated alike
+    got = gated.residual(feats, lam, ctx_g, eigenbasis=True)
+    assert torch.allclose(got, gate[:, None, None] * (h @ ctx.eigvec), atol=1e-5)
+    # a step that carries no information (Λ = 0, η = 0) leaves the trained field at the base flow, which is 0
+    from operators.mpf.gaussian_flow import GaussianLikelihood
+
+    flat = GaussianLikelihood(torch.zeros(2, 3, 3), torch.zeros(2, 3))
+    assert torch.equal(gated(x, lam, torch.zeros_like(x), gated.context(x, flat)), torch.zeros_like(x))
+    assert net(x, lam, torch.zeros_like(x), net.context(x, flat)).abs().max() > 1e-2
+
+
+def test_unknown_residual_gate_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="residual_gate"):
+        MPFVelocity(2, residual_gate="kl")
+
+
+def test_gate_stops_a_biased_residual_from_drifting():
+    """The same perturbed θ (a residual that is wrong by a fixed relative amount every step) over 100 steps of
+    a static linear-Gaussian model: ungated, the mean error in posterior sd grows about linearly with the step;
+    gated by the step's information it levels off (module docstring of operators.mpf.network)."""
+    from operators.models import make_model
+    from operators.mpf.step import flow_step
+    from operators.references import kalman_filter
+
+    torch.manual_seed(0)
+    model = make_model("linear_gaussian", {}, 2)
+    g = torch.Generator().manual_seed(1)
+    truth = torch.randn(1, 2, generator=g)
+    obs = truth[:, None] + 3**0.5 * torch.randn(1, 100, 2, generator=g)
+    means, covs, _ = kalman_filter(torch.zeros(1, 2), torch.eye(2)[None], model, obs.double())
+    errors = {}
+    for gate in ("none", "information"):
+        net = MPFVelocity(2, hidden=16, embed=8, residual_gate=gate)
+        with torch.no_grad():
+            net.layers[-1].ctx.bias.fill_(0.05)  # a constant residual: a bias in every step
+        x = torch.randn(1, 256, 2, generator=torch.Generator().manual_seed(2))
+        x = (x - x.mean(1, keepdim=True)) @ torch.linalg.inv(torch.linalg.cholesky(torch.cov(x[0].T, correction=0))).T
+        err = []
+        with torch.no_grad():
+            for t in range(100):
+                x, _ = flow_step(net, model, obs[:, t], x, None, divergence="none")
+                sd = covs[0, t].diagonal().sqrt()
+                err.append(float(((x[0].double().mean(0) - means[0, t]) / sd).norm() / 2**0.5))
+        errors[gate] = err
+    ungated, gated = errors["none"], errors["information"]
+    # measured: ungated 0.20, 0.88, 1.72 sd at steps 10, 50, 100; gated 0.019, 0.038, 0.044
+    assert ungated[99] > 5 * ungated[9] and ungated[99] > 1.8 * ungated[49]  # the drift the gate is for
+    assert gated[99] < 1.3 * gated[49] and gated[99] < ungated[99] / 20
+
+
+def test_serving_step_reuses_the_start_score_and_equals_the_tracked_step():
+    """Without density tracking the first RK4 stage takes the features of the start point from the score the
+    linearisation computed (one score evaluation fewer); the particles are those of the tracked step, which
+    recomputes every stage."""
+    from operators.models import make_model
+    from operators.mpf.step import flow_step
+
+    torch.manual_seed(2)
+    net = MPFVelocity(2, hidden=16, layers=2, embed=8)
+    with torch.no_grad():
+        for p in net.layers[-1].parameters():
+            p.normal_(0, 0.3)
+    for family, obs in (("gmm", torch.tensor([[1.5]])), ("stochastic_volatility", torch.tensor([[0.4, -2.0]]))):
+        model = make_model(family, {}, 2)
+        calls = []
+        score = model.score
+        model.score = lambda o, x, score=score, calls=calls: calls.append(1) or score(o, x)
+        x = torch.randn(1, 128, 2, generator=torch.Generator().manual_seed(0)) * 1.5 + 0.5
+        with torch.no_grad():
+            served, _ = flow_step(net, model, obs, x, None, divergence="none")
+        assert len(calls) == 4, family  # the fit's + stages 2–4 (one RK4 step: 4 stages)
+        tracked, _ = flow_step(net, model, obs, x, torch.zeros(1, 128), divergence="exact")
+        assert len(calls) == 4 + 5, family
+        assert torch.allclose(served, tracked, atol=1e-5), family
+        assert not torch.allclose(served, flow_step(MPFVelocity(2), model, obs, x, None, divergence="none")[0])
