@@ -79,7 +79,7 @@ def flow_step(
     score0 = None if exact else model.score(obs, x.detach())  # at the start: the fit's (non-linear) and f's
     ctx = net.context(x, linearised_likelihood(model, obs, x, white, score0), white)
     L, U = ctx.chol, ctx.eigvec
-    w0 = ctx.to_z(x) @ U  # w(0) = y(0) = Uᵀ z(0)
+    w0 = ctx.to_z(x) @ U  # w(0) = y(0) = Uᵀ z(0), from x itself: in training x carries the graph of earlier steps
 
     def position(w: torch.Tensor, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(y, z) with y = Φ(λ) ⊙ w + ψ(λ) and z = U y, for w [B, N, d] (row vectors)."""
