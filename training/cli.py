@@ -23,6 +23,7 @@ import torch
 from operators import gaussian, metrics
 from operators.models import FAMILIES, make_model
 from operators.models.priors import prior_from_spec
+from operators.mpf.gaussian_flow import LINEARISATIONS
 from operators.mpf.network import RESIDUAL_GATES, MPFVelocity
 from operators.references import kalman_filter
 from operators.rng import generator
@@ -131,6 +132,7 @@ def _train(args: argparse.Namespace) -> int:
         "embed": args.embed,
         "use_base": True,
         "residual_gate": args.residual_gate,
+        "linearisation": args.linearisation,
     }
     torch.manual_seed(args.seed)  # the network's initial weights (the same on every rank)
     net = MPFVelocity(args.dim, **arch)
@@ -272,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         choices=RESIDUAL_GATES,
         help="information: scale the learned residual by 1 − exp(−KL^1.5), KL the linearised step's information",
+    )
+    t.add_argument(
+        "--linearisation",
+        default="stein",
+        choices=LINEARISATIONS,
+        help="Gaussian fit of a non-Gaussian likelihood for the base flow: stein (scores) or importance (moments)",
     )
     t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (eq. 21)")
     t.add_argument(

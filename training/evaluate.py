@@ -61,6 +61,7 @@ import torch
 from operators import gaussian, metrics
 from operators.models.base import ModelFamily
 from operators.models.priors import GaussianMixture
+from operators.mpf.network import MPFVelocity
 from operators.references import kalman_filter
 from operators.registry import METRICS_FILE, OperatorRecord, resolve
 from operators.rng import generator
@@ -100,10 +101,13 @@ def mpf_updater(record: OperatorRecord) -> Updater:
 
 
 def method_updater(method: str, record: OperatorRecord) -> Updater:
-    """ "mpf" → the operator, "mpf-base" → its untrained base flow, anything else → that registered method."""
+    """ "mpf" → the operator, "mpf-base" → its untrained base flow (a zero-residual network of the operator's
+    architecture: the same linearisation), anything else → that registered method."""
     if method == "mpf":
         return mpf_updater(record)
-    return get_updater("mpf" if method == "mpf-base" else method)
+    if method == "mpf-base":
+        return get_updater("mpf", network=MPFVelocity(record.state_dim, **record.config["architecture"]).eval())
+    return get_updater(method)
 
 
 def task_kwargs(record: OperatorRecord) -> dict[str, Any]:

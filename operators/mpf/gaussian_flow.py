@@ -17,10 +17,17 @@ E[s (x − m)ᵀ] = −Λ C and E[s] = η − Λ m, so Λ̂ = −sym(E[s (x − 
 to 0) and η̂ = E[s] + Λ̂ m. This is exact for ``linear_gaussian`` and ``lds`` and a moment-matched
 (unscented-like) approximation otherwise — the MPF network learns the remaining residual
 (MPF §2.4: the likelihood enters through ∇x log p(o | x)).
+
+Stein's identity assumes a Gaussian cloud; on a multimodal one it reads the spread between the modes as
+curvature and the flow pulls the modes together. :func:`importance_linearisation` fits (Λ, η) instead to the
+moments of the cloud reweighted by the likelihood, holding the weights of separated modes (:func:`mode_split`),
+so the base flow keeps the modes where they are and the residual only has to move mass between them.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +81,88 @@ def statistical_linearisation(
     return GaussianLikelihood(prec, info)
 
 
+#: separability η = σ²_between / σ²_total of the best two-way split along the cloud's leading axis at which the
+#: importance fit starts / fully holds the two groups' weights (a Gaussian: η = 2/π ≈ 0.64; two equal modes
+#: of sd σ whose centres are 3σ apart: η ≈ 0.75, 4σ apart: η ≈ 0.81). At (0.8, 0.9) the hold came too late for
+#: a gmm cloud that was still one ridge with two bumps: a weight shift between the bumps dragged the whole cloud
+#: into one mode (how this was found and checked: operators/pretrained/gmm-d2-v4/README.md).
+MODE_SPLIT_ETA = (0.7, 0.8)
+MIN_MODE_FRACTION = 0.05  # a group of fewer particles than this is not a mode
+
+
+@functools.lru_cache(maxsize=16)
+def _split_sizes(N: int, dtype: torch.dtype, device: torch.device) -> tuple[int, torch.Tensor]:
+    """(lo, 1 / (k (N − k)) for the admissible first-group sizes k = lo..N − lo) of :func:`mode_split`."""
+    lo = max(1, math.ceil(MIN_MODE_FRACTION * N))
+    k = torch.arange(lo, N - lo + 1, dtype=dtype, device=device)
+    return lo, 1.0 / (k * (N - k))
+
+
+def mode_split(whitened: gaussian.Whitened) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cloud (as :class:`~operators.gaussian.Whitened`, N points) split in two along its leading principal
+    axis → (labels [B, N] bool, η [B]).
+
+    The split is the exact one-dimensional 2-means (Otsu's threshold) of the projections p_i = uᵀ(x_i − m)
+    = (Lᵀu)ᵀ z_i, u the leading eigenvector of C = LLᵀ (the p have mean 0 and variance |Lᵀu|² = λ_max(C),
+    as z has mean 0 and covariance I): among the splits after k of the sorted p with both groups
+    ≥ ``MIN_MODE_FRACTION`` of the particles, the one of largest between-group variance
+    σ²_B(k) = (k/N)(1 − k/N)(μ₁ − μ₂)² = S_k² / (k (N − k)), S_k the sum of the k smallest p; η = σ²_B / λ_max
+    ∈ [0, 1] says how well it separates the cloud (``MODE_SPLIT_ETA``)."""
+    z, L = whitened.z, whitened.chol
+    N = z.shape[1]
+    lo, inv_sizes = _split_sizes(N, z.dtype, z.device)
+    eigval, eigvec = torch.linalg.eigh(L @ L.transpose(-1, -2))
+    p = (z @ (L.transpose(-1, -2) @ eigvec[..., -1:]))[..., 0]  # [B, N]
+    ps = p.sort(-1).values
+    best, at = (ps.cumsum(-1)[:, lo - 1 : N - lo].square_() * inv_sizes).max(-1)
+    eta = best / eigval[..., -1].clamp_min(1e-300)
+    return p > ps.gather(-1, at[:, None] + (lo - 1)), eta
+
+
+def importance_linearisation(log_likelihood: torch.Tensor, whitened: gaussian.Whitened) -> GaussianLikelihood:
+    """The Gaussian likelihood whose Daum–Huang flow moves the cloud's Gaussian N(m, C) onto the moments of
+    the cloud reweighted by the likelihood (an assumed-density / moment-matching step).
+
+    With weights w_i (below) and the cloud in its whitened coordinates z_i (``whitened``: empirical mean 0,
+    covariance I), the one-step posterior has the importance estimates μ = Σ w_i z_i and
+    S = Σ w_i (z_i − μ)(z_i − μ)ᵀ, and N(0, I) · exp(−½ zᵀ Λ_z z + η_zᵀ z) = N(μ, S) for
+
+        Λ_z = S⁻¹ − I,    η_z = S⁻¹ μ;    in x:  Λ = L⁻ᵀ Λ_z L⁻¹,  η = Λ m + L⁻ᵀ η_z.
+
+    Unlike Stein's fit this needs no Gaussian cloud: a bimodal cloud's modes are not pulled together (Stein's
+    global fit reads the between-mode spread as curvature). Λ_z may have negative eigenvalues, down to −1
+    (S ≻ 0): where the reweighted cloud is wider than the cloud, the flow widens it.
+
+    Weights. Plain importance weights w_i ∝ p(o | x_i) (``log_likelihood`` [B, N]) also move weight between
+    separated modes; an affine map cannot move particles from one mode to the other, it would translate the
+    whole cloud towards the mode that gains and drag the other one along. So where the cloud splits into two
+    separated groups (:func:`mode_split`, separability η), the weights are renormalised within each group,
+    keeping the groups' particle fractions: w = (1 − α) w_plain + α w_held, α rising linearly from 0 to 1
+    over ``MODE_SPLIT_ETA``. Moving weight between modes is left to the learned residual."""
+    z, L = whitened.z, whitened.chol
+    w = torch.softmax(log_likelihood.to(torch.float64), -1)
+    labels, eta = mode_split(whitened)
+    lo, hi = MODE_SPLIT_ETA
+    alpha = ((eta - lo) / (hi - lo)).clamp(0.0, 1.0)[:, None]
+    if bool((alpha > 0).any()):
+        share = labels.to(w.dtype).mean(-1, keepdim=True)  # the first group's particle fraction
+        mass = (w * labels).sum(-1, keepdim=True)  # and its importance weight
+        rescale = torch.where(labels, share / mass.clamp_min(1e-300), (1 - share) / (1 - mass).clamp_min(1e-300))
+        w = w * (1 + alpha * (rescale - 1))  # (1 − α) w + α w_held
+        w = w / w.sum(-1, keepdim=True)
+    mu = w[:, None] @ z  # [B, 1, d]
+    cov = (z * w[..., None]).transpose(-1, -2) @ z - mu.transpose(-1, -2) @ mu
+    eye = torch.eye(z.shape[-1], dtype=z.dtype, device=z.device)
+    s_inv = torch.cholesky_inverse(gaussian.cholesky(cov))
+    l_inv = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False)
+    prec = l_inv.transpose(-1, -2) @ (s_inv - eye) @ l_inv  # Λ = L⁻ᵀ Λ_z L⁻¹
+    info = prec @ whitened.mean[..., None] + l_inv.transpose(-1, -2) @ (s_inv @ mu.transpose(-1, -2))
+    return GaussianLikelihood(0.5 * (prec + prec.transpose(-1, -2)), info[..., 0])
+
+
+LINEARISATIONS = ("stein", "importance")
+
+
 class DaumHuangFlow:
     """The affine field dx/dλ = A(λ) x + b(λ) from N(m, P) to the posterior under a Gaussian likelihood.
 
@@ -113,13 +202,20 @@ def linearised_likelihood(
     x: torch.Tensor,
     whitened: gaussian.Whitened | None = None,
     score: torch.Tensor | None = None,
+    method: str = "stein",
 ) -> GaussianLikelihood:
     """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
-    else :func:`statistical_linearisation` of the scores at the (detached) particles x [B, N, d] (``whitened``:
-    x's :class:`~operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when
-    the caller has it)."""
+    else fitted to the (detached) particles x [B, N, d] — ``method`` "stein": :func:`statistical_linearisation`
+    of the scores; "importance": :func:`importance_linearisation` (``whitened``: x's
+    :class:`~operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when the
+    caller has it)."""
+    if method not in LINEARISATIONS:
+        raise ValueError(f"linearisation: must be one of {LINEARISATIONS}, got {method!r}")
     if model.linear_gaussian:
         H, R = model.observation_affine()
         return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
     x = x.detach()
+    if method == "importance":
+        white = whitened if whitened is not None else gaussian.whiten(x.double())
+        return importance_linearisation(model.log_likelihood(obs, x), white)
     return statistical_linearisation(x, model.score(obs, x) if score is None else score, whitened=whitened)

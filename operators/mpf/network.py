@@ -6,7 +6,9 @@ step's particles — the normalised inputs):
     f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ g h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
 
 * DH_z is the exact Daum–Huang flow (:mod:`operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
-  under the whitened, statistically linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)). With the
+  under the whitened, linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)), fitted to a non-Gaussian
+  likelihood by Stein's identity (``linearisation="stein"``, Λ_z ⪰ 0) or to the cloud's moments after
+  reweighting by the likelihood (``"importance"``, e > −1: it may widen; right for multimodal clouds). With the
   eigendecomposition Λ_z = U diag(e) Uᵀ and y = Uᵀ z it is diagonal:
 
       dy_k/dλ = a_k(λ) y_k + (1 + 2λ a_k)(1 + λ a_k) (Uᵀ η_z)_k,    a_k(λ) = −½ e_k / (1 + λ e_k),
@@ -56,7 +58,7 @@ import torch
 from torch import nn
 
 from operators import gaussian
-from operators.mpf.gaussian_flow import DaumHuangFlow, GaussianLikelihood
+from operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood
 
 
 class Gated(nn.Module):
@@ -86,6 +88,8 @@ class Gated(nn.Module):
 
 
 RESIDUAL_GATES = ("none", "information")
+#: the lowest eigenvalue of an importance-fitted Λ_z: at most a √10-fold widening per step and direction
+EXPANSION_FLOOR = -0.9
 
 
 def information_gate(eigval: torch.Tensor, eta_y: torch.Tensor) -> torch.Tensor:
@@ -199,12 +203,17 @@ class MPFVelocity(nn.Module):
         use_base: bool = True,
         residual_bound: float = 4.0,
         residual_gate: str = "none",
+        linearisation: str = "stein",
     ):
         super().__init__()
         if residual_gate not in RESIDUAL_GATES:
             raise ValueError(f"residual_gate: must be one of {RESIDUAL_GATES}, got {residual_gate!r}")
+        if linearisation not in LINEARISATIONS:
+            raise ValueError(f"linearisation: must be one of {LINEARISATIONS}, got {linearisation!r}")
         self.dim, self.use_base, self.residual_bound = dim, use_base, residual_bound
-        self.residual_gate = residual_gate
+        self.residual_gate, self.linearisation = residual_gate, linearisation
+        # Stein's fit is clipped to Λ ⪰ 0; the importance fit may expand, down to e > −1 (S⁻¹ − I, S ≻ 0)
+        self._eig_floor = 0.0 if linearisation == "stein" else EXPANSION_FLOOR
         self.phi = nn.Sequential(nn.Linear(dim, embed), nn.Tanh(), nn.Linear(embed, embed), nn.Tanh())
         n_lik = dim * (dim + 1) // 2 + dim  # upper triangle of the whitened Λ, and the whitened η
         self.ctx_dim = embed + n_lik
@@ -239,7 +248,7 @@ class MPFVelocity(nn.Module):
         lik = torch.cat([torch.asinh(lam_z[:, self._triu[0], self._triu[1]]), torch.asinh(eta_z)], -1)
         embedding = torch.cat([emb, lik.to(dtype)], -1)
         eigval, eigvec = torch.linalg.eigh(lam_z)
-        eigval = eigval.clamp_min(0.0)
+        eigval = eigval.clamp_min(self._eig_floor)
         eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
         gate = information_gate(eigval, eta_y).to(dtype) if self.residual_gate == "information" else None
         if not self.use_base:  # Φ ≡ 1, ψ ≡ 0: the network is the whole field

@@ -77,7 +77,7 @@ def flow_step(
         white = gaussian.Whitened(whitened.mean.detach(), whitened.chol.detach(), whitened.z.detach())
     exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
     score0 = None if exact else model.score(obs, x.detach())  # at the start: the fit's (non-linear) and f's
-    ctx = net.context(x, linearised_likelihood(model, obs, x, white, score0), white)
+    ctx = net.context(x, linearised_likelihood(model, obs, x, white, score0, net.linearisation), white)
     L, U = ctx.chol, ctx.eigvec
     w0 = ctx.to_z(x) @ U  # w(0) = y(0) = Uᵀ z(0), from x itself: in training x carries the graph of earlier steps
 

@@ -160,3 +160,23 @@ def test_bad_arguments(tmp_path):
         ev.evaluate(record, quick=True, particles=[0], progress=False)
     with pytest.raises(ValueError, match=r"^operator:"):
         ev.evaluate("no-such-operator-v1", quick=True, progress=False)
+
+
+def test_mpf_base_is_the_operators_own_base_flow(tmp_path):
+    """ "mpf-base" runs the operator's architecture with a zero residual: an importance-linearised operator's
+    base is the importance-fitted Daum–Huang flow, not the default (Stein) one."""
+    torch.manual_seed(0)
+    arch = {**ARCH, "linearisation": "importance"}
+    config = {
+        "family": "gmm",
+        "state_dim": 2,
+        "obs_dim": 1,
+        "architecture": arch,
+        "training": {"iterations": 0, "task_kwargs": {}},
+        "solver": {"method": "rk4", "steps": 1},
+    }
+    record = save_operator(tmp_path, None, config, MPFVelocity(2, **arch).state_dict(), {}, "untrained (test)\n")
+    base = ev.method_updater("mpf-base", record).network(2)
+    assert base.linearisation == "importance"
+    assert all(float(p.detach().abs().max()) == 0.0 for p in base.layers[-1].linear.parameters())
+    assert ev.method_updater("mpf-base", untrained_operator(tmp_path, "gmm", 2, 1)).network(2).linearisation == "stein"

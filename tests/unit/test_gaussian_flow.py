@@ -84,3 +84,97 @@ def test_whiten_and_matched_clouds():
     mm, mc = gaussian.moments(moved.points())
     torch.testing.assert_close(mm, m, rtol=0, atol=1e-12)
     torch.testing.assert_close(mc, P, rtol=0, atol=1e-10)
+
+
+def two_modes(n=600, sd=0.3, seed=3):
+    """A cloud around the gmm posterior's two modes (1, −2) and (−1, 2), every other particle in each."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.tensor([[1.0, -2.0], [-1.0, 2.0]], dtype=F64)
+    return centres[torch.arange(n) % 2][None] + sd * torch.randn(1, n, 2, generator=g, dtype=F64)
+
+
+def moved_moments(x, lik):
+    """Moments of the cloud x after the Daum–Huang flow of the Gaussian likelihood ``lik`` from its own moments."""
+    mean, cov = gaussian.moments(x)
+    x1, _ = flow_to_one(DaumHuangFlow(mean, cov, lik), x, torch.zeros(x.shape[:2], dtype=F64))
+    return gaussian.moments(x1)
+
+
+def test_mode_split_separates_modes_and_not_a_gaussian():
+    from operators.mpf.gaussian_flow import mode_split
+
+    g = torch.Generator().manual_seed(0)
+    labels, eta = mode_split(gaussian.whiten(torch.randn(1, 4000, 2, generator=g, dtype=F64)))
+    assert abs(float(eta) - 2 / torch.pi) < 0.03  # the best split of a Gaussian
+    x = two_modes()
+    labels, eta = mode_split(gaussian.whiten(x))
+    assert float(eta) > 0.95
+    truth = (torch.arange(600) % 2 == 1)[None]
+    assert bool((labels == truth).all() or (labels == ~truth).all())
+
+
+def test_importance_linearisation_moves_the_cloud_onto_the_reweighted_moments():
+    """On a unimodal cloud the importance fit's base flow moves the cloud's Gaussian onto the mean and
+    covariance of the cloud reweighted by the likelihood, exactly."""
+    from operators.mpf.gaussian_flow import importance_linearisation
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 500, 2, generator=g, dtype=F64) @ torch.tensor([[1.0, 0.5], [0.0, 0.7]], dtype=F64)
+    model = make_model("gmm", {}, 2, dtype=F64)
+    lw = model.log_likelihood(torch.tensor([[1.3]], dtype=F64), x)
+    m1, c1 = moved_moments(x, importance_linearisation(lw, gaussian.whiten(x)))
+    m_target, c_target = gaussian.moments(x, lw)
+    assert torch.allclose(m1, m_target, atol=1e-7) and torch.allclose(c1, c_target, atol=1e-7)
+
+
+def test_importance_linearisation_holds_separated_modes():
+    """On two separated modes the weights are renormalised within each mode: the flow moves every mode onto
+    its own reweighted moments and keeps the modes' shares (an affine map cannot move particles from one
+    mode to the other: following the plain weights would translate both). Stein's global fit instead reads
+    the between-mode spread as curvature and pulls the modes together."""
+    from operators.mpf.gaussian_flow import importance_linearisation
+
+    x = two_modes()
+    x1_obs = make_model("linear_gaussian", {"H": [[1.0, 0.0]], "R": [[1.0]]}, 2, dtype=F64)
+    lw = x1_obs.log_likelihood(torch.tensor([[0.8]], dtype=F64), x)  # x₁ ≈ 0.8: favours mode (1, −2)
+    first = torch.arange(600) % 2 == 0
+    held = torch.zeros(600, dtype=F64)
+    for group in (first, ~first):
+        held[group] = 0.5 * torch.softmax(lw[0, group], -1)
+    m_held, c_held = gaussian.moments(x, held.log()[None])
+    m1, c1 = moved_moments(x, importance_linearisation(lw, gaussian.whiten(x)))
+    assert torch.allclose(m1, m_held, atol=1e-7) and torch.allclose(c1, c_held, atol=1e-7)
+    m_plain, _ = gaussian.moments(x, lw)
+    assert float((m_plain - m_held).norm()) > 1.0  # the plain weights would have moved the whole cloud
+    model, o = make_model("gmm", {}, 2, dtype=F64), torch.tensor([[0.8]], dtype=F64)
+    top = lambda cov: float(torch.linalg.eigvalsh(cov)[..., -1])  # noqa: E731
+    _, c_imp = moved_moments(x, importance_linearisation(model.log_likelihood(o, x), gaussian.whiten(x)))
+    _, c_stein = moved_moments(x, statistical_linearisation(x, model.score(o, x)))
+    assert top(c_imp) > 0.97 * top(gaussian.moments(x)[1])  # one gmm observation barely moves the modes
+    assert top(c_stein) < 0.8 * top(c_imp)  # Stein: modes pulled together
+
+
+def test_importance_linearisation_agrees_with_the_exact_likelihood_on_a_gaussian_problem():
+    """Gaussian cloud, linear-Gaussian likelihood: the reweighted moments are the conjugate posterior's up to
+    Monte Carlo error, so the fit is (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) up to that error."""
+    from operators.mpf.gaussian_flow import importance_linearisation
+
+    m, P, H, R, o, g = setup(d=2, k=2, B=1)
+    R = 4.0 * R  # a weak observation: the weights stay even, so 20 000 particles estimate the moments well
+    model = make_model("linear_gaussian", {"H": H[0].tolist(), "R": R[0].tolist()}, 2, dtype=F64)
+    x = m[:, None] + torch.randn(1, 20000, 2, generator=g, dtype=F64) @ torch.linalg.cholesky(P).transpose(-1, -2)
+    fitted = importance_linearisation(model.log_likelihood(o, x), gaussian.whiten(x))
+    exact = linear_gaussian_likelihood(H, R, o)
+    scale = float(torch.linalg.matrix_norm(exact.precision))
+    assert float(torch.linalg.matrix_norm(fitted.precision - exact.precision)) < 0.1 * scale
+    assert torch.allclose(fitted.information, exact.information, atol=0.1 * float(exact.information.abs().max()))
+
+
+def test_unknown_linearisation_is_refused():
+    import pytest
+
+    from operators.mpf.gaussian_flow import linearised_likelihood
+
+    model = make_model("gmm", {}, 2)
+    with pytest.raises(ValueError, match="linearisation"):
+        linearised_likelihood(model, torch.zeros(1, 1), torch.randn(1, 8, 2), method="laplace")

@@ -90,13 +90,17 @@ def test_cli_train_writes_a_loadable_operator(tmp_path, capsys):
         "train", "--family", "gmm", "--dim", "2", "--iterations", "3", "--batch", "2", "--steps-per-seq", "2",
         "--particles", "16", "--out", str(tmp_path), "--hidden", "16", "--embed", "16", "--layers", "2",
         "--val-every", "1", "--val-tasks", "4", "--lr", "1e-2", "--quiet", "--residual-gate", "information",
+        "--linearisation", "importance",
     ]  # fmt: skip
     assert main(argv) == 0
     saved = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["saved"]
     record = load_record(saved)
     assert record.name == "gmm-d2-v1" and record.state_dim == 2 and record.obs_dim == 1
     arch = record.config["architecture"]
-    assert arch == {"hidden": 16, "layers": 2, "embed": 16, "use_base": True, "residual_gate": "information"}
+    assert arch == {
+        "hidden": 16, "layers": 2, "embed": 16, "use_base": True, "residual_gate": "information",
+        "linearisation": "importance",
+    }  # fmt: skip
     assert record.config["solver"] == {"method": "rk4", "steps": 1}
     assert set(record.metrics) >= {"val_loss_best", "val_loss_untrained"}
     assert "mpflow train --family gmm" in (record.path / "README.md").read_text()

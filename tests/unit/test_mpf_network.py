@@ -219,3 +219,31 @@ def test_serving_step_reuses_the_start_score_and_equals_the_tracked_step():
         assert len(calls) == 4 + 5, family
         assert torch.allclose(served, tracked, atol=1e-5), family
         assert not torch.allclose(served, flow_step(MPFVelocity(2), model, obs, x, None, divergence="none")[0])
+
+
+def test_unknown_linearisation_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="linearisation"):
+        MPFVelocity(2, linearisation="laplace")
+
+
+def test_importance_linearised_step_may_widen_and_is_exact_untrained():
+    """With ``linearisation="importance"`` the untrained operator moves the cloud exactly onto the moments of
+    the reweighted cloud, also where that is wider than the cloud (eigenvalues of Λ_z below 0, which Stein's
+    fit would clip at 0): here a likelihood exp(0.3 x₁²) that favours both tails."""
+    from operators import gaussian
+    from operators.models import make_model
+    from operators.mpf.step import flow_step
+
+    model = make_model("gmm", {}, 2)
+    model.log_likelihood = lambda obs, x: 0.3 * x[..., 0] ** 2
+    x = torch.randn(1, 400, 2, generator=torch.Generator().manual_seed(1)) * torch.tensor([0.5, 1.0]) + 0.2
+    target_mean, target_cov = gaussian.moments(x.double(), model.log_likelihood(None, x).double())
+    net = MPFVelocity(2, linearisation="importance")
+    with torch.no_grad():
+        x1, _ = flow_step(net, model, torch.zeros(1, 1), x, None, divergence="none")
+    m1, c1 = gaussian.moments(x1.double())
+    assert float(c1[0, 0, 0]) > 1.1 * float(gaussian.moments(x.double())[1][0, 0, 0])  # widened
+    torch.testing.assert_close(m1, target_mean, rtol=0, atol=1e-4)
+    torch.testing.assert_close(c1, target_cov, rtol=0, atol=1e-4)
