@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,8 @@ def statistical_linearisation(
 #: into one mode (how this was found and checked: operators/pretrained/gmm-d2-v4/README.md).
 MODE_SPLIT_ETA = (0.7, 0.8)
 MIN_MODE_FRACTION = 0.05  # a group of fewer particles than this is not a mode
+#: effective sample sizes, in units of d + 1, between which the importance fit hands over to Stein's
+FALLBACK_ESS = (2.0, 4.0)
 
 
 @functools.lru_cache(maxsize=16)
@@ -119,7 +122,11 @@ def mode_split(whitened: gaussian.Whitened) -> tuple[torch.Tensor, torch.Tensor]
     return p > ps.gather(-1, at[:, None] + (lo - 1)), eta
 
 
-def importance_linearisation(log_likelihood: torch.Tensor, whitened: gaussian.Whitened) -> GaussianLikelihood:
+def importance_linearisation(
+    log_likelihood: torch.Tensor,
+    whitened: gaussian.Whitened,
+    fallback: Callable[[], GaussianLikelihood] | None = None,
+) -> GaussianLikelihood:
     """The Gaussian likelihood whose Daum–Huang flow moves the cloud's Gaussian N(m, C) onto the moments of
     the cloud reweighted by the likelihood (an assumed-density / moment-matching step).
 
@@ -138,9 +145,28 @@ def importance_linearisation(log_likelihood: torch.Tensor, whitened: gaussian.Wh
     whole cloud towards the mode that gains and drag the other one along. So where the cloud splits into two
     separated groups (:func:`mode_split`, separability η), the weights are renormalised within each group,
     keeping the groups' particle fractions: w = (1 − α) w_plain + α w_held, α rising linearly from 0 to 1
-    over ``MODE_SPLIT_ETA``. Moving weight between modes is left to the learned residual."""
+    over ``MODE_SPLIT_ETA``. Moving weight between modes is left to the learned residual.
+
+    Few effective particles. The estimates rest on the particles the likelihood weights: where it lies outside
+    the cloud (an outlier, an observation far in the tail) the effective sample size 1 / Σ w_i² falls to a
+    handful and S degenerates, and the reweighted cloud cannot reach beyond the particles anyway. There the fit
+    blends into ``fallback`` (Stein's fit from the scores, which extrapolates): β Λ_imp + (1 − β) Λ_fallback and
+    likewise η, β rising from 0 to 1 as the effective sample size goes over ``FALLBACK_ESS`` × (d + 1)."""
     z, L = whitened.z, whitened.chol
     w = torch.softmax(log_likelihood.to(torch.float64), -1)
+    d = z.shape[-1]
+    lo, hi = (k * (d + 1) for k in FALLBACK_ESS)
+    beta = ((w.square().sum(-1).reciprocal() - lo) / (hi - lo)).clamp(0.0, 1.0)  # [B]
+    if fallback is not None and bool((beta < 1).any()):
+        other = fallback()
+        if bool((beta == 0).all()):
+            return other
+        fit = importance_linearisation(log_likelihood, whitened)
+        b2, b1 = beta[:, None, None], beta[:, None]
+        return GaussianLikelihood(  # torch.where: a fit from too few particles may be non-finite where β = 0
+            torch.where(b2 > 0, b2 * fit.precision + (1 - b2) * other.precision, other.precision),
+            torch.where(b1 > 0, b1 * fit.information + (1 - b1) * other.information, other.information),
+        )
     labels, eta = mode_split(whitened)
     lo, hi = MODE_SPLIT_ETA
     alpha = ((eta - lo) / (hi - lo)).clamp(0.0, 1.0)[:, None]
@@ -215,7 +241,11 @@ def linearised_likelihood(
         H, R = model.observation_affine()
         return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
     x = x.detach()
+    white = whitened if whitened is not None or method == "stein" else gaussian.whiten(x.double())
+
+    def stein() -> GaussianLikelihood:
+        return statistical_linearisation(x, model.score(obs, x) if score is None else score, whitened=white)
+
     if method == "importance":
-        white = whitened if whitened is not None else gaussian.whiten(x.double())
-        return importance_linearisation(model.log_likelihood(obs, x), white)
-    return statistical_linearisation(x, model.score(obs, x) if score is None else score, whitened=whitened)
+        return importance_linearisation(model.log_likelihood(obs, x), white, fallback=stein)
+    return stein()

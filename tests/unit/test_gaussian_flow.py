@@ -178,3 +178,30 @@ def test_unknown_linearisation_is_refused():
     model = make_model("gmm", {}, 2)
     with pytest.raises(ValueError, match="linearisation"):
         linearised_likelihood(model, torch.zeros(1, 1), torch.randn(1, 8, 2), method="laplace")
+
+
+def test_importance_linearisation_hands_over_to_stein_when_few_particles_carry_the_weight():
+    """An observation far outside the cloud leaves ~1 effective particle: the fit is then Stein's (which
+    extrapolates from the scores) and finite; between 2(d+1) and 4(d+1) effective particles it is the blend."""
+    from operators.mpf.gaussian_flow import FALLBACK_ESS, importance_linearisation
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 256, 2, generator=g, dtype=F64)
+    white = gaussian.whiten(x)
+    model = make_model("gmm", {}, 2, dtype=F64)
+    o = torch.tensor([[50.0]], dtype=F64)
+    stein = statistical_linearisation(x, model.score(o, x), whitened=white)
+    fit = importance_linearisation(model.log_likelihood(o, x), white, fallback=lambda: stein)
+    assert fit is stein
+
+    lw = torch.full((1, 256), -1e4, dtype=F64)
+    lw[0, :9] = 0.0  # 9 equal weights: effective sample size 9, halfway between 6 and 12 for d = 2
+    assert FALLBACK_ESS == (2.0, 4.0)
+    blend = importance_linearisation(lw, white, fallback=lambda: stein)
+    alone = importance_linearisation(lw, white)
+    torch.testing.assert_close(blend.precision, 0.5 * alone.precision + 0.5 * stein.precision)
+    torch.testing.assert_close(blend.information, 0.5 * alone.information + 0.5 * stein.information)
+    lw[0, :40] = 0.0  # 40 effective particles: the importance fit alone
+    assert importance_linearisation(lw, white, fallback=lambda: stein).precision.equal(
+        importance_linearisation(lw, white).precision
+    )

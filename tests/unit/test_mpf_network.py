@@ -247,3 +247,17 @@ def test_importance_linearised_step_may_widen_and_is_exact_untrained():
     assert float(c1[0, 0, 0]) > 1.1 * float(gaussian.moments(x.double())[1][0, 0, 0])  # widened
     torch.testing.assert_close(m1, target_mean, rtol=0, atol=1e-4)
     torch.testing.assert_close(c1, target_cov, rtol=0, atol=1e-4)
+
+
+def test_importance_linearised_step_stays_finite_on_an_outlying_observation():
+    """o = 50 for a cloud around 0: the likelihood weights one particle; the step's fit hands over to Stein's,
+    so the particles move towards the observation instead of collapsing or going non-finite."""
+    from operators.models import make_model
+    from operators.mpf.step import flow_step
+
+    model = make_model("gmm", {}, 2)
+    x = torch.randn(1, 256, 2, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x1, _ = flow_step(MPFVelocity(2, linearisation="importance"), model, torch.tensor([[50.0]]), x, None)
+    assert bool(torch.isfinite(x1).all())
+    assert float(x1.std(1).min()) > 0.1 and float(x1.mean(1).sum()) > 5.0
