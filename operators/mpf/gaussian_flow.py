@@ -152,21 +152,28 @@ def importance_linearisation(
     handful and S degenerates, and the reweighted cloud cannot reach beyond the particles anyway. There the fit
     blends into ``fallback`` (Stein's fit from the scores, which extrapolates): β Λ_imp + (1 − β) Λ_fallback and
     likewise η, β rising from 0 to 1 as the effective sample size goes over ``FALLBACK_ESS`` × (d + 1)."""
-    z, L = whitened.z, whitened.chol
     w = torch.softmax(log_likelihood.to(torch.float64), -1)
-    d = z.shape[-1]
-    lo, hi = (k * (d + 1) for k in FALLBACK_ESS)
+    if fallback is None:
+        return _reweighted_fit(w, whitened)
+    lo, hi = (k * (whitened.z.shape[-1] + 1) for k in FALLBACK_ESS)
     beta = ((w.square().sum(-1).reciprocal() - lo) / (hi - lo)).clamp(0.0, 1.0)  # [B]
-    if fallback is not None and bool((beta < 1).any()):
-        other = fallback()
-        if bool((beta == 0).all()):
-            return other
-        fit = importance_linearisation(log_likelihood, whitened)
-        b2, b1 = beta[:, None, None], beta[:, None]
-        return GaussianLikelihood(  # torch.where: a fit from too few particles may be non-finite where β = 0
-            torch.where(b2 > 0, b2 * fit.precision + (1 - b2) * other.precision, other.precision),
-            torch.where(b1 > 0, b1 * fit.information + (1 - b1) * other.information, other.information),
-        )
+    if bool((beta == 1).all()):
+        return _reweighted_fit(w, whitened)
+    other = fallback()
+    if bool((beta == 0).all()):
+        return other
+    fit = _reweighted_fit(w, whitened)
+    b2, b1 = beta[:, None, None], beta[:, None]
+    return GaussianLikelihood(  # torch.where: a fit from too few particles may be non-finite where β = 0
+        torch.where(b2 > 0, b2 * fit.precision + (1 - b2) * other.precision, other.precision),
+        torch.where(b1 > 0, b1 * fit.information + (1 - b1) * other.information, other.information),
+    )
+
+
+def _reweighted_fit(w: torch.Tensor, whitened: gaussian.Whitened) -> GaussianLikelihood:
+    """:func:`importance_linearisation` from the plain importance weights w [B, N]: the mode hold, then the
+    reweighted moments μ, S and (Λ, η)."""
+    z, L = whitened.z, whitened.chol
     labels, eta = mode_split(whitened)
     lo, hi = MODE_SPLIT_ETA
     alpha = ((eta - lo) / (hi - lo)).clamp(0.0, 1.0)[:, None]
