@@ -105,7 +105,7 @@ from benchmarks.service_load import PRIOR, machine_meta, percentile
 from service.client import AsyncClient, AsyncStream, MpflowError, Retry
 from service.embedded import running_server
 from service.store import StreamStore
-from service.testing import free_port, wait_ready
+from service.testing import UserServer, free_port, wait_ready
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,44 +264,22 @@ class RedisProcess:
         _reap(self.proc)
 
 
-class ServiceProcess:
-    """``python -m service`` on 127.0.0.1:``port`` with ``env`` added to the environment; restartable on the
-    same port (what a supervisor does after a crash)."""
+class ServiceProcess(UserServer):
+    """``python -m service`` on 127.0.0.1:``port`` (:class:`service.testing.UserServer`, restartable on the same
+    port) with ``env`` added to this process's environment, in a process group of its own that
+    :func:`kill_started` knows, logging warnings and errors to ``log_dir/service.log``."""
 
     def __init__(self, env: dict[str, str], log_dir: Path, port: int | None = None):
-        self.env = {**os.environ, "MPFLOW_LOG_LEVEL": "WARNING", **env}
-        self.log_path = Path(log_dir) / "service.log"
-        self.port = port or free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def __enter__(self) -> ServiceProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        log_path = Path(log_dir) / "service.log"
+        env = {"MPFLOW_LOG_LEVEL": "WARNING", **env}
+        super().__init__(env, log_path, port=port, inherit_mpflow_env=True, new_session=True)
 
     def start(self, timeout: float = 120.0) -> float:
-        """Start and wait for ``/readyz`` 200; the seconds it took."""
-        t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = _spawn(cmd, self.log_path, self.env)
-        wait_ready(self.url, self.proc, self.log_path, timeout)
-        return time.monotonic() - t0
-
-    def kill(self) -> None:
-        """SIGKILL the server process alone (its embedded redis-server, a daemon, is not in its group)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        _reap(self.proc)
+        try:
+            return super().start(timeout)
+        finally:
+            if self.proc is not None:
+                _STARTED.add(self.proc)
 
     def warnings(self, limit: int = 20) -> dict[str, int]:
         """The server's WARNING/ERROR log lines (JSON lines: logger and message, cut at 200 characters) and how
@@ -314,12 +292,6 @@ class ServiceProcess:
                     if rec.get("level") in ("WARNING", "ERROR", "CRITICAL"):
                         seen[f"{rec.get('level')} {rec.get('logger')}: {str(rec.get('msg'))[:200]}"] += 1
         return dict(seen.most_common(limit))
-
-    def stop(self) -> None:
-        """A graceful stop (SIGTERM: uvicorn runs the lifespan shutdown), SIGKILL after 30 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-        _reap(self.proc)
 
 
 def kill_embedded(data_dir: Path) -> int | None:

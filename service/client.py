@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import httpx
@@ -182,11 +182,11 @@ def _check_batch(batch: int) -> None:
         raise ValueError(f"batch: must be at least 1, got {batch}")
 
 
-# ---------------------------------------------------------------------------------------------- sync
-class Client:
-    """Synchronous client. ``retry`` is the policy for safe requests (module docstring); ``transport`` (an
-    ``httpx.BaseTransport``: tests use it to inject failures) and any other keyword (``verify``, ``limits``,
-    ``proxy``, ...) go to ``httpx.Client``."""
+class _ClientBase:
+    """What :class:`Client` and :class:`AsyncClient` share: the httpx client (``_http_class``, with the base URL,
+    the bearer key and the timeout), the retry policy and the decision after each attempt of a request."""
+
+    _http_class: ClassVar[type[httpx.Client] | type[httpx.AsyncClient]]
 
     def __init__(
         self,
@@ -195,14 +195,35 @@ class Client:
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         *,
         retry: Retry | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
         **http_options: Any,
     ):
         self.retry = retry or Retry()
         self._rng = random.Random()
-        self.http = httpx.Client(
+        self.http = self._http_class(
             base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport, **http_options
         )
+
+    def _attempts(self, safe: bool) -> int:
+        return self.retry.attempts if safe else 1
+
+    def _backoff(self, failures: int, attempts: int, response: httpx.Response | None) -> float | None:
+        """After attempt ``failures`` of ``attempts`` (``response`` None: it raised one of ``RETRYABLE_ERRORS``,
+        which the caller re-raises on its last attempt): the seconds to wait before trying again, or None when
+        the response is the answer."""
+        if response is not None and (response.status_code not in RETRYABLE_STATUS or failures == attempts):
+            return None
+        return self.retry.delay(failures, response, self._rng)
+
+
+# ---------------------------------------------------------------------------------------------- sync
+class Client(_ClientBase):
+    """Synchronous client. ``retry`` is the policy for safe requests (module docstring); ``transport`` (an
+    ``httpx.BaseTransport``: tests use it to inject failures) and any other keyword (``verify``, ``limits``,
+    ``proxy``, ...) go to ``httpx.Client``."""
+
+    _http_class = httpx.Client
+    http: httpx.Client
 
     def __enter__(self) -> Client:
         return self
@@ -215,19 +236,18 @@ class Client:
 
     def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
         """One API call; ``safe`` requests are retried per :attr:`retry`. The decoded JSON answer (None for 204)."""
-        attempts = self.retry.attempts if safe else 1
+        attempts = self._attempts(safe)
         for failures in range(1, attempts + 1):
             try:
                 response = self.http.request(method, path, **kwargs)
             except RETRYABLE_ERRORS:
                 if failures == attempts:
                     raise
-                time.sleep(self.retry.delay(failures, None, self._rng))
-                continue
-            if response.status_code in RETRYABLE_STATUS and failures < attempts:
-                time.sleep(self.retry.delay(failures, response, self._rng))
-                continue
-            return _answer(response)
+                response = None
+            wait = self._backoff(failures, attempts, response)
+            if wait is None:
+                return _answer(response)
+            time.sleep(wait)
         raise AssertionError("unreachable")
 
     def create_stream(
@@ -323,28 +343,15 @@ class Stream(_StreamBase):
 
 
 # ---------------------------------------------------------------------------------------------- async
-class AsyncClient:
+class AsyncClient(_ClientBase):
     """Asynchronous client; the same methods as :class:`Client`, awaited. ``transport`` is an
     ``httpx.AsyncBaseTransport`` (e.g. ``httpx.ASGITransport(app=app)`` to call an app in process); other
     keywords go to ``httpx.AsyncClient``. Many concurrent streams: httpx's pool (``limits``, 100 connections by
     default) scans its connections on every request, so past a few dozen concurrent requests several clients
     (e.g. one per stream, ``limits=httpx.Limits(max_connections=1)``) cost less CPU than one big pool."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        api_key: str | None = None,
-        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-        *,
-        retry: Retry | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        **http_options: Any,
-    ):
-        self.retry = retry or Retry()
-        self._rng = random.Random()
-        self.http = httpx.AsyncClient(
-            base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport, **http_options
-        )
+    _http_class = httpx.AsyncClient
+    http: httpx.AsyncClient
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -356,19 +363,18 @@ class AsyncClient:
         await self.http.aclose()
 
     async def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
-        attempts = self.retry.attempts if safe else 1
+        attempts = self._attempts(safe)
         for failures in range(1, attempts + 1):
             try:
                 response = await self.http.request(method, path, **kwargs)
             except RETRYABLE_ERRORS:
                 if failures == attempts:
                     raise
-                await asyncio.sleep(self.retry.delay(failures, None, self._rng))
-                continue
-            if response.status_code in RETRYABLE_STATUS and failures < attempts:
-                await asyncio.sleep(self.retry.delay(failures, response, self._rng))
-                continue
-            return _answer(response)
+                response = None
+            wait = self._backoff(failures, attempts, response)
+            if wait is None:
+                return _answer(response)
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     async def create_stream(

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -96,24 +95,75 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
 
-@dataclass
 class UserServer:
-    """A ``python -m service`` subprocess (:func:`serve_as_user`)."""
+    """``python -m service --host 127.0.0.1 --port P *args`` as a user (or ``make serve``) starts it, run from the
+    repository root with ``env`` over this process's environment (its own ``MPFLOW_*`` variables dropped unless
+    ``inherit_mpflow_env``), stdout and stderr appended to ``log_path``. Restartable on the same port (what a
+    supervisor does after a crash): :meth:`start` again after :meth:`kill` or :meth:`stop`. ``new_session``
+    starts it in a process group of its own (fault injection signals the group without reaching this process).
+    A context manager: leaving it stops the server. :func:`serve_as_user` starts one and waits until ready."""
 
-    url: str
-    port: int
-    proc: subprocess.Popen
-    log_path: Path
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        args: Sequence[str] = (),
+        port: int | None = None,
+        inherit_mpflow_env: bool = False,
+        new_session: bool = False,
+    ):
+        base = {k: v for k, v in os.environ.items() if inherit_mpflow_env or not k.startswith("MPFLOW_")}
+        self.env = {**base, **env}
+        self.log_path = Path(log_path)
+        self.port = port or free_port()
+        self.args = list(args)
+        self.new_session = new_session
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the server was not started"
+        return self.proc.pid
+
+    def __enter__(self) -> UserServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120.0) -> float:
+        """Start it and wait until ``/readyz`` answers 200 (:func:`wait_ready`); the seconds that took."""
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session
+            )
+        wait_ready(self.url, self.proc, self.log_path, timeout)
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        """SIGKILL the server process alone (no shutdown; its embedded redis-server, a daemon, lives on)."""
+        assert self.proc is not None, "the server was not started"
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (graceful shutdown), SIGKILL after ``timeout`` seconds."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        """SIGTERM (uvicorn runs the lifespan shutdown), SIGKILL after ``timeout`` seconds."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 @contextmanager
@@ -126,21 +176,11 @@ def serve_as_user(
     start_timeout: float = 120.0,
     inherit_mpflow_env: bool = False,
 ) -> Iterator[UserServer]:
-    """Start ``python -m service --host 127.0.0.1 --port P *args`` from the repository root with ``env`` over
-    this process's environment (its own ``MPFLOW_*`` variables dropped unless ``inherit_mpflow_env``), stdout
-    and stderr to ``log_path``; yield it once ready; stop it (SIGTERM, then SIGKILL) on exit."""
-    port = port or free_port()
-    base = {k: v for k, v in os.environ.items() if inherit_mpflow_env or not k.startswith("MPFLOW_")}
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), *args]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT)
-    server = UserServer(f"http://127.0.0.1:{port}", port, proc, log_path)
-    try:
-        wait_ready(server.url, proc, log_path, start_timeout)
+    """A :class:`UserServer` started and ready (``start_timeout`` seconds at most); stopped (SIGTERM, then
+    SIGKILL) on exit."""
+    with UserServer(env, log_path, args=args, port=port, inherit_mpflow_env=inherit_mpflow_env) as server:
+        server.start(start_timeout)
         yield server
-    finally:
-        server.stop()
 
 
 async def drop_prefix(url: str, prefix: str) -> int:
