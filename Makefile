@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: setup
-	$(PY) -m service
+	$(PY) -m mpflow serve
 
 # Debian tools some tests drive (headless Chromium for the dashboard, docker-compose to validate the compose
 # file); best effort, as root with apt only: without them those tests skip and say why.

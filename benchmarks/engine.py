@@ -1,10 +1,12 @@
 """Engine benchmark: speed and accuracy of every updater against the exact Kalman posterior.
 
-``python -m benchmarks.engine [--quick]``
+``python -m benchmarks.engine [--quick] [--out STEM] [--families F,…] [--methods M,…] [--dims D,…]
+[--particles N,…] [--steps T] [--seeds S] [--jobs J] [--no-progress]``
 
-For each family ∈ {linear_gaussian, lds}, method ∈ {kalman, smc, gpf, svgd}, state dimension d and
-particle count N, S held-out sequences of T steps are simulated (seed s: :meth:`ModelFamily.simulate` with
-a generator seeded from ``DATA_SEED_BASE + s``; the truth x_0 ~ N(0, I), the prior of every method):
+For each family with an exact reference (the linear-Gaussian ones: {linear_gaussian, lds}), method ∈
+{kalman, smc, gpf, svgd}, state dimension d and particle count N, S held-out sequences of T steps are simulated
+(seed s: the family's :meth:`ModelFamily.benchmark_params` and :meth:`ModelFamily.simulate` with a generator
+seeded from ``DATA_SEED_BASE + s``; the truth x_0 ~ N(0, I), the prior of every method):
 
 * ``linear_gaussian``: o_t ~ N(H x, R), x static, H = I, R = 3I (the family's defaults; MPF §5.1);
 * ``lds``: x_t = A x_{t−1} + N(0, Q), o_t = B x_t + N(0, R) with Q = R = I and, per seed,
@@ -12,31 +14,31 @@ a generator seeded from ``DATA_SEED_BASE + s``; the truth x_0 ~ N(0, I), the pri
   N(0, 1) entries (MPF §5 LDS).
 
 The exact filtering posteriors N(μ_t, Σ_t) and log p(o_t | o_<t) come from
-:func:`operators.references.kalman_filter` (float64). Each method runs one stream (B = 1) with
-``state = updater.init(prior, model, N, seed)`` and ``state, info = updater.update(state, obs[:, t], model)``;
+:func:`mpflow.operators.references.kalman_filter` (float64). Each method runs one stream (B = 1) through
+:func:`mpflow.operators.filtering.run_filter`: ``state = updater.init(prior, model, N, seed)`` and
+``state, info = updater.update(state, obs[:, t], model)``;
 after every step its posterior is read from the particles, m_q, C_q = moments(particles, log_weights)
-(float64, :func:`operators.gaussian.moments`; for ``kalman`` the particles are N iid draws of the exact
+(float64, :func:`mpflow.operators.gaussian.moments`; for ``kalman`` the particles are N iid draws of the exact
 posterior, so its row is the Monte-Carlo floor of N particles), and compared with the exact one:
 
 * **ms/update**: median wall time of ``updater.update`` (one stream, ``torch.set_num_threads(1)``) over
   all steps and seeds; also as a ratio to ``smc``'s median in the same (family, d, N);
-* **mean err**: sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²) (:func:`operators.metrics.mean_error_sd`),
+* **mean err**: sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²) (:func:`mpflow.operators.metrics.mean_error_sd`),
   averaged over steps and seeds;
-* **var ratio**: mean_d C_q,dd / Σ_t,dd (:func:`operators.metrics.variance_ratio`), averaged over steps and
+* **var ratio**: mean_d C_q,dd / Σ_t,dd (:func:`mpflow.operators.metrics.variance_ratio`), averaged over steps and
   seeds, and at the last step (averaged over seeds);
 * **logZ err**: |log Ẑ_T − Σ_t log p(o_t | o_<t)| at the last step (``state.log_evidence``), mean over
   seeds; and the mean per-step increment error |log Ẑ_t/Ẑ_{t−1} − log p(o_t | o_<t)|.
 
-Results: a markdown table on stdout, ``<out>.json`` (rows + metadata) and ``<out>.png``; ``--out``
-defaults to ``benchmarks/results/engine`` (``engine-quick`` with ``--quick``). Accuracy numbers are
-deterministic given the seeds; timings are not.
+Results (:mod:`benchmarks.report`): a markdown table on stdout, ``<out>.json`` (rows + metadata) and
+``<out>.png``; ``--out`` defaults to ``benchmarks/results/engine`` (``engine-quick`` with ``--quick``, git-ignored:
+a quick run never overwrites the tracked results). Accuracy numbers are deterministic given the seeds; timings are
+not.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import math
 import os
 import platform
@@ -51,25 +53,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mpflow.operators.filtering import ExactPosterior, run_filter
+from mpflow.operators.models import FAMILIES as ALL_FAMILIES
+from mpflow.operators.models import ModelFamily, make_model
+from mpflow.operators.models import family as family_class
+from mpflow.operators.models.lds import EXAMPLE_A_SCALE
+from mpflow.operators.models.priors import Prior, prior_from_spec
+from mpflow.operators.rng import generator
+from mpflow.operators.updaters import NonFiniteError, get_updater
 
-from operators import gaussian
-from operators.metrics import mean_error_sd, variance_ratio
-from operators.models import ModelFamily, make_model
-from operators.models import family as family_class
-from operators.models.priors import Prior, prior_from_spec
-from operators.references import kalman_filter
-from operators.rng import generator, haar_orthogonal
-from operators.updaters import NonFiniteError, get_updater
+from benchmarks import report
 
-FAMILIES = ("linear_gaussian", "lds")
+#: the families with an exact (Kalman) reference
+FAMILIES = tuple(name for name, cls in ALL_FAMILIES.items() if cls.linear_gaussian)
 METHODS = ("kalman", "smc", "gpf", "svgd")
 FULL = {"dims": (2, 5, 10), "particles": (256, 1024), "steps": 100, "seeds": 5}
 QUICK = {"dims": (2,), "particles": (256,), "steps": 20, "seeds": 2}
 #: data (model parameters, truth, observations) of seed s are drawn from generator(DATA_SEED_BASE + s),
 #: the updater of seed s from generator(s): the two never share a random stream
 DATA_SEED_BASE = 1_000_003
-LDS_A_SCALE = 0.9
-RESULTS = Path(__file__).resolve().parent / "results"
+LDS_A_SCALE = EXAMPLE_A_SCALE  # kept for older callers: the lds family's benchmark_params use it
+NAME = "engine"
+RESULTS = report.RESULTS  # kept for older callers
 TIMING_NOTE = "median wall time of updater.update for one stream (B = 1), torch.set_num_threads(1)"
 #: the numbers each row carries
 METRIC_KEYS = (
@@ -99,25 +104,26 @@ class Problem:
     covs: torch.Tensor  # [1, T, d, d]
     logz: torch.Tensor  # [1, T]  log p(o_t | o_<t)
 
+    @property
+    def reference(self) -> ExactPosterior:
+        return ExactPosterior(self.means, self.covs, self.logz)
+
 
 def lds_params(d: int, gen: torch.Generator) -> dict[str, Any]:
-    """A = 0.9·U with U Haar-orthogonal (QR of a Gaussian matrix, signs fixed by diag R), B ~ N(0, 1)."""
-    U = haar_orthogonal([gen], d)[0]
-    B = torch.randn(d, d, generator=gen, dtype=torch.float64)
-    return {"A": (LDS_A_SCALE * U).tolist(), "B": B.tolist()}
+    """The lds family's benchmark parameters (:meth:`LDS.benchmark_params`; kept for older callers)."""
+    return family_class("lds").benchmark_params(d, gen)
 
 
 def make_problem(family: str, d: int, T: int, seed: int) -> Problem:
     """Simulate seed ``seed``'s sequence of T observations and filter it exactly."""
     gen = generator(DATA_SEED_BASE + seed)
-    params = lds_params(d, gen) if family == "lds" else {}
-    model = make_model(family, params, d)
+    model = make_model(family, family_class(family).benchmark_params(d, gen), d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
     x0 = prior.sample(1, [gen])[:, 0]  # the truth's initial state ~ the prior
     _, obs = model.simulate(T, x0, [gen])
     mean0, cov0 = prior.moments()
-    means, covs, logz = kalman_filter(mean0, cov0, model, obs)
-    return Problem(model, prior, obs, means, covs, logz)
+    exact = ExactPosterior.kalman(mean0, cov0, model, obs)
+    return Problem(model, prior, obs, exact.means, exact.covs, exact.log_z)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -136,23 +142,16 @@ class Trace:
 
 
 def run_one(method: str, N: int, problem: Problem, seed: int) -> Trace:
-    """Filter ``problem`` with ``method`` and N particles, timing each update and scoring it."""
-    updater = get_updater(method)
-    state = updater.init(problem.prior, problem.model, N, seed)
-    T = problem.obs.shape[1]
-    ms, mean_err, var_ratio, inc_err = [], [], [], []
-    for t in range(T):
-        start = time.perf_counter()
-        state, info = updater.update(state, problem.obs[:, t], problem.model)
-        ms.append(1e3 * (time.perf_counter() - start))
-        m_q, c_q = gaussian.moments(state.particles.double(), state.log_weights)
-        mu, sigma = problem.means[:, t], problem.covs[:, t]
-        mean_err.append(float(mean_error_sd(m_q, mu, sigma)[0]))
-        var_ratio.append(float(variance_ratio(c_q, sigma)[0].mean()))
-        inc = info.log_evidence_increment.to(torch.float64)[0]
-        inc_err.append(abs(float(inc - problem.logz[0, t])))
-    logz_err = abs(float(state.log_evidence[0] - problem.logz[0].sum()))
-    return Trace(ms, mean_err, var_ratio, inc_err, logz_err)
+    """Filter ``problem`` with ``method`` and N particles, timing each update and scoring it
+    (:func:`mpflow.operators.filtering.run_filter`)."""
+    run = run_filter(get_updater(method), problem.model, problem.prior, problem.obs, N, seed, problem.reference)
+    return Trace(
+        run.ms,
+        run.values["mean_error_sd"][:, 0].tolist(),
+        run.values["var_ratio"][:, 0].tolist(),
+        run.values["logz_increment_error"][:, 0].tolist(),
+        abs(float(run.log_evidence_error[0])),
+    )
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -227,13 +226,13 @@ def run_benchmark(
     particles: Sequence[int] = FULL["particles"],
     steps: int = FULL["steps"],
     seeds: int = FULL["seeds"],
-    out: str | Path | None = RESULTS / "engine",
+    out: str | Path | None = RESULTS / NAME,
     progress: bool = True,
     jobs: int = 1,
 ) -> dict[str, Any]:
     """Run every (family, method, d, N) configuration; return ``{"meta": ..., "rows": [...]}`` and, when
-    ``out`` is given, write ``<out>.json`` and ``<out>.png``. ``jobs`` > 1 runs configurations in that many
-    single-threaded worker processes (use at most one per core, or the timings measure contention)."""
+    ``out`` is given, write ``<out>.json`` and ``<out>.png`` (:func:`write`). ``jobs`` > 1 runs configurations in
+    that many single-threaded worker processes (use at most one per core, or the timings measure contention)."""
     from tqdm import tqdm
 
     for name in methods:  # fail on a misspelt name before any work is done
@@ -257,7 +256,9 @@ def run_benchmark(
                 bar.update()
     else:
         # one single-threaded worker per core; the slowest configurations (large N, svgd/gpf) start first
-        heavy_first = sorted(configs, key=lambda c: (-c[2], c[3] not in ("svgd", "gpf", "nvgd"), c[0] != "lds"))
+        heavy_first = sorted(
+            configs, key=lambda c: (-c[2], c[3] not in ("svgd", "gpf", "nvgd"), not family_class(c[0]).dynamic)
+        )
         with ProcessPoolExecutor(max_workers=jobs, initializer=torch.set_num_threads, initargs=(1,)) as pool:
             futures = {pool.submit(run_config_fresh, *c, steps, seeds): c for c in heavy_first}
             by_config = {}
@@ -275,16 +276,20 @@ def run_benchmark(
         "rows": rows,
     }
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-        plot(rows, out.with_suffix(".png"), result["meta"])
+        write(result, Path(out))
     return result
+
+
+def write(result: dict[str, Any], stem: Path) -> list[Path]:
+    """``<stem>.json`` and ``<stem>.png`` (:func:`benchmarks.report.write_outputs`; a ``.json`` or ``.png`` suffix
+    of ``stem`` is dropped)."""
+    stem = stem.with_suffix("") if stem.suffix in (".json", ".png") else stem
+    return report.write_outputs(result, stem, lambda path: plot(result["rows"], path, result["meta"]))
 
 
 def metadata(families, methods, dims, particles, steps, seeds, wall_s: float) -> dict[str, Any]:
     return {
-        "benchmark": "engine",
+        "benchmark": NAME,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -301,10 +306,7 @@ def metadata(families, methods, dims, particles, steps, seeds, wall_s: float) ->
         "data_seeds": [DATA_SEED_BASE + s for s in range(seeds)],
         "updater_seeds": list(range(seeds)),
         "prior": "N(0, I)",
-        "models": {
-            "linear_gaussian": "H = I, R = 3I",
-            "lds": f"A = {LDS_A_SCALE}·Haar-orthogonal, B ~ N(0, 1) entries, Q = R = I (drawn per seed)",
-        },
+        "models": {name: family_class(name).benchmark_model for name in families},
         "posterior": "particle moments (float64, log_weights) vs kalman_filter (float64)",
         "wall_s": round(wall_s, 2),
     }
@@ -318,23 +320,38 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
+COLUMNS = (
+    "family",
+    "method",
+    "d",
+    "N",
+    "ms/update (median)",
+    "× smc",
+    "mean err (sd units)",
+    "var ratio avg / last",
+    "logZ err (last)",
+    "logZ inc err (mean)",
+)
+
+
+def row_cells(r: dict[str, Any]) -> list[Any]:
+    """One table row's cells; a failed configuration says why in its first metric column."""
+    key = [r["family"], r["method"], r["d"], r["N"]]
+    if r["error"] is not None:
+        return [*key, f"failed: {r['error']}"] + [""] * (len(COLUMNS) - len(key) - 1)
+    return [
+        *key,
+        _fmt(r["ms_median"], ".2f"),
+        _fmt(r["ms_ratio_to_smc"], ".1f"),
+        _fmt(r["mean_err_sd"], ".3g"),
+        f"{_fmt(r['var_ratio_avg'], '.3f')} / {_fmt(r['var_ratio_last'], '.3f')}",
+        _fmt(r["logz_err_last"], ".3g"),
+        _fmt(r["logz_inc_err_mean"], ".3g"),
+    ]
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = (
-        "| family | method | d | N | ms/update (median) | × smc | mean err (sd units) "
-        "| var ratio avg / last | logZ err (last) | logZ inc err (mean) |"
-    )
-    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
-    for r in rows:
-        if r["error"] is not None:
-            lines.append(f"| {r['family']} | {r['method']} | {r['d']} | {r['N']} | failed: {r['error']} |" + " |" * 6)
-            continue
-        lines.append(
-            f"| {r['family']} | {r['method']} | {r['d']} | {r['N']} | {_fmt(r['ms_median'], '.2f')} "
-            f"| {_fmt(r['ms_ratio_to_smc'], '.1f')} | {_fmt(r['mean_err_sd'], '.3g')} "
-            f"| {_fmt(r['var_ratio_avg'], '.3f')} / {_fmt(r['var_ratio_last'], '.3f')} "
-            f"| {_fmt(r['logz_err_last'], '.3g')} | {_fmt(r['logz_inc_err_mean'], '.3g')} |"
-        )
-    return "\n".join(lines)
+    return report.markdown_table(COLUMNS, map(row_cells, rows))
 
 
 def ratio_summary(rows: list[dict[str, Any]]) -> str:
@@ -350,12 +367,7 @@ def ratio_summary(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
     """Mean error, variance ratio and ms/update against d: one column per N, colour = method,
-    line style = family."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    line style = family (PNG, :func:`benchmarks.report.figure`)."""
     ok = [r for r in rows if r["error"] is None]
     Ns = sorted({r["N"] for r in ok}) or [0]
     panels = (
@@ -363,46 +375,47 @@ def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
         ("var_ratio_avg", "var_q / var_p (avg)", False),
         ("ms_median", "ms / update (median)", True),
     )
-    fig, axes = plt.subplots(len(panels), len(Ns), figsize=(max(6.0, 4.5 * len(Ns)), 3.2 * len(panels)), squeeze=False)
-    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in ok))}
-    families = dict.fromkeys(r["family"] for r in ok)
-    styles = dict(zip(families, (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")), strict=False))
-    dims = sorted({r["d"] for r in ok})
-    for j, N in enumerate(Ns):
-        for i, (key, label, log) in enumerate(panels):
-            ax = axes[i][j]
-            for method, color in colors.items():
-                for family, (style, marker) in styles.items():
-                    pts = sorted(
-                        (r["d"], r[key]) for r in ok if r["N"] == N and r["method"] == method and r["family"] == family
-                    )
-                    if pts:
-                        ax.plot(
-                            *zip(*pts, strict=True),
-                            style,
-                            color=color,
-                            marker=marker,
-                            mfc="none" if marker != "o" else color,
-                            label=f"{method} / {family}",
+    size = (max(6.0, 4.5 * len(Ns)), 3.2 * len(panels))
+    with report.figure(path, len(panels), len(Ns), figsize=size, squeeze=False) as (fig, axes):
+        colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in ok))}
+        families = dict.fromkeys(r["family"] for r in ok)
+        styles = dict(zip(families, (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")), strict=False))
+        dims = sorted({r["d"] for r in ok})
+        for j, N in enumerate(Ns):
+            for i, (key, label, log) in enumerate(panels):
+                ax = axes[i][j]
+                for method, color in colors.items():
+                    for family, (style, marker) in styles.items():
+                        pts = sorted(
+                            (r["d"], r[key])
+                            for r in ok
+                            if r["N"] == N and r["method"] == method and r["family"] == family
                         )
-            if key == "var_ratio_avg":
-                ax.axhline(1.0, color="0.6", lw=0.8)
-            if log:
-                ax.set_yscale("log")
-            ax.set_xticks(dims)
-            ax.set_xlabel("d")
-            ax.set_ylabel(label)
-            ax.set_title(f"N = {N}")
-    if ok:
-        axes[0][0].legend(fontsize=7)
-    fig.suptitle(
-        f"engine benchmark: T = {meta['T']} steps, S = {meta['S']} seeds\n"
-        "timings: one stream (B = 1), torch.set_num_threads(1)",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                        if pts:
+                            ax.plot(
+                                *zip(*pts, strict=True),
+                                style,
+                                color=color,
+                                marker=marker,
+                                mfc="none" if marker != "o" else color,
+                                label=f"{method} / {family}",
+                            )
+                if key == "var_ratio_avg":
+                    ax.axhline(1.0, color="0.6", lw=0.8)
+                if log:
+                    ax.set_yscale("log")
+                ax.set_xticks(dims)
+                ax.set_xlabel("d")
+                ax.set_ylabel(label)
+                ax.set_title(f"N = {N}")
+        if ok:
+            axes[0][0].legend(fontsize=7)
+        fig.suptitle(
+            f"engine benchmark: T = {meta['T']} steps, S = {meta['S']} seeds\n"
+            "timings: one stream (B = 1), torch.set_num_threads(1)",
+            fontsize=10,
+        )
+        fig.tight_layout()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -418,20 +431,18 @@ def _names(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="d = 2, N = 256, T = 20, S = 2 (under a minute)")
+    p = report.parser(NAME, __doc__, "d = 2, N = 256, T = 20, S = 2 (under a minute)")
     p.add_argument("--families", type=_names, help=f"comma-separated (default {','.join(FAMILIES)})")
     p.add_argument("--methods", type=_names, help=f"comma-separated (default {','.join(METHODS)})")
     p.add_argument("--dims", type=_ints, help="comma-separated state dimensions (default 2,5,10)")
     p.add_argument("--particles", type=_ints, help="comma-separated particle counts (default 256,1024)")
     p.add_argument("--steps", type=int, help="T, steps per sequence (default 100)")
     p.add_argument("--seeds", type=int, help="S, sequences (seeds 0..S−1; default 5)")
-    p.add_argument("--out", help="output path without suffix (default benchmarks/results/engine[-quick])")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--jobs", type=int, default=1, help="worker processes, one thread each (≤ cores; default 1)")
     a = p.parse_args(argv)
     base = QUICK if a.quick else FULL
-    out = a.out or RESULTS / ("engine-quick" if a.quick else "engine")
+    stem = report.out_stem(a, NAME)
     result = run_benchmark(
         families=a.families or FAMILIES,
         methods=a.methods or METHODS,
@@ -439,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         particles=a.particles or base["particles"],
         steps=a.steps or base["steps"],
         seeds=a.seeds or base["seeds"],
-        out=out,
+        out=None,
         progress=not a.no_progress,
         jobs=a.jobs,
     )
@@ -453,9 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(result["rows"]))
     print()
     print(ratio_summary(result["rows"]))
-    print(
-        f"wall time {meta['wall_s']:.1f} s; wrote {Path(out).with_suffix('.json')} and {Path(out).with_suffix('.png')}"
-    )
+    print(f"wall time {meta['wall_s']:.1f} s")
+    write(result, stem)
     return 0
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from service.client import Client
+from mpflow.service.client import Client
 
 
 def constant_velocity(dt: float, q: float, r: float) -> dict[str, list]:
@@ -54,15 +54,28 @@ def simulate(params: dict[str, list], x0: np.ndarray, steps: int, rng: np.random
 
 @contextlib.contextmanager
 def local_server() -> Iterator[str]:
-    """A server in a background thread, its streams in an embedded Redis under a temporary folder."""
-    from service.settings import Settings
-    from service.testing import serve_in_thread
+    """A server (uvicorn) in a background thread, its streams in an embedded Redis under a temporary folder."""
+    import threading
+    import time
 
-    with (
-        tempfile.TemporaryDirectory(prefix="mpflow-example-") as data_dir,
-        serve_in_thread(Settings(redis_url=None, data_dir=data_dir, log_level="WARNING")) as url,
-    ):
-        yield url
+    import uvicorn
+    from mpflow.service.app import create_app
+    from mpflow.service.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="mpflow-example-") as data_dir:
+        app = create_app(Settings(redis_url=None, data_dir=data_dir, log_level="WARNING"))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:  # the app's start-up (store, operators) has run once uvicorn listens
+            if not thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            thread.join(30)
 
 
 def plot(truth: np.ndarray, obs: np.ndarray, means: np.ndarray, covs: np.ndarray, out: Path, title: str) -> None:

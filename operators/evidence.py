@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 
 import torch
-
-from operators import gaussian
-from operators.rng import Generators, randn
+from mpflow.operators import gaussian
+from mpflow.operators.rng import Generators, randn
 
 
 def log_mean_exp(a: torch.Tensor, dim: int = -1) -> torch.Tensor:

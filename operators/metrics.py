@@ -5,8 +5,8 @@ Everything is computed in float64 (inputs are cast). Sample-based metrics take `
 (e.g. one set of reference samples against B clouds). Particles may carry log importance weights
 ``[N]`` / ``[B, N]`` (self-normalised: w = softmax(log w)); ``-inf`` marks a particle of weight 0.
 
-Metrics (MPF = Chen et al., "Meta Particle Flow for Sequential Bayesian Inference", §5, App. C.1;
-/work/shared/papers/mpf-meta-particle-flow.txt):
+Metrics (MPF = Chen et al., "Meta Particle Flow for Sequential Bayesian Inference", §5, App. C.1
+(ICML 2019)):
 
 * **MMD²** (Gretton et al., JMLR 2012, "A kernel two-sample test"; MPF App. C.1)
 
@@ -41,7 +41,7 @@ Metrics (MPF = Chen et al., "Meta Particle Flow for Sequential Bayesian Inferenc
       h(x) = (Ax + a)ᵀ(Bx + b):   E_p h = tr(AΣBᵀ) + (Aμ + a)ᵀ(Bμ + b).
 
   The same identities hold exactly for the empirical (weighted) measure of the particles with their
-  weighted mean and 1/N covariance, so E_q h is computed from :func:`operators.gaussian.moments`.
+  weighted mean and 1/N covariance, so E_q h is computed from :func:`mpflow.operators.gaussian.moments`.
 
 * **Moment errors**: mean error in posterior-sd units sqrt(mean_d ((m_q,d − m_p,d) / σ_p,d)²), the
   per-dimension variance ratio var_q,d / var_p,d, and (‖m_q − m_p‖₂, ‖C_q − C_p‖_F).
@@ -54,9 +54,8 @@ import math
 from collections.abc import Sequence
 
 import torch
-
-from operators import gaussian
-from operators.validation import as_tensor
+from mpflow.operators import gaussian
+from mpflow.operators.validation import as_tensor
 
 F64 = torch.float64
 MMD_BANDWIDTH_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -384,7 +383,7 @@ def integral_discrepancy(
 
 
 def particle_moments(particles, log_weights=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted mean and 1/N covariance of a cloud in float64 (:func:`operators.gaussian.moments`).
+    """Weighted mean and 1/N covariance of a cloud in float64 (:func:`mpflow.operators.gaussian.moments`).
 
     particles [N, d] → ([d], [d, d]); [B, N, d] → ([B, d], [B, d, d])."""
     xb, batched = _cloud("particles", particles)

@@ -1,4 +1,4 @@
-"""Trained operators and samplers on disk: save, load, list, resolve (DESIGN.md "Trained operators on disk").
+"""Trained operators and samplers on disk: save, load, list, resolve (docs/DESIGN.md "Trained operators on disk").
 
 A trained object is a folder named ``<family>-d<d>-v<k>`` (e.g. ``lds-d2-v1``) holding
 
@@ -12,7 +12,7 @@ Operators live directly in a root folder (the package's ``operators/pretrained/`
 ``MPFLOW_OPERATOR_DIRS``); samplers (e.g. GPVI generators for non-Gaussian priors) live under that root's
 ``samplers/`` subfolder in the same format. The kind ("operator" or "sampler") is given by that location.
 
-Samplers written by :meth:`operators.samplers.gpvi.GPVIGenerator.save` hold only ``config.json`` +
+Samplers written by :meth:`mpflow.operators.samplers.gpvi.GPVIGenerator.save` hold only ``config.json`` +
 ``weights.safetensors`` with the keys ``kind``/``dim``; they are read with this mapping (explicit keys win):
 ``family ← config["kind"]`` (``"gpvi"``), ``state_dim ← config["dim"]``, ``obs_dim ← 0`` (a sampler sees no
 observations), ``architecture ← config["kind"]``; ``metrics.json`` and ``README.md`` are optional for samplers
@@ -90,7 +90,7 @@ class OperatorRecord:
         return hash((self.kind, self.name, self.content_hash, str(self.path)))
 
     def to_json(self) -> dict[str, Any]:
-        """The catalogue entry (API.md ``GET /v1/operators``): no filesystem path, no full config."""
+        """The catalogue entry (docs/API.md ``GET /v1/operators``): no filesystem path, no full config."""
         return {
             "name": self.name,
             "kind": self.kind,
@@ -472,7 +472,8 @@ def save_sampler(
     ``root`` is a registry root (e.g. a folder of ``MPFLOW_OPERATOR_DIRS``). The config's family, state_dim,
     obs_dim and architecture default to the sampler mapping of the module docstring (``family ← kind``,
     ``state_dim ← dim``, ``obs_dim ← 0``, ``architecture ← kind``) and are written out explicitly, so a GPVI
-    config from :class:`~operators.samplers.gpvi.GPVIConfig` can be passed as it is. Returns the sampler's record.
+    config from :class:`~mpflow.operators.samplers.gpvi.GPVIConfig` can be passed as it is. Returns the sampler's
+    record.
     """
     if not isinstance(config, dict):
         raise ValueError(f"config: must be a JSON object, got {type(config).__name__}")

@@ -3,7 +3,7 @@
 Every random draw in mpflow goes through an explicit :class:`torch.Generator` seeded from the stream's
 ``seed``, so a stream gives the same answers whether it is updated alone or micro-batched with others:
 a batch of B streams draws its noise stream by stream (``randn(gens, shape)`` stacks B draws) and stores
-each generator's state back into the stream's :class:`~operators.state.ParticleState`.
+each generator's state back into the stream's :class:`~mpflow.operators.state.ParticleState`.
 """
 
 from __future__ import annotations

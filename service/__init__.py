@@ -1,1 +1,1 @@
-"""The online service (FastAPI app, Redis state store, update engine). Imports ``operators`` only."""
+"""The online service (FastAPI app, Redis state store, update engine). Imports ``mpflow.operators`` only."""

@@ -1,14 +1,14 @@
-"""The FastAPI application: ``create_app(settings) -> FastAPI`` (uvicorn: ``service.app:create_app --factory``).
+"""The FastAPI application: ``create_app(settings) -> FastAPI`` (uvicorn: ``mpflow.service.app:create_app --factory``).
 
 The lifespan opens what a replica needs and closes it on shutdown:
 
-1. the state store — ``MPFLOW_REDIS_URL``, or the embedded Redis of :mod:`service.embedded` under ``data_dir``;
+1. the state store — ``MPFLOW_REDIS_URL``, or the embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``;
    an unreachable store does not stop the start (``/readyz`` answers 503, requests 503 until it is back);
 2. the trained-operator catalogue (listed once);
 3. the update engine (micro-batching dispatcher and its worker threads).
 
-Middleware, outermost first: metrics and the JSON access log (:class:`~service.middleware.Observe`), then the
-body limit (:class:`~service.middleware.BodyLimit`). Every error has the body of :mod:`service.errors`.
+Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), then the
+body limit (:class:`~mpflow.service.middleware.BodyLimit`). Every error has the body of :mod:`mpflow.service.errors`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-
-from service import errors, routes, ws
-from service.auth import Authenticator, redact_secrets_in_logs
-from service.catalogue import OperatorCatalogue
-from service.dashboard import routes as dashboard
-from service.dashboard.events import Feeds
-from service.embedded import EmbeddedRedis
-from service.engine import UpdateEngine
-from service.metrics import Metrics
-from service.middleware import BodyLimit, Observe
-from service.settings import Settings
-from service.store import StreamStore
-from service.streams import StreamService, check_method_options, row_views
+from mpflow.service import errors, routes, ws
+from mpflow.service.auth import Authenticator, redact_secrets_in_logs
+from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.dashboard import routes as dashboard
+from mpflow.service.dashboard.events import Feeds
+from mpflow.service.embedded import EmbeddedRedis
+from mpflow.service.engine import UpdateEngine
+from mpflow.service.methods import check_method_options
+from mpflow.service.metrics import Metrics
+from mpflow.service.middleware import BodyLimit, Observe
+from mpflow.service.settings import Settings
+from mpflow.service.stepping import row_views
+from mpflow.service.store import StreamStore
+from mpflow.service.streams import StreamService
 
 log = logging.getLogger("mpflow.app")
 

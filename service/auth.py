@@ -1,4 +1,4 @@
-"""Bearer API keys → tenant (DESIGN.md "Auth").
+"""Bearer API keys → tenant (docs/DESIGN.md "Auth").
 
 ``MPFLOW_API_KEYS="tenantA:key1,tenantB:key2"`` turns auth on: every ``/v1`` request needs
 ``Authorization: Bearer <key>`` (WebSockets may send the header or ``?api_key=<key>``), and the key's tenant
@@ -20,7 +20,7 @@ import hmac
 import logging
 import re
 
-from service.errors import ApiError
+from mpflow.service.errors import ApiError
 
 log = logging.getLogger("mpflow.auth")
 
@@ -55,7 +55,7 @@ class RedactSecrets(logging.Filter):
 def redact_secrets_in_logs(names: tuple[str, ...] = LOGGERS) -> None:
     """Put one :class:`RedactSecrets` on each named logger (idempotent). A logger's filter does not see what
     its child loggers propagate to it: ``mpflow serve`` also puts the filter on its log handler
-    (:func:`service.cli.log_config`), which sees every record it writes."""
+    (:func:`mpflow.cli.serve.log_config`), which sees every record it writes."""
     for name in names:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactSecrets) for f in logger.filters):

@@ -1,8 +1,8 @@
-"""A Python client for the mpflow REST API (API.md), on httpx: :class:`Client` (sync) and :class:`AsyncClient`.
+"""A Python client for the mpflow REST API (docs/API.md), on httpx: :class:`Client` (sync) and :class:`AsyncClient`.
 
 ::
 
-    from service.client import Client
+    from mpflow.service.client import Client
 
     with Client("http://127.0.0.1:8000") as client:
         stream = client.create_stream(

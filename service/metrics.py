@@ -1,4 +1,4 @@
-"""Prometheus metrics named by API.md "Operations", in a per-app :class:`CollectorRegistry` (so tests and
+"""Prometheus metrics named by docs/API.md "Operations", in a per-app :class:`CollectorRegistry` (so tests and
 benchmarks can build many apps in one process).
 
 =========================================== ========= ==============================================
@@ -16,7 +16,7 @@ benchmarks can build many apps in one process).
                                                       step re-run after a lost write race counts again)
 =========================================== ========= ==============================================
 
-**Several workers** (``python -m service --workers N``, N > 1; see :mod:`service.cli`). Each uvicorn worker is
+**Several workers** (``python -m mpflow serve --workers N``, N > 1; see :mod:`mpflow.cli.serve`). Each uvicorn worker is
 a process with its own metrics, so with a registry per process a scrape would show only the counts of the one
 worker that answered it. There the service runs prometheus_client's multiprocess mode: ``serve`` points
 ``PROMETHEUS_MULTIPROC_DIR`` at a private temporary directory before the workers start (prometheus_client

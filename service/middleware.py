@@ -18,10 +18,9 @@ import logging
 import time
 from typing import Any
 
+from mpflow.service.errors import too_large
+from mpflow.service.metrics import Metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.errors import too_large
-from service.metrics import Metrics
 
 access_log = logging.getLogger("mpflow.access")
 

@@ -1,5 +1,5 @@
-"""The HTTP endpoints of API.md (streams, batch, catalogue, operations). Handlers stay thin: they authenticate,
-call :class:`~service.streams.StreamService` and add the stream id / step to the request's log line.
+"""The HTTP endpoints of docs/API.md (streams, batch, catalogue, operations). Handlers stay thin: they authenticate,
+call :class:`~mpflow.service.streams.StreamService` and add the stream id / step to the request's log line.
 
 Answers are built as plain dicts and sent with ``JSONResponse`` (large sample arrays skip a second pydantic
 pass); each route still declares its response model so ``/openapi.json`` describes it.
@@ -14,13 +14,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from operators.updaters import UPDATERS
-from service import catalogue
-from service.errors import error_body
-from service.metrics import CONTENT_TYPE
-from service.middleware import LOG_KEY
-from service.schemas import (
+from mpflow.operators.updaters import UPDATERS
+from mpflow.service import catalogue
+from mpflow.service.errors import error_body
+from mpflow.service.metrics import CONTENT_TYPE
+from mpflow.service.middleware import LOG_KEY
+from mpflow.service.schemas import (
     BatchRequest,
     BatchResponse,
     CreateStreamRequest,
@@ -36,7 +35,7 @@ from service.schemas import (
     StreamDocument,
     StreamList,
 )
-from service.streams import StreamService
+from mpflow.service.streams import StreamService
 
 bearer = HTTPBearer(auto_error=False, description="an API key of MPFLOW_API_KEYS (when auth is on)")
 

@@ -1,10 +1,11 @@
-"""Request and response bodies of the REST API (API.md; field names are binding), as pydantic v2 models.
+"""Request and response bodies of the REST API (docs/API.md; field names are binding), as pydantic v2 models.
 
 These models check the *form* of a request (types, finite numbers, required fields, unknown fields); the
 *values* — shapes against the model family, positive-definite covariances, method/model compatibility — are
-checked by :mod:`operators.models` and :mod:`operators.updaters`, whose ``ValueError("field: ...")`` the service
+checked by :mod:`mpflow.operators.models` and :mod:`mpflow.operators.updaters`, whose ``ValueError("field: ...")`` the
+service
 answers with 422; configured limits (particles, body size, ...) are checked by the service (413), since they
-come from :class:`~service.settings.Settings`. Every model carries an example so ``/openapi.json`` is complete.
+come from :class:`~mpflow.service.settings.Settings`. Every model carries an example so ``/openapi.json`` is complete.
 
 Hostile bodies stay cheap: numbers must lie in the float32 range (the particles' dtype; a larger number is
 infinite to the operators, and a 4000-digit integer would not even convert), every list of numbers or items is
@@ -18,11 +19,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
+from mpflow.operators.models import FAMILIES
+from mpflow.operators.updaters import UPDATERS
+from mpflow.service.numerics import FALLBACK_ORDER
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
-
-from operators.models import FAMILIES
-from operators.updaters import UPDATERS
-from service.numerics import FALLBACK_ORDER
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9._~-]{1,128}$"
 MAX_SEED = 2**63 - 1
@@ -180,7 +180,7 @@ class MixturePrior(_Request):
 
 
 class SamplerPrior(_Request):
-    """An extension of API.md: a GPVI generator cached with ``mpflow fit-sampler`` (registry ``samplers/``);
+    """An extension of docs/API.md: a GPVI generator cached with ``mpflow fit-sampler`` (registry ``samplers/``);
     the stream's particles are drawn from it."""
 
     type: Literal["sampler"]

@@ -1,10 +1,10 @@
 """Service settings from the environment (``MPFLOW_*``), via pydantic-settings.
 
 Every field reads ``MPFLOW_<FIELD>`` (case-insensitive), e.g. ``MPFLOW_REDIS_URL=redis://host:6379/0``,
-``MPFLOW_MAX_PARTICLES=4096``. Limits default to API.md "Limits"; numeric limits must be positive and a
+``MPFLOW_MAX_PARTICLES=4096``. Limits default to docs/API.md "Limits"; numeric limits must be positive and a
 bad value fails at start with a message naming the field.
 
-- ``redis_url``: the state store; ``None`` means the embedded local Redis (DESIGN.md "Service internals").
+- ``redis_url``: the state store; ``None`` means the embedded local Redis (docs/DESIGN.md "Service internals").
 - ``api_keys``: ``"tenantA:key1,tenantB:key2"``; empty means open (no auth, one tenant).
 - ``operator_dirs``: extra folders of trained operators, separated by ``,`` or the OS path separator.
 - ``redis_prefix``: the key prefix of every stream key (several services, or tests, may share one Redis).

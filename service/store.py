@@ -14,9 +14,9 @@ Both stream keys carry the stream's TTL; every successful write refreshes it.
 Exactly-once updates. ``create`` writes version 1. ``compare_and_set(expected_version)`` is one Lua script:
 it writes only if the stored version equals ``expected_version`` and then stores version + 1, so of any
 number of writers that read the same version exactly one wins. The service loops
-read → compute → CAS; on ``False`` it re-reads and applies API.md's ``seq`` rules (applied, duplicate, 409)
+read → compute → CAS; on ``False`` it re-reads and applies docs/API.md's ``seq`` rules (applied, duplicate, 409)
 against the fresh ``step``. A write is acknowledged only after the script returns. The CAS may carry an event
-``(channel, payload)`` (live viewers' update, :mod:`service.dashboard.publish`): the script PUBLISHes it right
+``(channel, payload)`` (live viewers' update, :mod:`mpflow.service.dashboard.publish`): the script PUBLISHes it right
 after its write and only then — one round trip, no event for a write that did not happen, and none lost between
 the write and a separate PUBLISH. A channel is not a key, so this stays a single-slot script on Redis Cluster.
 

@@ -1,10 +1,11 @@
-"""Posterior summaries and draws of one stream's state (API.md "the stream document", "samples").
+"""Posterior summaries and draws of one stream's state (docs/API.md "the stream document", "samples").
 
 A state represents its posterior either exactly — the ``kalman`` method keeps the filtering Gaussian
 N(m, P) in ``extras["mean"]``/``extras["cov"]`` (float64) — or by a particle cloud {x_i} with normalised
 weights w_i (uniform for every method but ``smc``). From it, in float64:
 
-* mean m = Σ w_i x_i and covariance C = Σ w_i (x_i − m)(x_i − m)ᵀ (GPF eq. 15, :func:`operators.gaussian.moments`),
+* mean m = Σ w_i x_i and covariance C = Σ w_i (x_i − m)(x_i − m)ᵀ (GPF eq. 15,
+  :func:`mpflow.operators.gaussian.moments`),
   std = √diag C; for the exact Gaussian, m and P themselves;
 * marginal quantiles q ∈ {0.05, 0.5, 0.95}: the inverse of the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q}
   (particles of zero weight never matter); for the exact Gaussian m_j + Φ⁻¹(q) √P_jj;
@@ -16,13 +17,14 @@ Draws (``n`` may exceed N):
 * weighted clouds (``smc``): multinomial resampling of the particles by their weights — the SMC approximation
   itself;
 * unweighted clouds of a model whose posterior is Gaussian (linear-Gaussian families): the Gaussian N(m, C) the
-  cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i, :class:`~operators.samplers.GaussianFlowResampler`)
+  cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i,
+  :class:`~mpflow.operators.samplers.GaussianFlowResampler`)
   draws it without a factorisation but costs O(n N d); when N ≥ ``CHOLESKY_RATIO``·d the covariance has full
   rank and m + L ξ with L Lᵀ = C gives the same distribution in O(d³ + n d²), so that is used; below (N close to
   or under d, a rank-deficient C) the resampler is;
 * unweighted clouds of any other model (a multimodal ``gmm`` posterior, say): the cloud's shrunk kernel density
   — a uniformly chosen particle moved by the Liu–West kernel a x_i + (1 − a) m + √(1 − a²) L ξ, a = 0.98 as in
-  ``smc``'s rejuvenation (:func:`operators.gaussian.liu_west`): it keeps the cloud's modes, and its mean and
+  ``smc``'s rejuvenation (:func:`mpflow.operators.gaussian.liu_west`): it keeps the cloud's modes, and its mean and
   covariance exactly (a Gaussian fit would fill the space between modes). Silverman's factor (√(1 − a²) ≈ 0.4
   at N = 256, d = 2) would smear modes that are narrow against C: the kernel is L ξ, C's factor, not the modes'.
 
@@ -36,11 +38,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from operators import gaussian
-from operators.rng import generator
-from operators.samplers import GaussianFlowResampler
-from operators.state import ParticleState, StepInfo
+from mpflow.operators import gaussian
+from mpflow.operators.rng import generator
+from mpflow.operators.samplers import GaussianFlowResampler
+from mpflow.operators.state import ParticleState, StepInfo
 
 QUANTILES = (0.05, 0.5, 0.95)
 CHOLESKY_RATIO = 4

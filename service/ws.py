@@ -1,9 +1,9 @@
-"""``WS /v1/streams/{stream_id}/ws``: observations over a WebSocket (API.md).
+"""``WS /v1/streams/{stream_id}/ws``: observations over a WebSocket (docs/API.md).
 
 The client sends frames ``{"seq": n, "observations": [...], "return_samples": 0}``; the server answers each, in
 order, with the same document as ``POST /v1/streams/{id}/observations`` or with ``{"error": {...}, "status": s}``
 (``s`` the HTTP status the POST would have had). The sequencing rules are the POST's: frames go through
-:meth:`~service.streams.StreamService.observe`.
+:meth:`~mpflow.service.streams.StreamService.observe`.
 
 Auth: ``Authorization: Bearer <key>`` on the handshake, or ``?api_key=<key>`` for clients that cannot set
 headers (browsers). A missing or invalid key refuses the handshake with the HTTP 401 of every other route (the
@@ -18,17 +18,18 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
+from mpflow.service.errors import ApiError, from_validation_errors, too_large, unavailable
+from mpflow.service.middleware import LOG_KEY
+from mpflow.service.schemas import ObservationsRequest
+from mpflow.service.store import StoreUnavailable
+from mpflow.service.stream_errors import MalformedJsonError
+from mpflow.service.streams import StreamService
 from pydantic import ValidationError
-
-from service.errors import ApiError, from_validation_errors, too_large, unavailable
-from service.middleware import LOG_KEY
-from service.schemas import ObservationsRequest
-from service.store import StoreUnavailable
-from service.streams import StreamService
 
 router = APIRouter()
 
 POLICY_VIOLATION = 1008
+INTERNAL_ERROR = 1011  # WebSocket close code "internal error": used when the state store cannot be reached
 #: what uvicorn's ``websockets-sansio`` protocol logs at ERROR after every denial response it sent correctly (it
 #: never marks such a handshake complete; uvicorn PR #3138, open): the one route here always accepts, denies or
 #: closes, so the line is noise that would page on every refused key
@@ -78,7 +79,7 @@ async def stream_socket(websocket: WebSocket, stream_id: str) -> None:
         return
     except StoreUnavailable as exc:
         await websocket.send_json(_frame(unavailable(exc)))
-        await websocket.close(code=1011)
+        await websocket.close(code=INTERNAL_ERROR)
         return
     while True:
         try:
@@ -99,7 +100,7 @@ async def _answer(service: StreamService, tenant: str, stream_id: str, raw: str,
     try:
         payload = json.loads(raw)
     except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-        return _frame(ApiError(400, "malformed_json", "frame: not valid JSON (or nested too deeply)"))
+        return _frame(MalformedJsonError("frame: not valid JSON (or nested too deeply)"))
     try:
         req = ObservationsRequest.model_validate(payload)
     except ValidationError as exc:

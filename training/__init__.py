@@ -1,2 +1,2 @@
-"""Offline work: task distributions, meta-training of MPF operators, evaluation reports, the CLI.
-Imports ``operators``; never imported by it or by ``service``."""
+"""Offline work: task distributions, meta-training of MPF operators, evaluation reports.
+Imports ``mpflow.operators``; never imported by it or by ``mpflow.service``."""

@@ -1,4 +1,7 @@
-"""Plots of an evaluation report (:mod:`training.evaluate`), written with matplotlib's Agg backend.
+"""Plots of an evaluation report (:mod:`mpflow.training.evaluate`), written with matplotlib's Agg backend.
+
+The plots read the report's JSON-ready dict and the evaluation's data types (:mod:`mpflow.training.eval_types`);
+this module does not import :mod:`mpflow.training.evaluate` (which imports it).
 
 * ``errors.png``               per-step mean error (posterior-sd units), variance ratio, MMD² and
                                cross-entropy, one line per (method, N), shaded ± one standard error over tasks
@@ -16,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from operators.rng import generator
-from training.evaluate import slice_model, slice_prior
-from training.tasks import Tasks
+from mpflow.operators.rng import generator
+from mpflow.training.eval_types import MethodRun, Reference, slice_model, slice_prior
+from mpflow.training.tasks import Tasks
 
 PANELS = (
     ("mean_error_sd", "mean error (posterior sd)"),
@@ -186,7 +188,7 @@ def _display(x: torch.Tensor, lw: torch.Tensor, gen: torch.Generator) -> torch.T
     return x[torch.multinomial(w, x.shape[0], replacement=True, generator=gen)]
 
 
-def plot_posterior_evolution(runs, tasks: Tasks, ref, path: Path, seed: int) -> None:
+def plot_posterior_evolution(runs: list[MethodRun], tasks: Tasks, ref: Reference, path: Path, seed: int) -> None:
     """MPF Fig. 3: rows = the exact density and each method's particles, columns = snapshot steps."""
     plt = _plt()
     runs = [r for r in runs if r.snapshots]
@@ -225,7 +227,9 @@ def plot_posterior_evolution(runs, tasks: Tasks, ref, path: Path, seed: int) -> 
     plt.close(fig)
 
 
-def write_plots(result: dict[str, Any], runs, tasks: Tasks, ref, out: Path, *, seed: int) -> list[str]:
+def write_plots(
+    result: dict[str, Any], runs: list[MethodRun], tasks: Tasks, ref: Reference, out: Path, *, seed: int
+) -> list[str]:
     """Every plot that applies to this evaluation; returns the file names written in ``out``."""
     written = ["errors.png"]
     plot_errors(result, out / "errors.png")

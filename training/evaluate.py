@@ -3,14 +3,15 @@
     mpflow evaluate --operator NAME_OR_DIR [--quick] --out DIR [--particles 64,256] [--tasks 5] [--steps T]
 
 1. **Tasks.** ``n_tasks`` new tasks of the operator's family and dimension from
-   :func:`training.tasks.sample_tasks` with the task keyword arguments the operator was trained with
+   :func:`mpflow.training.tasks.sample_tasks` with the task keyword arguments the operator was trained with
    (``config["training"]["task_kwargs"]``), drawn from ``torch.Generator().manual_seed(seed)``; the default
    ``EVAL_SEED = 2**41 + 17`` cannot coincide with meta-training's seeds (``s·1_000_003 + 2i + 1``) or its
    validation seed (``s·1_000_003``) for any training seed s < 2**20, so the tasks (for ``lds`` their A, B
-   too) are unseen. T defaults to the paper's sequence lengths (:data:`DEFAULT_STEPS`).
+   too) are unseen. T and the particle counts default to the family's (``ModelFamily.eval_steps``, the paper's
+   sequence lengths, and ``ModelFamily.eval_particles``).
 2. **Reference** posterior p_t = p(x_t | o_1..t) at every step t:
    * linear-Gaussian families (``linear_gaussian``, ``lds``) with a Gaussian prior: the exact Kalman filter in float64
-     (:func:`operators.references.kalman_filter`; for static families its predict step is the identity, so
+     (:func:`mpflow.operators.references.kalman_filter`; for static families its predict step is the identity, so
      it is the conjugate posterior), with ``REF_SAMPLES`` draws of N(μ_t, Σ_t) from a fixed generator;
    * otherwise a long-run particle reference with ``REF_PARTICLES`` = 10⁵ particles (10⁴ with ``--quick``):
      for static families importance sampling from the prior, w ∝ Π_{s≤t} p(o_s | x) (the ``smc`` updater
@@ -21,9 +22,10 @@
      then the resampling ``smc`` updater; for dynamic families the bootstrap particle filter (``smc``).
      ``REF_SAMPLES`` draws are resampled by weight; the reference's kind and ESS are reported.
 3. **Methods** ``mpf`` (the operator), ``smc`` and ``gpf`` run batched over the tasks (one independent
-   stream per task, ``Updater.init(prior, model, N, seed=[...])``) at each particle count N. After every
-   update, with m_q, C_q the (weighted) particle moments (float64):
-   * ``mean_error_sd``  sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²)  (:func:`operators.metrics.mean_error_sd`);
+   stream per task, ``Updater.init(prior, model, N, seed=[...])``) at each particle count N, through
+   :func:`mpflow.operators.filtering.run_filter`. After every update, with m_q, C_q the (weighted) particle
+   moments (float64):
+   * ``mean_error_sd``  sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²)  (:func:`mpflow.operators.metrics.mean_error_sd`);
    * ``var_ratio``      C_q,dd / Σ_t,dd per dimension (``var_ratio`` is its mean over d);
    * ``mmd2``           unbiased MMD² of the particles against the reference samples (App. C.1);
    * ``cross_entropy``  H(p_t, q̂) = −mean_m log q̂(y_m), y_m ~ p_t, q̂ the KDE of the particles (eq. 30;
@@ -31,12 +33,11 @@
    * ``logz_increment_error``  |log p̂(o_t | o_<t) − log p(o_t | o_<t)| against Kalman (exact) or the
      particle reference's estimate;
    * ``ms_per_update``  wall time of one batched ``update`` call (B streams), median over steps;
-   * ``gmm``: the fraction of (weighted) particles nearer to each posterior mode. With true x = (x₁, x₂)
-     the likelihood ½N(o; x₁, 1) + ½N(o; x₁ + x₂, 1) is invariant under (x₁, x₂) ↦ (x₁ + x₂, −x₂), so the
-     modes sit near x and (x₁ + x₂, −x₂) — (1, −2) and (−1, 2) in the paper's setting (§5.2).
+   * families with known posterior modes (``ModelFamily.posterior_modes``; ``gmm``: x and (x₁ + x₂, −x₂),
+     (1, −2) and (−1, 2) in the paper's setting, §5.2): the fraction of (weighted) particles nearer to each.
 4. **Output** ``metrics.json`` (settings, operator name and content hash, per (method, N) a summary —
    averages over steps and tasks with the standard error over tasks, values at steps 10/50/100 — and the
-   per-step curves), PNG plots (:mod:`training.eval_plots`), a table on stdout. ``--write-registry`` merges
+   per-step curves), PNG plots (:mod:`mpflow.training.eval_plots`), a table on stdout. ``--write-registry`` merges
    the summary into the operator folder's ``metrics.json`` under ``"evaluation"``.
 """
 
@@ -51,26 +52,28 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from operators import gaussian, metrics
-from operators.models.base import ModelFamily
-from operators.models.priors import GaussianMixture
-from operators.mpf.network import MPFVelocity
-from operators.references import kalman_filter
-from operators.registry import METRICS_FILE, OperatorRecord, resolve
-from operators.rng import generator
-from operators.updaters import NonFiniteError, Updater, get_updater
-from training.tasks import Tasks, sample_tasks
+from mpflow.operators import gaussian, metrics
+from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
+from mpflow.operators.models import FAMILIES
+from mpflow.operators.models import family as family_class
+from mpflow.operators.models.gmm import GMM
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.registry import METRICS_FILE, OperatorRecord, resolve
+from mpflow.operators.rng import generator
+from mpflow.operators.updaters import NonFiniteError, Updater, get_updater
+from mpflow.training import eval_plots
+from mpflow.training.eval_types import MethodRun, Reference, slice_model, slice_prior
+from mpflow.training.tasks import Tasks, sample_tasks
 
 EVAL_SEED = 2**41 + 17
-DEFAULT_STEPS = {"linear_gaussian": 100, "lds": 25, "gmm": 30, "logistic": 20, "stochastic_volatility": 50}
-DEFAULT_PARTICLES: dict[str, tuple[int, ...]] = {"lds": (64, 256, 1024)}
+#: family → default T and particle counts (read from the families: ``eval_steps``, ``eval_particles``)
+DEFAULT_STEPS = {name: cls.eval_steps for name, cls in FAMILIES.items()}
+DEFAULT_PARTICLES: dict[str, tuple[int, ...]] = {name: cls.eval_particles for name, cls in FAMILIES.items()}
 #: "mpf-base" is the operator's untrained base flow (the Daum–Huang flow alone, zero residual): the
 #: difference to "mpf" is what meta-training added
 DEFAULT_METHODS = ("mpf", "mpf-base", "smc", "gpf")
@@ -91,7 +94,7 @@ _STREAM_METHODS, _STREAM_REF_PARTICLES, _STREAM_REF_SAMPLES, _STREAM_PLOTS = 1, 
 
 
 def load_operator(record_or_dir: OperatorRecord | str | Path) -> OperatorRecord:
-    """An :class:`OperatorRecord` as is, else :func:`operators.registry.resolve` (a name or a folder)."""
+    """An :class:`OperatorRecord` as is, else :func:`mpflow.operators.registry.resolve` (a name or a folder)."""
     return record_or_dir if isinstance(record_or_dir, OperatorRecord) else resolve(record_or_dir)
 
 
@@ -127,21 +130,9 @@ def _derived_seeds(seed: int, stream: int, n: int) -> list[int]:
     return torch.randint(0, 2**62, (n,), generator=gen).tolist()
 
 
-def slice_model(model: ModelFamily, sl: slice) -> ModelFamily:
-    if model.batch_size == 1:
-        return model
-    return type(model)({k: v[sl] for k, v in model.params.items()}, model.state_dim)
-
-
-def slice_prior(prior: GaussianMixture, sl: slice) -> GaussianMixture:
-    return GaussianMixture(prior.weights[sl], prior.means[sl], prior.covs[sl])
-
-
 def gmm_modes(x_true: torch.Tensor) -> torch.Tensor:
-    """The two posterior modes of the gmm family for true states x [B, 2] → [B, 2, 2]:
-    x and (x₁ + x₂, −x₂) (the likelihood's symmetry; module docstring)."""
-    x = x_true.to(torch.float64)
-    return torch.stack([x, torch.stack([x[:, 0] + x[:, 1], -x[:, 1]], -1)], 1)
+    """The two posterior modes of the gmm family for true states x [B, 2] → [B, 2, 2] (:meth:`GMM.posterior_modes`)."""
+    return GMM.posterior_modes(x_true)
 
 
 def mode_fractions(x: torch.Tensor, log_weights: torch.Tensor | None, modes: torch.Tensor) -> torch.Tensor:
@@ -161,34 +152,11 @@ def mode_fractions(x: torch.Tensor, log_weights: torch.Tensor | None, modes: tor
 # references
 
 
-@dataclass
-class Reference:
-    """The reference posterior of every task and step (float64): moments, samples, log p(o_t | o_<t)."""
-
-    kind: str  # "kalman" | "importance" | "smc"
-    means: torch.Tensor  # [B, T, d]
-    covs: torch.Tensor  # [B, T, d, d]
-    log_z: torch.Tensor  # [B, T]
-    samples: torch.Tensor  # [B, T, M, d]
-    particles: int | None = None  # particle count of a particle reference
-    ess: torch.Tensor | None = None  # [B, T] its effective sample size
-    mode_fraction: torch.Tensor | None = None  # [B, T, K] (gmm)
-
-    @property
-    def exact(self) -> bool:
-        return self.kind == "kalman"
-
-    def entropy(self) -> torch.Tensor | None:
-        """H(p_t) = ½ log|2πeΣ_t| [B, T] for Gaussian references (the cross-entropy's floor), else None."""
-        if not self.exact:
-            return None
-        return gaussian.entropy(gaussian.cholesky(self.covs.flatten(0, 1))).unflatten(0, self.covs.shape[:2])
-
-
 def kalman_reference(tasks: Tasks, n_samples: int, seed: int) -> Reference:
     """Exact filtering posteriors of linear-Gaussian tasks and ``n_samples`` draws of each."""
     mean0, cov0 = tasks.prior.moments()
-    means, covs, log_z = kalman_filter(mean0, cov0, tasks.model, tasks.obs)
+    exact = ExactPosterior.kalman(mean0, cov0, tasks.model, tasks.obs)
+    means, covs, log_z = exact.means, exact.covs, exact.log_z
     B, T, d = means.shape
     chol = gaussian.cholesky(covs.flatten(0, 1)).unflatten(0, (B, T))
     gen = generator(_derived_seeds(seed, _STREAM_REF_SAMPLES, 1)[0])
@@ -211,29 +179,34 @@ def particle_reference(
     d = tasks.prior.dim
     seeds = _derived_seeds(seed, _STREAM_REF_PARTICLES, B)
     gen = generator(_derived_seeds(seed, _STREAM_REF_SAMPLES, 1)[0])
-    modes = gmm_modes(tasks.x_true) if tasks.model.name == "gmm" else None
+    modes = tasks.model.posterior_modes(tasks.x_true)
     per_chunk = max(1, REF_CHUNK_ELEMENTS // (n_particles * max(d, math.prod(tasks.model.obs_shape))))
     out: dict[str, list[torch.Tensor]] = {k: [] for k in ("means", "covs", "log_z", "samples", "ess", "modes")}
     for lo in range(0, B, per_chunk):
         sl = slice(lo, min(B, lo + per_chunk))
-        model = slice_model(tasks.model, sl)
-        state = updater.init(slice_prior(tasks.prior, sl), model, n_particles, seed=seeds[sl])
-        rows: dict[str, list[torch.Tensor]] = {k: [] for k in out}
-        for t in range(T):
-            state, info = updater.update(state, tasks.obs[sl, t], model)
-            x, lw = state.particles.to(torch.float64), state.log_weights.to(torch.float64)
-            m, c = gaussian.moments(x, lw)
+
+        def draw(step: FilterStep, sl: slice = sl) -> dict[str, torch.Tensor]:
+            """``n_samples`` draws of the weighted cloud (and the mode fractions)."""
+            x, lw = step.state.particles.to(torch.float64), step.state.log_weights.to(torch.float64)
             idx = torch.multinomial(torch.softmax(lw, -1), n_samples, replacement=True, generator=gen)
-            rows["means"].append(m)
-            rows["covs"].append(c)
-            rows["log_z"].append(info.log_evidence_increment.to(torch.float64))
-            rows["samples"].append(torch.gather(x, 1, idx[..., None].expand(-1, -1, d)))
-            rows["ess"].append(info.ess.to(torch.float64))
+            extra = {"samples": torch.gather(x, 1, idx[..., None].expand(-1, -1, d))}
             if modes is not None:
-                rows["modes"].append(mode_fractions(x, lw, modes[sl]))
-        for k, v in rows.items():
-            if v:
-                out[k].append(torch.stack(v, 1))
+                extra["modes"] = mode_fractions(x, lw, modes[sl])
+            return extra
+
+        prior = slice_prior(tasks.prior, sl)
+        run = run_filter(
+            updater, slice_model(tasks.model, sl), prior, tasks.obs[sl], n_particles, seeds[sl], on_step=draw
+        )
+        rows = {
+            "means": run.means,
+            "covs": run.covs,
+            "log_z": run.log_evidence_increments.to(torch.float64),
+            "ess": run.ess.to(torch.float64),
+            **run.values,
+        }
+        for k, v in rows.items():  # [T, b, ...] → [b, T, ...]
+            out[k].append(v.transpose(0, 1).contiguous())
     cat = {k: torch.cat(v) if v else None for k, v in out.items()}
     kind = "importance" if importance else "smc"
     return Reference(
@@ -258,35 +231,16 @@ def reference(tasks: Tasks, *, quick: bool, seed: int) -> Reference:
 # running one method
 
 
-@dataclass
-class MethodRun:
-    """Per-step metrics of one method at one N: each value [T, B] (``var_ratio_per_dim`` [T, B, d],
-    ``mode_fraction`` [T, B, K]), update times in ms [T], and particle snapshots of task 0."""
-
-    method: str
-    particles: int
-    values: dict[str, torch.Tensor] = field(default_factory=dict)
-    ms: list[float] = field(default_factory=list)
-    snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    error: str | None = None
-
-
-def step_metrics(
-    x: torch.Tensor, log_weights: torch.Tensor, ref: Reference, t: int, log_z_inc: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """The module docstring's metrics of the clouds x [B, N, d] at step index t (0-based) → each [B] / [B, d]."""
+def sample_metrics(x: torch.Tensor, log_weights: torch.Tensor, ref: Reference, t: int) -> dict[str, torch.Tensor]:
+    """The metrics against the reference samples of step index t (0-based) of the clouds x [B, N, d] → each [B]:
+    ``mmd2`` and ``cross_entropy`` (module docstring; the moment metrics come from
+    :func:`mpflow.operators.filtering.run_filter`)."""
     x = x.to(torch.float64)
     lw = log_weights.to(torch.float64)
-    m_q, c_q = gaussian.moments(x, lw)
-    mean_p, cov_p, samples = ref.means[:, t], ref.covs[:, t], ref.samples[:, t]
-    ratio = metrics.variance_ratio(c_q, cov_p)
+    samples = ref.samples[:, t]
     return {
-        "mean_error_sd": metrics.mean_error_sd(m_q, mean_p, cov_p),
-        "var_ratio": ratio.mean(-1),
-        "var_ratio_per_dim": ratio,
         "mmd2": metrics.mmd2(x, samples, x_log_weights=lw),
         "cross_entropy": metrics.cross_entropy(samples, x, q_log_weights=lw),
-        "logz_increment_error": (log_z_inc.to(torch.float64) - ref.log_z[:, t]).abs(),
     }
 
 
@@ -301,33 +255,28 @@ def run_method(
     snapshot_steps: Sequence[int] = (),
     bar=None,
 ) -> MethodRun:
-    """Filter every task's observations with ``updater`` (B streams in one batch) and score each step."""
+    """Filter every task's observations with ``updater`` (B streams in one batch, :func:`run_filter`) and score
+    each step; a NonFiniteError or ValueError ends the run early and is reported in ``MethodRun.error``."""
     run = MethodRun(method, N)
-    modes = gmm_modes(tasks.x_true) if tasks.model.name == "gmm" else None
-    rows: dict[str, list[torch.Tensor]] = {}
-    T = tasks.length
-    done = 0
-    try:
-        state = updater.init(tasks.prior, tasks.model, N, seed=seeds)
-        for t in range(T):
-            t0 = time.perf_counter()
-            state, info = updater.update(state, tasks.obs[:, t], tasks.model)
-            run.ms.append(1000 * (time.perf_counter() - t0))
-            vals = step_metrics(state.particles, state.log_weights, ref, t, info.log_evidence_increment)
-            if modes is not None:
-                vals["mode_fraction"] = mode_fractions(state.particles, state.log_weights, modes)
-            for k, v in vals.items():
-                rows.setdefault(k, []).append(v)
-            if t + 1 in snapshot_steps:
-                run.snapshots[t + 1] = (state.particles[0].clone(), state.log_weights[0].clone())
-            done += 1
-            if bar is not None:
-                bar.update(1)
-    except (NonFiniteError, ValueError) as exc:  # report the failure, keep evaluating the other methods
-        run.error = f"{type(exc).__name__} at step {done + 1}: {exc}"
+    modes = tasks.model.posterior_modes(tasks.x_true)
+
+    def score(step: FilterStep) -> dict[str, torch.Tensor]:
+        state = step.state
+        vals = sample_metrics(state.particles, state.log_weights, ref, step.t - 1)
+        if modes is not None:
+            vals["mode_fraction"] = mode_fractions(state.particles, state.log_weights, modes)
+        if step.t in snapshot_steps:
+            run.snapshots[step.t] = (state.particles[0].clone(), state.log_weights[0].clone())
         if bar is not None:
-            bar.update(T - done)
-    run.values = {k: torch.stack(v) for k, v in rows.items()}
+            bar.update(1)
+        return vals
+
+    result = run_filter(
+        updater, tasks.model, tasks.prior, tasks.obs, N, seeds, ref, on_step=score, catch=(NonFiniteError, ValueError)
+    )
+    run.values, run.ms, run.error = result.values, result.ms, result.error
+    if result.error is not None and bar is not None:  # report the failure, keep evaluating the other methods
+        bar.update(tasks.length - result.steps)
     return run
 
 
@@ -431,10 +380,10 @@ def evaluate(
     if unknown or not methods:
         raise ValueError(f"methods: unknown method(s) {unknown}; choose from {['mpf-base', *get_methods()]}")
     n_tasks = tasks if tasks is not None else (QUICK_TASKS if quick else DEFAULT_TASKS)
-    T = steps if steps is not None else DEFAULT_STEPS.get(family, 20)
+    T = steps if steps is not None else family_class(family).eval_steps
     if quick:
         T = min(T, QUICK_MAX_STEPS)
-    Ns = tuple(particles) if particles else DEFAULT_PARTICLES.get(family, (256,))
+    Ns = tuple(particles) if particles else family_class(family).eval_particles
     for name, value in (("tasks", n_tasks), ("steps", T), *(("particles", n) for n in Ns)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -482,8 +431,6 @@ def evaluate(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if out is not None:
-        from training import eval_plots
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         result["plots"] = eval_plots.write_plots(result, runs, data, ref, out, seed=seed)
@@ -494,7 +441,7 @@ def evaluate(
 
 
 def get_methods() -> list[str]:
-    from operators.updaters import UPDATERS
+    from mpflow.operators.updaters import UPDATERS
 
     return sorted(UPDATERS)
 
@@ -634,6 +581,7 @@ def add_parser(subparsers) -> None:
 
 
 __all__ = [
+    "DEFAULT_PARTICLES",
     "DEFAULT_STEPS",
     "EVAL_SEED",
     "MethodRun",

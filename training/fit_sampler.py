@@ -2,11 +2,11 @@
 
     mpflow fit-sampler --prior prior.json --out ./operators-local [--name NAME] [--iterations 3000] [--seed 0]
 
-The prior is the API's JSON form (API.md, ``prior``): ``gaussian`` or ``mixture`` — a density, whose score
-∇x log p(x) = Σ_k r_k(x) Σ_k⁻¹ (μ_k − x) (:class:`operators.models.priors.GaussianMixture`) drives GPVI
-(Ratzlaff et al. 2021, Algorithm 1, :class:`operators.samplers.gpvi.GPVIGenerator`). The generator is fitted
+The prior is the API's JSON form (docs/API.md, ``prior``): ``gaussian`` or ``mixture`` — a density, whose score
+∇x log p(x) = Σ_k r_k(x) Σ_k⁻¹ (μ_k − x) (:class:`mpflow.operators.models.priors.GaussianMixture`) drives GPVI
+(Ratzlaff et al. 2021, Algorithm 1, :class:`mpflow.operators.samplers.gpvi.GPVIGenerator`). The generator is fitted
 in the prior's whitened coordinates x = m + L y (m, C = L Lᵀ the exact mean and covariance; see
-:mod:`operators.samplers.cached`), so its start f(z) = z is already the moment-matched Gaussian q₀ = N(0, I).
+:mod:`mpflow.operators.samplers.cached`), so its start f(z) = z is already the moment-matched Gaussian q₀ = N(0, I).
 
 Limits (measured with the defaults): GPVI only sees scores, which are blind to the mixing proportions of
 well-separated modes (Wenliang & Kanagawa 2020; Song & Ermon 2019, §3.2), and reverse KL is mode-seeking:
@@ -16,7 +16,7 @@ weights come out within ≈ 0.05–0.1 (MMD² ≈ 0.03 vs 0.15 for N(m, C)); at 
 collapsed on the heavier mode. ``metrics.json`` says which happened: compare
 ``mmd2.generator`` with ``mmd2.moment_matched_gaussian`` (the CLI warns when the generator is not better).
 
-The result is written atomically to ``OUT/samplers/<name>/`` (:func:`operators.registry.save_sampler`):
+The result is written atomically to ``OUT/samplers/<name>/`` (:func:`mpflow.operators.registry.save_sampler`):
 ``config.json`` (GPVI architecture, the prior spec, its moments, the training settings), ``weights.safetensors``,
 ``metrics.json`` and ``README.md`` (the exact command). ``<name>`` is ``gpvi-d<d>-v<k>`` with the next free k,
 ``--name LABEL`` gives ``LABEL-d<d>-v<k>``, and a full ``LABEL-d<d>-v<k>`` is used as it is. Streams then start
@@ -24,7 +24,7 @@ from it with ``"prior": {"type": "sampler", "name": "<name>"}`` once OUT is in `
 
 metrics.json — held-out accuracy against the exact prior, ``EVAL_SAMPLES`` draws each, fresh seeds:
 
-* ``mmd2.generator``     MMD² (:func:`operators.metrics.mmd2`, unbiased, 5 RBF kernels) of generator draws vs
+* ``mmd2.generator``     MMD² (:func:`mpflow.operators.metrics.mmd2`, unbiased, 5 RBF kernels) of generator draws vs
                          exact prior draws;
 * ``mmd2.noise_floor``   the same for a second, independent exact sample: what a perfect sampler scores;
 * ``mmd2.moment_matched_gaussian``  the same for N(m, C): what ignoring the prior's shape scores;
@@ -47,13 +47,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from operators import gaussian, metrics, registry, rng
-from operators.models.priors import GaussianMixture, prior_from_spec
-from operators.registry import NAME_RE, SAMPLERS_DIR, OperatorRecord
-from operators.samplers.cached import MOMENTS_KEY, CachedSampler, score_in_whitened
-from operators.samplers.gpvi import GPVIGenerator
-from operators.validation import positive_int
+from mpflow.operators import gaussian, metrics, registry, rng
+from mpflow.operators.models.priors import GaussianMixture, prior_from_spec
+from mpflow.operators.registry import NAME_RE, SAMPLERS_DIR, OperatorRecord
+from mpflow.operators.samplers.cached import MOMENTS_KEY, CachedSampler, score_in_whitened
+from mpflow.operators.samplers.gpvi import GPVIGenerator
+from mpflow.operators.validation import positive_int
 
 F64 = torch.float64
 DEFAULT_ITERATIONS = 3000
@@ -200,7 +199,7 @@ def fit_sampler(
     ``iterations`` GPVI steps (Algorithm 1) with ``particles`` noise draws z and z′ each, Adam with a learning
     rate decaying geometrically from ``lr`` to ``final_lr``; ``seed`` fixes the initial weights and every draw.
     ``name``: None (``gpvi-d<d>-v<next>``), a label ``[a-z_]+`` (``<label>-d<d>-v<next>``) or a full folder name.
-    Returns the saved sampler's :class:`~operators.registry.OperatorRecord`.
+    Returns the saved sampler's :class:`~mpflow.operators.registry.OperatorRecord`.
     """
     prior = density_prior(prior_spec)
     try:
@@ -323,7 +322,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prior", required=True, help="the prior as JSON (API.md schema): a file path or inline JSON")
+    p.add_argument("--prior", required=True, help="the prior as JSON (docs/API.md schema): a file path or inline JSON")
     p.add_argument("--out", required=True, help="registry root; the sampler goes to OUT/samplers/<name>/")
     p.add_argument("--name", help="a label [a-z_]+ or a full '<label>-d<d>-v<k>' (default gpvi-d<d>-v<next>)")
     p.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS, help="GPVI steps")

@@ -1,7 +1,7 @@
 """Meta-training of the MPF operator (Chen, Dai & Song, §3, Algorithm 1, eq. 19 and 22).
 
 For a task (π, p(· | x), o_{1:M}) the particles X_0 = {x_0^n} ~ π start with log q_0 = log π, and each Bayes
-step m = 1..M does what :class:`operators.updaters.mpf.MPFUpdater` does at serving time — linearise the
+step m = 1..M does what :class:`mpflow.operators.updaters.mpf.MPFUpdater` does at serving time — linearise the
 likelihood (exactly for linear-Gaussian families, else by Stein's identity from the scores at the detached
 particles), build the network's context from the detached particles, integrate dx/dλ = f_θ and
 d log q/dλ = −∇·f over λ ∈ [0, 1] (RK4, ``steps`` equal steps) — but with the graph kept
@@ -43,16 +43,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mpflow.operators import gaussian, metrics
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.step import flow_step, predict
+from mpflow.operators.rng import generator
+from mpflow.training.tasks import Tasks, sample_tasks
 from torch import nn
 from tqdm.auto import tqdm
-
-from operators import gaussian, metrics
-from operators.models.priors import GaussianMixture
-from operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
-from operators.mpf.network import MPFVelocity
-from operators.mpf.step import flow_step, predict
-from operators.rng import generator
-from training.tasks import Tasks, sample_tasks
 
 _SEED_STRIDE = 1_000_003  # training tasks of iteration i: seed·stride + 2i + 1; validation: seed·stride
 
@@ -117,12 +116,12 @@ def task_loss(
     (eq. 21): at a cut the particles are detached, the new segment's prior is π̂(x; X_cut) (``segment_prior``:
     the KDE of eq. 20 or the moment-matched Gaussian), log q restarts at log π̂, and the inner sum of eq. 22
     runs over the segment's observations only.
-    Dynamic families (MPF §5 LDS): each step predicts (:func:`operators.mpf.step.predict`) and its loss is
+    Dynamic families (MPF §5 LDS): each step predicts (:func:`mpflow.operators.mpf.step.predict`) and its loss is
     (1/N) Σ_n [log q_m(x_m^n) − log p(o_m | x_m^n) − log p̂_m(x_m^n)] with p̂_m the predicted density — the
     Gaussian pushed through the transition (exact for linear-Gaussian models, and what the updater uses), or
     the KDE of the predicted particles with ``predicted_prior="kde"``.
     For d > 8 the divergence is Hutchinson's with one Rademacher probe per particle and step (drawn from the
-    task's generator), else exact (:mod:`operators.mpf.divergence`).
+    task's generator), else exact (:mod:`mpflow.operators.mpf.divergence`).
     """
     device = torch.device("cpu") if device is None else device
     x = tasks.prior.sample(N, tasks.gens)  # X_0 ~ π, drawn on CPU from the per-task generators

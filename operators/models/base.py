@@ -8,6 +8,19 @@ Subclasses declare ``name``, ``dynamic``, ``param_specs`` (how to validate each 
 implement ``log_likelihood``; they may override ``score`` with a closed form (the default differentiates
 ``log_likelihood`` with autograd), and dynamic families give their transition as
 x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine``.
+
+Everything else the project knows about a family lives on its class too, so a new family is one file (plus
+its entry in :data:`mpflow.operators.models.FAMILIES`):
+
+* the catalogue (``GET /v1/models``): ``description``, ``observation_format`` and the parameters' kinds
+  (the ``kind`` of each parser, :func:`param_kind`), assembled by :meth:`ModelFamily.catalogue_entry`;
+* the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
+  and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
+  experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
+* evaluation and benchmark defaults: ``eval_steps`` and ``eval_particles`` (``mpflow evaluate``),
+  :meth:`ModelFamily.posterior_modes` (mode-fraction diagnostics), :meth:`ModelFamily.example_params`
+  (``mpflow filter``), :meth:`ModelFamily.benchmark_params`, ``benchmark_model`` and ``latency_benchmark``
+  (``benchmarks.engine``, ``benchmarks.mpf_latency``).
 """
 
 from __future__ import annotations
@@ -16,9 +29,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-
-from operators import validation
-from operators.rng import Generators, randn
+from mpflow.operators import validation
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.models.task_priors import task_prior
+from mpflow.operators.rng import Generators, randn
 
 # (name, parser(value, state_dim, dtype) -> tensor, default(state_dim, dtype) -> tensor or None if required)
 ParamSpec = tuple[str, Callable[..., torch.Tensor], Callable[[int, torch.dtype], torch.Tensor] | None]
@@ -32,6 +46,28 @@ class ModelFamily:
     param_specs: ClassVar[tuple[ParamSpec, ...]] = ()
     #: fixed state dimension, when the family has one (gmm: 2)
     fixed_state_dim: ClassVar[int | None] = None
+
+    # catalogue (``GET /v1/models``)
+    #: the model in one line
+    description: ClassVar[str] = ""
+    #: the JSON form of one step's observation
+    observation_format: ClassVar[str] = ""
+
+    # meta-training tasks (:meth:`sample_task_models`)
+    #: the task options this family's distribution reads besides ``task_priors.SHARED_TASK_OPTIONS``
+    task_options: ClassVar[tuple[str, ...]] = ()
+    #: the true state of the paper's experiment, the default ``true_x`` of a task ("paper"); None: x ~ prior
+    paper_true_x: ClassVar[tuple[float, ...] | None] = None
+
+    # evaluation and benchmarks
+    #: ``mpflow evaluate``'s default sequence length T (the paper's, where it has one)
+    eval_steps: ClassVar[int] = 20
+    #: ``mpflow evaluate``'s default particle counts N
+    eval_particles: ClassVar[tuple[int, ...]] = (256,)
+    #: the model of :meth:`benchmark_params` in words (``benchmarks.engine``'s metadata)
+    benchmark_model: ClassVar[str] = "the family's default parameters"
+    #: one of ``benchmarks.mpf_latency``'s default families (one-stream serving latency at d = 2)
+    latency_benchmark: ClassVar[bool] = True
 
     def __init__(self, params: dict[str, torch.Tensor], state_dim: int):
         self.params = params
@@ -141,7 +177,69 @@ class ModelFamily:
             obs.append(self.sample_observation(x, gens))
         return torch.stack(xs, 1), torch.stack(obs, 1)
 
+    # ----------------------------------------------------------------- meta-training tasks
+    @classmethod
+    def sample_task_models(
+        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
+    ) -> tuple[ModelFamily, GaussianMixture]:
+        """The family's meta-training task distribution (MPF §3.1): B = len(gens) task models (one stream
+        each, batched) and their priors, task b drawn from ``gens[b]`` only. ``options`` are the task options
+        (:data:`mpflow.training.tasks.TASK_OPTIONS`); a family reads its own (``task_options``) and the shared
+        prior options of :func:`mpflow.operators.models.task_priors.task_prior`. The true state and the
+        observations are drawn afterwards, by :func:`mpflow.training.tasks.sample_tasks`.
+
+        Default: every task has the family's default parameters, the prior is :func:`task_prior`'s. Families
+        with required or random parameters override it."""
+        one = cls.from_params(None, d, dtype)
+        return cls.stack([one] * len(gens)), task_prior(gens, d, dtype, options)
+
+    @classmethod
+    def _stack_params(cls, params: list[dict[str, Any]], d: int, dtype: torch.dtype) -> ModelFamily:
+        """Validate one parameter dict per task and batch them into one model."""
+        return cls.stack([cls.from_params(p, d, dtype) for p in params])
+
+    # ----------------------------------------------------------------- evaluation and benchmarks
+    @classmethod
+    def posterior_modes(cls, x_true: torch.Tensor) -> torch.Tensor | None:
+        """The posterior's modes [B, K, d] (float64) given the true states x_true [B, d], for families whose
+        posterior is known to be multimodal (evaluation reports the particle weight nearest to each); None."""
+        return None
+
+    @classmethod
+    def example_params(cls, d: int) -> dict[str, Any]:
+        """Parameters of the demonstration model of ``mpflow filter`` (JSON form): the family's required
+        parameters, where it has any (the defaults do the rest)."""
+        return {}
+
+    @classmethod
+    def benchmark_params(cls, d: int, gen: torch.Generator) -> dict[str, Any]:
+        """Parameters of a held-out benchmark model drawn from ``gen`` (JSON form; ``benchmark_model`` says
+        what they are): {} = the family's defaults, no draw."""
+        return {}
+
     # ----------------------------------------------------------------- description
+    @classmethod
+    def catalogue_entry(cls, max_state_dim: int) -> dict[str, Any]:
+        """The family's ``GET /v1/models`` entry, without "methods" (the service adds those)."""
+        fixed = cls.fixed_state_dim
+        return {
+            "family": cls.name,
+            "dynamic": cls.dynamic,
+            "linear_gaussian": cls.linear_gaussian,
+            "description": cls.description,
+            "state_dim": {"fixed": fixed, "min": fixed or 1, "max": fixed or max_state_dim},
+            "observation": cls.observation_format,
+            "parameters": [
+                {
+                    "name": p,
+                    "kind": param_kind(parse),
+                    "required": default is None,
+                    "default": describe_default(default),
+                }
+                for p, parse, default in cls.param_specs
+            ],
+        }
+
     @classmethod
     def describe(cls) -> dict[str, Any]:
         return {
@@ -154,6 +252,35 @@ class ModelFamily:
         }
 
 
+def param_kind(parse: Callable[..., torch.Tensor]) -> str:
+    """What a parameter parser accepts, in words (its ``kind`` attribute; "value" when it has none)."""
+    return getattr(parse, "kind", "value")
+
+
+def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None) -> str | None:
+    """The default of a parameter in words, read off the family's default at d = 2 (c·I, or a value)."""
+    if default is None:
+        return None
+    t = default(2, torch.float64)
+    if t.dim() == 2 and torch.equal(t, t[0, 0] * torch.eye(2, dtype=t.dtype)):
+        return f"{t[0, 0].item():g}·I"
+    if t.dim() == 1 and bool((t == t[0]).all()):
+        return f"{t[0].item():g}"
+    if t.dim() == 0:
+        return f"{t.item():g}"
+    return str(t.tolist())
+
+
+def _kind(words: str) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Mark a parameter parser with what it accepts (:func:`param_kind`)."""
+
+    def mark(parse: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        parse.kind = words  # type: ignore[attr-defined]
+        return parse
+
+    return mark
+
+
 def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:
     return lambda d, dtype: scale * torch.eye(d, dtype=dtype)
 
@@ -162,14 +289,17 @@ def filled(value: float) -> Callable[[int, torch.dtype], torch.Tensor]:
     return lambda d, dtype: torch.full((d,), value, dtype=dtype)
 
 
+@_kind("matrix")
 def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.matrix(name, value, None, None, dtype)
 
 
+@_kind("covariance matrix (symmetric positive definite)")
 def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.covariance(name, value, None, dtype)
 
 
+@_kind("number or vector of length d")
 def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     """A number (broadcast to all d dimensions) or a vector of length d."""
     t = validation.as_tensor(name, value, dtype)
@@ -178,5 +308,6 @@ def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.check_shape(name, t, [d])
 
 
+@_kind("positive number")
 def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.positive(name, value, dtype)

@@ -8,12 +8,14 @@ With true x = (1, −2) the posterior has two modes, near (1, −2) and (−1, 2
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-
-from operators import validation
-from operators.models.base import ModelFamily, parse_positive
-from operators.rng import Generators, rand, randn
+from mpflow.operators import validation
+from mpflow.operators.models.base import ModelFamily, parse_positive
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.models.task_priors import task_prior
+from mpflow.operators.rng import Generators, rand, randn
 
 
 class GMM(ModelFamily):
@@ -21,6 +23,37 @@ class GMM(ModelFamily):
     dynamic = False
     fixed_state_dim = 2
     param_specs = (("s", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),)
+
+    description = "o ~ ½ N(x1, s²) + ½ N(x1 + x2, s²); static, bimodal posterior"
+    observation_format = "a number (or [number])"
+    task_options = ("prior_scale",)
+    paper_true_x = (1.0, -2.0)  # MPF §5.2
+    eval_steps = 30  # MPF §5.2: the posterior "after 30 observations"
+    benchmark_model = "s = 1"
+
+    @classmethod
+    def sample_task_models(
+        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
+    ) -> tuple[ModelFamily, GaussianMixture]:
+        """MPF §5.2: s = 1 for every task and the prior N(0, c² I), c = ``prior_scale`` (default 1), or the
+        DP-mixture task prior with ``prior="dpgmm"``. The true x defaults to the paper's (1, −2)
+        (``paper_true_x``; ``true_x="prior"`` draws it from the prior instead)."""
+        model = cls.stack([cls.from_params(None, d, dtype)] * len(gens))
+        if options.get("prior", "gaussian") == "dpgmm":
+            return model, task_prior(gens, d, dtype, options)
+        scale = options.get("prior_scale", 1.0)
+        if not scale > 0:
+            raise ValueError(f"prior_scale: must be positive, got {scale!r}")
+        eye = torch.eye(d, dtype=dtype).expand(len(gens), d, d)
+        return model, GaussianMixture.gaussian(torch.zeros(len(gens), d, dtype=dtype), scale**2 * eye.clone())
+
+    @classmethod
+    def posterior_modes(cls, x_true: torch.Tensor) -> torch.Tensor:
+        """x and (x₁ + x₂, −x₂) for true states x [B, 2] → [B, 2, 2] (float64): the likelihood
+        ½N(o; x₁, s²) + ½N(o; x₁ + x₂, s²) is invariant under (x₁, x₂) ↦ (x₁ + x₂, −x₂), so the posterior has a
+        mode near each — (1, −2) and (−1, 2) in the paper's setting."""
+        x = x_true.to(torch.float64)
+        return torch.stack([x, torch.stack([x[:, 0] + x[:, 1], -x[:, 1]], -1)], 1)
 
     @property
     def obs_shape(self) -> tuple[int, ...]:

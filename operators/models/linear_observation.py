@@ -8,10 +8,9 @@ from __future__ import annotations
 import functools
 
 import torch
-
-from operators import gaussian
-from operators.models.base import ModelFamily, parse_matrix
-from operators.rng import Generators, randn
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily, parse_matrix
+from mpflow.operators.rng import Generators, randn
 
 
 class LinearObservationFamily(ModelFamily):

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
-
-from operators import gaussian, validation
-from operators.rng import Generators, rand, randn
-from operators.samplers.cached import CachedSampler, load_sampler
+from mpflow.operators import gaussian, validation
+from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.samplers.cached import CachedSampler, load_sampler
 
 
 @dataclass
@@ -134,7 +133,8 @@ class ParticlePrior:
 @dataclass
 class SamplerPrior:
     """B streams starting from one cached sampler: ``sample(n, gens)`` draws [B, n, d], stream b's noise from
-    ``gens[b]``; ``moments()`` are the prior's exact ones stored at fit time (:mod:`operators.samplers.cached`)."""
+    ``gens[b]``; ``moments()`` are the prior's exact ones stored at fit time
+    (:mod:`mpflow.operators.samplers.cached`)."""
 
     sampler: CachedSampler
     batch: int = 1
@@ -170,7 +170,8 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
     ``{"type": "gaussian", "mean": [...], "cov": [[...]]}``,
     ``{"type": "mixture", "weights": [...], "means": [[...]], "covs": [[[...]]]}`` or
     ``{"type": "particles", "particles": [[...], ...]}`` or ``{"type": "sampler", "name": NAME_OR_DIR}`` (a cached
-    sampler, :func:`operators.samplers.cached.load_sampler`). ``dim`` (when given) is the required state dimension.
+    sampler, :func:`mpflow.operators.samplers.cached.load_sampler`). ``dim`` (when given) is the required state
+    dimension.
     """
     if not isinstance(spec, dict) or "type" not in spec:
         raise ValueError("prior: expected an object with a 'type' of gaussian, mixture, particles or sampler")

@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-
-from operators.models.base import ModelFamily, filled, parse_per_dim
-from operators.rng import Generators, randn
+from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
+from mpflow.operators.rng import Generators, randn
 
 
 class StochasticVolatility(ModelFamily):
@@ -25,6 +27,30 @@ class StochasticVolatility(ModelFamily):
         ("phi", parse_per_dim, filled(0.95)),
         ("sigma", parse_per_dim, filled(0.3)),
     )
+
+    description = "x_m = mu + phi (x_{m-1} − mu) + sigma N(0, I); o ~ N(0, diag(exp(x_m)))"
+    observation_format = "vector of length d"
+    eval_steps = 50
+    benchmark_model = "mu = 0, phi = 0.95, sigma = 0.3"
+
+    @classmethod
+    def sample_task_models(
+        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
+    ) -> tuple[ModelFamily, GaussianMixture]:
+        """Per task μ ~ N(0, 0.5²) per dimension, φ ~ U[0.85, 0.98], σ ~ U[0.2, 0.5] (the same φ, σ in every
+        dimension); the prior is the Gaussian task prior centred at μ with its covariance scaled by the
+        stationary variance σ²/(1 − φ²) of the log-volatility (the ``prior`` option does not apply)."""
+        mu = 0.5 * randn(gens, [d], torch.float64)
+        phi = uniform(gens, [1], 0.85, 0.98, torch.float64)
+        sigma = uniform(gens, [1], 0.2, 0.5, torch.float64)
+        params = [
+            {"mu": mu[b].tolist(), "phi": [float(phi[b, 0])] * d, "sigma": [float(sigma[b, 0])] * d}
+            for b in range(len(gens))
+        ]
+        stationary = (sigma[:, 0] ** 2 / (1 - phi[:, 0] ** 2)).to(dtype)
+        scale_range = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        prior = gaussian_prior(gens, d, dtype, scale_range, mu.to(dtype), stationary)
+        return cls._stack_params(params, d, dtype), prior
 
     def check(self) -> None:
         if bool((self.params["sigma"] <= 0).any()):

@@ -23,7 +23,7 @@ returns detached tensors.
 Example::
 
     import torch
-    from operators.mpf import velocity_and_divergence
+    from mpflow.operators.mpf import velocity_and_divergence
 
     A = torch.tensor([[0.0, 1.0], [-1.0, -0.5]])
     x = torch.randn(1, 4, 2)
@@ -36,8 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from operators import rng
+from mpflow.operators import rng
 
 Velocity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -106,7 +105,7 @@ def divergence_hutchinson(
 def rademacher_probes(
     gens: rng.Generators, num_probes: int, num_particles: int, dim: int, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """±1 Hutchinson probes [P, B, N, d], stream b's drawn from ``gens[b]`` (see ``operators.rng``)."""
+    """±1 Hutchinson probes [P, B, N, d], stream b's drawn from ``gens[b]`` (see ``mpflow.operators.rng``)."""
     if num_probes < 1:
         raise ValueError(f"num_probes must be >= 1, got {num_probes}")
     return rng.rademacher(gens, (num_probes, num_particles, dim), dtype).movedim(1, 0).contiguous()

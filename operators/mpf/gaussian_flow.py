@@ -32,8 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from operators import gaussian
+from mpflow.operators import gaussian
 
 
 @dataclass
@@ -102,7 +101,7 @@ def _split_sizes(N: int, dtype: torch.dtype, device: torch.device) -> tuple[int,
 
 
 def mode_split(whitened: gaussian.Whitened) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cloud (as :class:`~operators.gaussian.Whitened`, N points) split in two along its leading principal
+    """A cloud (as :class:`~mpflow.operators.gaussian.Whitened`, N points) split in two along its leading principal
     axis → (labels [B, N] bool, η [B]).
 
     The split is the exact one-dimensional 2-means (Otsu's threshold) of the projections p_i = uᵀ(x_i − m)
@@ -240,7 +239,7 @@ def linearised_likelihood(
     """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
     else fitted to the (detached) particles x [B, N, d] — ``method`` "stein": :func:`statistical_linearisation`
     of the scores; "importance": :func:`importance_linearisation` (``whitened``: x's
-    :class:`~operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when the
+    :class:`~mpflow.operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when the
     caller has it)."""
     if method not in LINEARISATIONS:
         raise ValueError(f"linearisation: must be one of {LINEARISATIONS}, got {method!r}")

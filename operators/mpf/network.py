@@ -5,7 +5,7 @@ step's particles — the normalised inputs):
 
     f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ g h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
 
-* DH_z is the exact Daum–Huang flow (:mod:`operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
+* DH_z is the exact Daum–Huang flow (:mod:`mpflow.operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
   under the whitened, linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)), fitted to a non-Gaussian
   likelihood by Stein's identity (``linearisation="stein"``, Λ_z ⪰ 0) or to the cloud's moments after
   reweighting by the likelihood (``"importance"``, e > −1: it may widen; right for multimodal clouds). With the
@@ -44,7 +44,7 @@ Divergence is invariant under the affine change x = m + L z, so d log q/dλ = �
 
 The base flow is stiff when the observation is much more informative than the prior (e_k ≫ 1: one RK4
 step would blow up), but it has the closed-form solution y(λ) = Φ(λ) y(0) + ψ(λ) (:meth:`StepContext.frame`).
-:func:`operators.mpf.step.flow_step` therefore integrates in the co-moving frame w = Φ⁻¹ (y − ψ), where only
+:func:`mpflow.operators.mpf.step.flow_step` therefore integrates in the co-moving frame w = Φ⁻¹ (y − ψ), where only
 the residual remains: dw/dλ = Uᵀ h_θ (so dz/dλ = DH_z + U Φ(λ) Uᵀ h_θ: the learned residual is measured in
 the whitened scale of the current posterior) — exact for an untrained operator, whatever the step count.
 """
@@ -55,10 +55,9 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+from mpflow.operators import gaussian
+from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood
 from torch import nn
-
-from operators import gaussian
-from operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood
 
 
 class Gated(nn.Module):
@@ -231,7 +230,7 @@ class MPFVelocity(nn.Module):
         self, prior_particles: torch.Tensor, likelihood: GaussianLikelihood, whitened: gaussian.Whitened | None = None
     ) -> StepContext:
         """Moments, DeepSet embedding, whitened likelihood and per-layer context biases from the (detached)
-        prior particles [B, N, d] (``whitened``: their float64 :class:`~operators.gaussian.Whitened` form, when
+        prior particles [B, N, d] (``whitened``: their float64 :class:`~mpflow.operators.gaussian.Whitened` form, when
         the caller has it). The Gaussian algebra runs in float64."""
         x = prior_particles.detach()
         dtype = x.dtype
@@ -340,7 +339,7 @@ class MPFVelocity(nn.Module):
         self, features: torch.Tensor, lam: torch.Tensor, ctx: StepContext, *, eigenbasis: bool = False
     ) -> torch.Tensor:
         """g h_θ [B, N, d] from :meth:`features` at λ [B] — or, with ``eigenbasis``, g h_θ U (row vectors: the
-        co-moving frame's dw/dλ = Uᵀ g h_θ of :func:`operators.mpf.step.flow_step`); g the residual gate of the
+        co-moving frame's dw/dλ = Uᵀ g h_θ of :func:`mpflow.operators.mpf.step.flow_step`); g the residual gate of the
         step (:func:`information_gate`; 1 when the network has none).
 
         h_θ = r_b tanh(u / r_b), u = Gated_k(tanh(… tanh(Gated_1(features))…)), is evaluated through σ

@@ -34,7 +34,7 @@ added automatically (duplicates removed: a tensor listed twice would get its gra
 Example::
 
     import torch
-    from operators.mpf import integrate
+    from mpflow.operators.mpf import integrate
 
     A = torch.tensor([[0.0, 1.0], [-1.0, -0.5]])
     x0 = torch.randn(3, 64, 2)
@@ -50,10 +50,9 @@ import contextlib
 from collections.abc import Iterable
 
 import torch
+from mpflow.operators.mpf.divergence import DIVERGENCE_METHODS, Velocity, resolve_method, velocity_and_divergence
 from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
-
-from operators.mpf.divergence import DIVERGENCE_METHODS, Velocity, resolve_method, velocity_and_divergence
 
 FIXED_STEP_METHODS = ("rk4", "euler", "midpoint")
 ADAPTIVE_METHODS = ("dopri5", "dopri8", "bosh3", "adaptive_heun")

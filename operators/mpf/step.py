@@ -1,5 +1,5 @@
-"""One MPF Bayes step, shared by serving (:class:`operators.updaters.mpf.MPFUpdater`) and meta-training
-(:func:`training.meta_train.task_loss`), so the two can never drift apart.
+"""One MPF Bayes step, shared by serving (:class:`mpflow.operators.updaters.mpf.MPFUpdater`) and meta-training
+(:func:`mpflow.training.meta_train.task_loss`), so the two can never drift apart.
 
 Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
 
@@ -7,12 +7,13 @@ Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
    the particles through the transition, mapped affinely onto the pushed moments (F m + c, F C Fᵀ + Q) of
    the previous cloud so the moments carry no Monte Carlo noise; their log-density becomes that
    Gaussian's at the predicted particles (exact for linear-Gaussian models);
-2. :func:`flow_step`: linearise the likelihood of o_m (:func:`operators.mpf.gaussian_flow.linearised_likelihood`),
+2. :func:`flow_step`: linearise the likelihood of o_m
+(:func:`mpflow.operators.mpf.gaussian_flow.linearised_likelihood`),
    build the network's context from the detached cloud (eq. 16), whiten z = L⁻¹ (x − m) and integrate
    dz/dλ = f_z(X_m, o_m, z(λ), λ) with d log q/dλ = −∇_z·f_z over λ ∈ [0, 1] (eq. 4, 8; the divergence is
    invariant under the affine map), then map back x = m + L z. The likelihood score enters f along the
    path (§2.4 (ii)). The integration runs in the base flow's co-moving frame (w with z = U(Φ(λ) w + ψ(λ)),
-   :mod:`operators.mpf.network`): dw/dλ = Uᵀ h_θ, i.e. dz/dλ = DH_z(z, λ) + U Φ(λ) Uᵀ h_θ — the residual
+   :mod:`mpflow.operators.mpf.network`): dw/dλ = Uᵀ h_θ, i.e. dz/dλ = DH_z(z, λ) + U Φ(λ) Uᵀ h_θ — the residual
    is expressed in units of the current (λ) posterior's whitened scale — and d log q_w/dλ = −∇_w·(dw/dλ);
    then log q_z = log q_w + ½ Σ log(1 + e_k) adds the base flow's exact −∫ tr A dλ.
 """
@@ -20,13 +21,12 @@ Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
 from __future__ import annotations
 
 import torch
-
-from operators import gaussian
-from operators.models.base import ModelFamily
-from operators.mpf.gaussian_flow import linearised_likelihood
-from operators.mpf.network import MPFVelocity
-from operators.mpf.ode import integrate
-from operators.rng import Generators
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.mpf.gaussian_flow import linearised_likelihood
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.ode import integrate
+from mpflow.operators.rng import Generators
 
 
 def predict(

@@ -10,8 +10,7 @@ Prior x ~ N(m, P), observation o ~ N(Hx, R):
 from __future__ import annotations
 
 import torch
-
-from operators import gaussian
+from mpflow.operators import gaussian
 
 
 def conjugate_update(

@@ -1,17 +1,16 @@
 """The Kalman filter in float64 (exact filtering for the ``lds`` family; with F = I, Q = 0 it is the
 conjugate posterior of ``linear_gaussian``).
 
-Predict:  m⁻ = F m + c,  P⁻ = F P Fᵀ + Q.     Update: :func:`operators.references.conjugate.conjugate_update`.
+Predict:  m⁻ = F m + c,  P⁻ = F P Fᵀ + Q.     Update: :func:`mpflow.operators.references.conjugate.conjugate_update`.
 The filter returns the filtering means/covariances and log p(o_m | o_<m) for every step.
 """
 
 from __future__ import annotations
 
 import torch
-
-from operators import gaussian
-from operators.models.base import ModelFamily
-from operators.references.conjugate import conjugate_update
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.references.conjugate import conjugate_update
 
 
 def kalman_predict(mean, cov, model: ModelFamily) -> tuple[torch.Tensor, torch.Tensor]:

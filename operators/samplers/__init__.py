@@ -2,8 +2,8 @@
 and the GPVI generator (Ratzlaff et al.), trainable for any log-density; GPVI samplers cached in the registry
 load with :func:`load_sampler`."""
 
-from operators.samplers.cached import CachedSampler, load_sampler
-from operators.samplers.gaussian_flow import GaussianFlowResampler
-from operators.samplers.gpvi import GPVIGenerator
+from mpflow.operators.samplers.cached import CachedSampler, load_sampler
+from mpflow.operators.samplers.gaussian_flow import GaussianFlowResampler
+from mpflow.operators.samplers.gpvi import GPVIGenerator
 
 __all__ = ["CachedSampler", "GPVIGenerator", "GaussianFlowResampler", "load_sampler"]

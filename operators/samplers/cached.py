@@ -1,5 +1,5 @@
-"""Samplers cached in the registry (``<root>/samplers/<name>/``, :mod:`operators.registry`): GPVI generators
-fitted to a prior density by ``mpflow fit-sampler`` (:mod:`training.fit_sampler`), loaded for unlimited draws.
+"""Samplers cached in the registry (``<root>/samplers/<name>/``, :mod:`mpflow.operators.registry`): GPVI generators
+fitted to a prior density by ``mpflow fit-sampler`` (:mod:`mpflow.training.fit_sampler`), loaded for unlimited draws.
 
 The generator is fitted in the prior's *whitened* coordinates. With the prior's exact mean m and covariance
 C = L Lᵀ (L the lower Cholesky factor, float64), stored in ``config.json`` as
@@ -19,8 +19,8 @@ m = 0, L = I and Monte-Carlo moments from a fixed generator (seed 0, ``MC_DRAWS`
 
 Example::
 
-    from operators.samplers.cached import load_sampler
-    from operators.rng import generator
+    from mpflow.operators.samplers.cached import load_sampler
+    from mpflow.operators.rng import generator
 
     sampler = load_sampler("gpvi-d2-v1")          # searched in registry.default_dirs() ($MPFLOW_OPERATOR_DIRS)
     x = sampler.sample(10_000, generator(0))       # [10000, 2], unlimited: any n, any number of calls
@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from operators import gaussian, registry, rng, validation
-from operators.registry import OperatorRecord
-from operators.samplers.gpvi import GPVIGenerator, Score
+from mpflow.operators import gaussian, registry, rng, validation
+from mpflow.operators.registry import OperatorRecord
+from mpflow.operators.samplers.gpvi import GPVIGenerator, Score
 
 F64 = torch.float64
 MOMENTS_KEY = "prior_moments"

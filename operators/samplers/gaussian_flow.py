@@ -2,7 +2,7 @@
 
 A cloud {x_i} with normalised weights w_i (w_i = 1/N when unweighted) represents q = N(m, C) with
 
-    m = Σ_i w_i x_i,    C = Σ_i w_i (x_i − m)(x_i − m)ᵀ    (GPF eq. 15; :func:`operators.gaussian.moments`).
+    m = Σ_i w_i x_i,    C = Σ_i w_i (x_i − m)(x_i − m)ᵀ    (GPF eq. 15; :func:`mpflow.operators.gaussian.moments`).
 
 New samples need no factorisation of C (eq. 16):
 
@@ -23,10 +23,9 @@ rounding of m and D) alone or micro-batched.
 from __future__ import annotations
 
 import torch
-
-from operators import gaussian, rng
-from operators.rng import Generators
-from operators.validation import positive_int
+from mpflow.operators import gaussian, rng
+from mpflow.operators.rng import Generators
+from mpflow.operators.validation import positive_int
 
 DEFAULT_MAX_ELEMENTS = 1 << 22  # ξ entries per stream per chunk (16 MiB in float32)
 

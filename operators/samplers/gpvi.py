@@ -45,12 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from mpflow.operators import rng
+from mpflow.operators.validation import positive_int
 from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
-
-from operators import rng
-from operators.validation import positive_int
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 CONFIG_FILE = "config.json"

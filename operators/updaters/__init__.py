@@ -1,7 +1,7 @@
 """Updaters by name: the registry the service and benchmarks use (cf. torchdiffeq's ``SOLVERS``).
 
 A new method is one module here plus one line in ``UPDATERS``. ``mpf`` takes a trained operator
-(``get_updater("mpf", operator="lds-d2-v1")``, see :func:`operators.updaters.mpf.find_operator`); without one
+(``get_updater("mpf", operator="lds-d2-v1")``, see :func:`mpflow.operators.updaters.mpf.find_operator`); without one
 it is the exact Daum–Huang filter (the operator's untrained base flow).
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from operators.updaters.base import NonFiniteError, Updater
-from operators.updaters.gpf import GPFUpdater
-from operators.updaters.kalman import KalmanUpdater
-from operators.updaters.mpf import MPFUpdater
-from operators.updaters.nvgd import NVGDUpdater
-from operators.updaters.smc import SMCUpdater
-from operators.updaters.svgd import SVGDUpdater
+from mpflow.operators.updaters.base import NonFiniteError, Updater
+from mpflow.operators.updaters.gpf import GPFUpdater
+from mpflow.operators.updaters.kalman import KalmanUpdater
+from mpflow.operators.updaters.mpf import MPFUpdater
+from mpflow.operators.updaters.nvgd import NVGDUpdater
+from mpflow.operators.updaters.smc import SMCUpdater
+from mpflow.operators.updaters.svgd import SVGDUpdater
 
 UPDATERS: dict[str, type[Updater]] = {
     cls.name: cls for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater, NVGDUpdater, MPFUpdater)

@@ -22,13 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from operators import evidence, gaussian
-from operators.models.base import ModelFamily
-from operators.models.priors import GaussianMixture, Prior
-from operators.rng import Generators
-from operators.state import ParticleState, StepInfo
-from operators.updaters.base import Updater, prior_extras, prior_from_extras, without_prior
+from mpflow.operators import evidence, gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.priors import GaussianMixture, Prior
+from mpflow.operators.rng import Generators
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters.base import Updater, prior_extras, prior_from_extras, without_prior
 
 EVIDENCE_ESTIMATORS = ("predictive", "importance", "kl")
 
@@ -118,6 +117,17 @@ class AssumedDensityUpdater(Updater):
 
     def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         return state.replace(extras=prior_extras(prior))
+
+    def density(self, state: ParticleState) -> GaussianMixture | None:
+        """The exact step-0 prior until the first step (afterwards the particles are the belief)."""
+        return prior_from_extras(state.extras)
+
+    def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
+        """With a ``density``, it is the prior of the next step (as at step 0), kept in the particles' dtype;
+        without one the next step fits a Gaussian to the particles."""
+        if density is None:
+            return state
+        return state.replace(extras={**state.extras, **prior_extras(density.to(state.particles.dtype))})
 
     @staticmethod
     def predicted_prior(state: ParticleState, model: ModelFamily) -> GaussianMixture:

@@ -2,12 +2,25 @@
 
 ``Updater.init(prior, model, num_particles, seed)`` draws the step-0 particle cloud;
 ``Updater.update(state, obs, model)`` moves it from p(x | o_<m) to p(x | o_≤m) and returns the new state
-and a :class:`~operators.state.StepInfo` (log p(o_m | o_<m) estimate, ESS, iterations).
+and a :class:`~mpflow.operators.state.StepInfo` (log p(o_m | o_<m) estimate, ESS, iterations).
 
 Shapes: state.particles [B, N, d], obs [B, *obs_shape], a model with batch size B (or 1, broadcast).
 Subclasses implement ``_update``; the base class restores each stream's generator, checks shapes and
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
+
+Hand-over between methods. A step one method cannot compute (it fails numerically) may be computed by another
+from the same state and the result taken back (the service's fall-back). Each method converts its own state, so
+the caller never reads another method's extras:
+
+* :meth:`Updater.to_particles` — the state in the *shared form*: particles, log-weights, step, evidence,
+  generators and log-density as they are, no extras;
+* :meth:`Updater.density` — what the method knows beyond its particles: the exact density of the belief, where
+  it keeps one (kalman's Gaussian, a flow method's step-0 prior), else None;
+* :meth:`Updater.from_particles` — a shared-form state (and, where known, that density) in this method's form.
+
+A new method overrides the three only where it keeps extras or a log-density; :attr:`Updater.weighted` methods
+name in :attr:`Updater.uniform_weight_options` how they hand back uniformly weighted particles.
 """
 
 from __future__ import annotations
@@ -17,11 +30,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-
-from operators.models.base import ModelFamily
-from operators.models.priors import GaussianMixture, ParticlePrior, Prior
-from operators.rng import Generators, generator, generators_from_state, generators_state
-from operators.state import ParticleState, StepInfo
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
+from mpflow.operators.rng import Generators, generator, generators_from_state, generators_state
+from mpflow.operators.state import ParticleState, StepInfo
 
 
 class NonFiniteError(FloatingPointError):
@@ -36,6 +48,9 @@ class Updater:
     needs_linear_gaussian: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
+    #: options under which a weighted method returns uniformly weighted particles, so that a method that reads
+    #: its particles unweighted can take its result back (empty: the method's particles are always uniform)
+    uniform_weight_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.defaults))
@@ -131,6 +146,23 @@ class Updater:
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ hand-over between methods
+    def to_particles(self, state: ParticleState) -> ParticleState:
+        """``state`` in the shared form every method reads (module docstring): without this method's extras —
+        what they say about the belief is :meth:`density`'s."""
+        return state.replace(extras={})
+
+    def density(self, state: ParticleState) -> GaussianMixture | None:
+        """The exact density of the belief ``state`` represents, where this method keeps one; None (the
+        default) where the particles are all there is."""
+        return None
+
+    def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
+        """A shared-form ``state`` (another method's, or the result of its step) in this method's form;
+        ``density``: the belief's exact density where the other method knows it (:meth:`density`). The default
+        is the state as it is, for a method that keeps nothing besides its particles and weights."""
+        return state
 
 
 def prior_extras(prior: Prior) -> dict[str, torch.Tensor]:

@@ -24,11 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from operators import gaussian
-from operators.models.priors import GaussianMixture
-from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget
+from mpflow.operators import gaussian
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.rng import Generators
+from mpflow.operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget
 
 LogDensity = Callable[[torch.Tensor], torch.Tensor]
 
@@ -134,7 +133,7 @@ def gaussian_particle_flow(
 
 
 class GPFUpdater(AssumedDensityUpdater):
-    """GPF as an assumed-density filter (see :mod:`operators.updaters.assumed_density`).
+    """GPF as an assumed-density filter (see :mod:`mpflow.operators.updaters.assumed_density`).
 
     At step 0 with a Gaussian prior and N > d the sampled particles are mapped affinely onto the prior's
     exact mean and covariance, and for dynamic families the predicted particles onto the predicted

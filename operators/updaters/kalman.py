@@ -8,15 +8,14 @@ computes from particles works the same. log p(o_m | o_<m) is exact: log N(o; H m
 from __future__ import annotations
 
 import torch
-
-from operators import gaussian
-from operators.models.base import ModelFamily
-from operators.models.priors import GaussianMixture, Prior
-from operators.references.conjugate import conjugate_update
-from operators.references.kalman import kalman_predict
-from operators.rng import Generators, randn
-from operators.state import ParticleState, StepInfo
-from operators.updaters.base import Updater
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.priors import GaussianMixture, Prior
+from mpflow.operators.references.conjugate import conjugate_update
+from mpflow.operators.references.kalman import kalman_predict
+from mpflow.operators.rng import Generators, randn
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters.base import Updater
 
 
 class KalmanUpdater(Updater):
@@ -31,6 +30,19 @@ class KalmanUpdater(Updater):
     def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         mean, cov = prior.moments()
         return state.replace(extras={"mean": mean.to(torch.float64), "cov": cov.to(torch.float64)})
+
+    def density(self, state: ParticleState) -> GaussianMixture:
+        """The exact filtering Gaussian N(mean, cov), in float64."""
+        return GaussianMixture.gaussian(state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64))
+
+    def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
+        """The filter's Gaussian (float64): ``density``'s moments where it is given, else the particles' weighted
+        moments m = Σ w_i x_i, C = Σ w_i (x_i − m)(x_i − m)ᵀ."""
+        if density is not None:
+            mean, cov = density.to(torch.float64).moments()
+        else:
+            mean, cov = gaussian.moments(state.particles.to(torch.float64), state.log_weights)
+        return state.replace(extras={"mean": mean, "cov": cov})
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         H, R = model.observation_affine()

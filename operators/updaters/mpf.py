@@ -1,17 +1,20 @@
 """``mpf``: the Meta Particle Flow updater (Chen, Dai & Song, §2–3): one short ODE integration per observation
 moves the particles from p(x | o_<m) to p(x | o_≤m) (eq. 4), optionally carrying their log-density (eq. 8).
 
-Per step, for each stream (:mod:`operators.mpf.step`, shared with meta-training):
+Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-training):
   1. predict   dynamic families move the particles through the transition, mapped affinely onto the pushed
                moments of the previous cloud (MPF §5 LDS: "predict with the transition, then apply F");
   2. linearise the likelihood: exactly (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families, else by Stein's
-               identity from the scores at the particles (:mod:`operators.mpf.gaussian_flow`);
+               identity from the scores at the particles (:mod:`mpflow.operators.mpf.gaussian_flow`);
   3. flow      integrate dx/dλ = f_θ(X_m, o, x(λ), λ) over λ ∈ [0, 1] with ``solver`` (RK4 with ``steps``
-               equal steps by default: the reference used one);
+               equal steps by default: the reference used one); with ``substeps`` K > 1 the update runs as K
+               stages, each conditioning on p(o | x)^{1/K} and re-fitting step 2 to the moved cloud
+               (:mod:`mpflow.operators.models.tempered`): the base flow's single Gaussian fit is the main error of
+               an untrained flow on a non-linear likelihood, and K stages shrink it at K times the cost;
   4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles.
 
-f_θ is :class:`operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual. A
-trained operator comes from the registry (:mod:`operators.registry`): ``MPFUpdater(operator="lds-d2-v1")``
+f_θ is :class:`mpflow.operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual. A
+trained operator comes from the registry (:mod:`mpflow.operators.registry`): ``MPFUpdater(operator="lds-d2-v1")``
 (a name or a folder); its ``config.json`` gives the architecture and the solver. Without an operator the
 residual is zero — the updater is then the exact Daum–Huang filter, exact for linear-Gaussian models up to
 the ODE error. ``track_density=True`` also integrates d log q/dλ = −∇·f (exact divergence for d ≤ 8, so
@@ -25,15 +28,15 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-
-from operators import evidence, gaussian, registry
-from operators.models.base import ModelFamily
-from operators.models.priors import GaussianMixture, Prior
-from operators.mpf.network import MPFVelocity
-from operators.mpf.step import flow_step, predict
-from operators.rng import Generators
-from operators.state import ParticleState, StepInfo
-from operators.updaters.base import Updater
+from mpflow.operators import evidence, gaussian, registry
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.priors import GaussianMixture, Prior
+from mpflow.operators.models.tempered import tempered
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.step import flow_step, predict
+from mpflow.operators.rng import Generators
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters.base import Updater
 
 
 def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
@@ -73,7 +76,14 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 
 class MPFUpdater(Updater):
     name = "mpf"
-    defaults = {"operator": None, "network": None, "solver": None, "steps": None, "track_density": False}
+    defaults = {
+        "operator": None,
+        "network": None,
+        "solver": None,
+        "steps": None,
+        "substeps": None,
+        "track_density": False,
+    }
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -89,6 +99,10 @@ class MPFUpdater(Updater):
         solver = (self.record.config.get("solver", {}) if self.record is not None else {}) or {}
         o["solver"] = o["solver"] or solver.get("method", "rk4")
         o["steps"] = o["steps"] or solver.get("steps", 1)
+        if o["substeps"] is None:
+            o["substeps"] = solver.get("substeps", 1)
+        if not isinstance(o["substeps"], int) or isinstance(o["substeps"], bool) or not 1 <= o["substeps"] <= 64:
+            raise ValueError(f"options.substeps: an integer from 1 to 64, got {o['substeps']!r}")
         self._untrained: dict[int, MPFVelocity] = {}
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
@@ -127,6 +141,17 @@ class MPFUpdater(Updater):
             log_q = gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(x.dtype)
         return state.replace(particles=x, log_density=log_q)
 
+    def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
+        """A tracked log-density does not follow particles another method moved: where the state carries one it
+        becomes the log-density of the Gaussian fitted to the particles. ``density`` is not used (the flow
+        starts from the particles)."""
+        if state.log_density is None:
+            return state
+        x = state.particles.to(torch.float64)
+        mean, cov = gaussian.moments(x, state.log_weights)
+        log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
+        return state.replace(log_density=log_q)
+
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
         o = self.options
@@ -136,16 +161,19 @@ class MPFUpdater(Updater):
             log_q = state.log_density
         with torch.no_grad():
             inc = evidence.predictive(model.log_likelihood(obs, x))
-            x1, log_q1 = flow_step(
-                self.network(d),
-                model,
-                obs,
-                x,
-                log_q,
-                method=o["solver"],
-                steps=o["steps"],
-                divergence="auto" if track else "none",
-                whitened=white,
-            )
+            stage_model = tempered(model, o["substeps"])
+            x1, log_q1 = x, log_q
+            for stage in range(o["substeps"]):
+                x1, log_q1 = flow_step(
+                    self.network(d),
+                    stage_model,
+                    obs,
+                    x1,
+                    log_q1,
+                    method=o["solver"],
+                    steps=o["steps"],
+                    divergence="auto" if track else "none",
+                    whitened=white if stage == 0 else None,
+                )
         n_eff = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)

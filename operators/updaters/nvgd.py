@@ -23,7 +23,7 @@ Batched over B streams: every stream has its own witness parameters (θ [B, P], 
 Adam moments and step count, early-stopping counter and convergence flag; its random draws (initial
 weights, splits, probes) come from its own generator and only while it is active, so a stream's result
 does not depend on the batch it runs in. The flow runs in the whitened coordinates z = L⁻¹ (x − m) of
-:mod:`operators.updaters.svgd` (LLᵀ the target covariance estimated by Stein's identity), so ε, the
+:mod:`mpflow.operators.updaters.svgd` (LLᵀ the target covariance estimated by Stein's identity), so ε, the
 learning rate and ``tol`` are scale-free; ε shrinks when a step would move a particle by more than
 ``max_move`` (whitened units). The outer loop stops after ``max_iters`` particle steps or, per stream,
 when mean ‖f‖² < ``tol``: for a Gaussian whose mean is off by δ target standard deviations, ‖f*‖² = δ², so
@@ -38,11 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from mpflow.operators import rng
+from mpflow.operators.rng import Generators
+from mpflow.operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
 from torch.nn import functional
-
-from operators import rng
-from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 DIVERGENCES = ("auto", "exact", "hutchinson")

@@ -16,12 +16,11 @@ from __future__ import annotations
 import math
 
 import torch
-
-from operators import evidence, gaussian
-from operators.models.base import ModelFamily
-from operators.rng import Generators, rand, randn
-from operators.state import ParticleState, StepInfo, ess
-from operators.updaters.base import Updater
+from mpflow.operators import evidence, gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.state import ParticleState, StepInfo, ess
+from mpflow.operators.updaters.base import Updater
 
 
 def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -38,6 +37,8 @@ class SMCUpdater(Updater):
     name = "smc"
     weighted = True
     defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
+    #: resample at every step (ESS ≤ N < 2N), so the particles come back uniformly weighted
+    uniform_weight_options = {"ess_threshold": 2.0}
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape

@@ -25,10 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from operators import gaussian
-from operators.rng import Generators
-from operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
+from mpflow.operators import gaussian
+from mpflow.operators.rng import Generators
+from mpflow.operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
 
 Score = Callable[[torch.Tensor], torch.Tensor]
 

@@ -6,5 +6,5 @@
 * :mod:`.publish` — the other end of that feed: updates published through Redis as they are stored;
 * :mod:`.routes` — the router ``create_app`` includes.
 
-This package file imports nothing, so :mod:`service.streams` can import :mod:`.publish` without a cycle.
+This package file imports nothing, so :mod:`mpflow.service.streams` can import :mod:`.publish` without a cycle.
 """

@@ -2,7 +2,7 @@
 
 The feed authenticates like every ``/v1`` route (``Authorization: Bearer <key>``; the dashboard sends it with
 ``fetch``, so the key never appears in a URL or a log) and answers 404 for an unknown stream or one of another
-tenant. It subscribes to the stream's channel (:mod:`service.dashboard.publish`) *before* it reads the stream,
+tenant. It subscribes to the stream's channel (:mod:`mpflow.service.dashboard.publish`) *before* it reads the stream,
 so no update falls in between, and then sends::
 
     event: stream        the stream document (as GET /v1/streams/{id}) at the moment of subscribing
@@ -34,13 +34,12 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from mpflow.service.dashboard.publish import channel
+from mpflow.service.errors import ApiError, unavailable
+from mpflow.service.middleware import LOG_KEY
+from mpflow.service.routes import Tenant, error_responses
+from mpflow.service.store import StoreUnavailable, StreamStore
 from redis import exceptions as rexc
-
-from service.dashboard.publish import channel
-from service.errors import ApiError, unavailable
-from service.middleware import LOG_KEY
-from service.routes import Tenant, error_responses
-from service.store import StoreUnavailable, StreamStore
 
 KEEPALIVE_SECONDS = 15.0
 MAX_FEEDS = 64  # live feeds per process, each with its own subscription connection

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse
-
-from service.errors import ApiError
+from mpflow.service.errors import ApiError
 
 STATIC = Path(__file__).resolve().parent / "static"
 #: the files under /dashboard/ and their media types (nothing else under static/ is served)

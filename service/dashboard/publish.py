@@ -1,16 +1,16 @@
-"""Publishing stream updates to live viewers (Redis publish/subscribe; read by :mod:`service.dashboard.events`).
+"""Publishing stream updates to live viewers (Redis publish/subscribe; read by :mod:`mpflow.service.dashboard.events`).
 
 An applied update is told to viewers as a compact event on the channel ``<prefix>:events:<tenant>:<stream_id>``,
 published only once the update is stored. :func:`update_event` builds that event as ``(channel, payload)`` for
-:meth:`~service.store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right after its write
+:meth:`~mpflow.service.store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right after its write
 and only if the write happened — atomically with it and without a second round trip
-(:meth:`~service.streams.StreamService.observe` passes it). Because the channel lives in the store, a viewer
+(:meth:`~mpflow.service.streams.StreamService.observe` passes it). Because the channel lives in the store, a viewer
 connected to one replica sees updates applied by any replica.
 
 Event size is bounded: ``summary`` leaves out ``cov`` (d² numbers) and ``per_step`` keeps the last entries only,
 up to ``MAX_EVENT_NUMBERS`` means and stds in all (a 1000-step batch of a 2-D stream is sent whole).
 
-This module imports nothing of the request path (:mod:`service.streams` imports it).
+This module imports nothing of the request path (:mod:`mpflow.service.streams` imports it).
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-
-from service.dashboard import events, pages
+from mpflow.service.dashboard import events, pages
 
 router = APIRouter()
 router.include_router(pages.router)

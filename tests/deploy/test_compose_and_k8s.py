@@ -8,7 +8,7 @@
   for the oldest Kubernetes version we support and the newest the package knows.
 * The wiring between the files is checked where a typo would only show at run time: MPFLOW_* names are real
   settings, probes hit /readyz and /healthz, selectors match, the Grafana panels query metrics that
-  :mod:`service.metrics` defines, Prometheus scrapes the compose ``api`` service, COPY sources reach the build.
+  :mod:`mpflow.service.metrics` defines, Prometheus scrapes the compose ``api`` service, COPY sources reach the build.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from service.metrics import Metrics
-from service.settings import Settings
+from mpflow.service.metrics import Metrics
+from mpflow.service.settings import Settings
 
 try:  # a dev dependency (pyproject.toml): its wheel carries the Kubernetes JSON schemas
     from kubernetes_validate import utils as kubernetes_validate
@@ -322,7 +321,7 @@ def test_training_job_runs_torchrun_on_a_gpu() -> None:
     (container,) = spec["containers"]
     assert container["command"] == ["torchrun"]
     args = container["args"]
-    assert args[args.index("-m") + 1 : args.index("-m") + 3] == ["training.cli", "train"]
+    assert args[args.index("-m") + 1 : args.index("-m") + 3] == ["mpflow", "train"]
     nproc = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
     gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
     assert nproc == gpus >= 1, "one torchrun process per GPU requested"
@@ -333,7 +332,7 @@ def test_training_job_runs_torchrun_on_a_gpu() -> None:
     _one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     # the train options exist on the CLI (argparse would reject the Job's pod otherwise)
     help_text = subprocess.run(
-        [sys.executable, "-m", "training.cli", "train", "--help"],
+        [sys.executable, "-m", "mpflow", "train", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

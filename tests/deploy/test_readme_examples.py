@@ -1,11 +1,11 @@
 """The README's tour runs as written, against a server started as a user starts it.
 
 The blocks under ``<!-- readme-test: NAME -->`` in README.md are run unchanged except for the port: the
-server is ``python -m service`` (what ``make serve`` runs) in a subprocess on a free port, with the embedded
+server is ``python -m mpflow serve`` (what ``make serve`` runs) in a subprocess on a free port, with the embedded
 Redis in a temporary data dir, so ``localhost:8000`` becomes ``localhost:<port>``. Bash blocks run under
 ``bash -e``, Python blocks with this interpreter. Each test checks what the README says the block prints,
 against independent references where there are some: the conjugate posterior of ``linear_gaussian`` and the
-Kalman filter of ``lds`` (:mod:`operators.references`).
+Kalman filter of ``lds`` (:mod:`mpflow.operators.references`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.references import kalman_filter
+from mpflow.service.settings import Settings
 
-from operators.models import make_model
-from operators.references import kalman_filter
-from service.settings import Settings
-from service.testing import serve_as_user
+from tests.harness.server import serve_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -45,7 +45,7 @@ def readme_blocks() -> dict[str, tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """``python -m service --port P`` from the repository root, embedded Redis under a temporary data dir."""
+    """``python -m mpflow serve --port P`` from the repository root, embedded Redis under a temporary data dir."""
     data = tmp_path_factory.mktemp("readme") / "data"
     env = {"MPFLOW_DATA_DIR": str(data), "MPFLOW_LOG_LEVEL": "WARNING"}
     with serve_as_user(env, data.parent / "server.log", start_timeout=START_TIMEOUT_S) as srv:

@@ -1,4 +1,4 @@
-"""The dashboard, end to end: ``python -m service`` as a user starts it, the page in headless Chromium.
+"""The dashboard, end to end: ``python -m mpflow serve`` as a user starts it, the page in headless Chromium.
 
 A server subprocess (real Redis, a fresh key prefix) serves the page; Playwright drives Debian's
 ``/usr/bin/chromium``. Observations are POSTed through the API by another client (httpx), and the page must
@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.testing import drop_prefix, redis_answers, serve_as_user
+from tests.harness.server import drop_prefix, redis_answers, serve_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -77,7 +77,7 @@ def _sync(coro):
 
 @contextlib.contextmanager
 def server(api_keys: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen, Path]]:
-    """``python -m service`` on a free port with a fresh store prefix; yields (base URL, process, its log file)."""
+    """``python -m mpflow serve`` on a free port with a fresh store prefix; yields (base URL, process, its log file)."""
     if not _sync(redis_answers(REDIS_URL)):
         _skip_or_fail(f"no Redis reachable at {REDIS_URL} (set MPFLOW_REDIS_URL or start redis-server)")
     prefix = f"mpflowtest-{uuid.uuid4().hex}"

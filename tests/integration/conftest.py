@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from service.testing import redis_answers
+from tests.harness.server import redis_answers
 
 REDIS_URL = os.environ.get("MPFLOW_REDIS_URL") or "redis://127.0.0.1:6379/0"
 

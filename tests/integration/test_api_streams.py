@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 import torch
 from fastapi import FastAPI
+from mpflow.operators.models import FAMILIES as MODEL_FAMILIES
+from mpflow.operators.models import make_model
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.updaters import UPDATERS
+from mpflow.service.catalogue import methods_for
+from mpflow.service.settings import Settings
 
-from operators.models import FAMILIES as MODEL_FAMILIES
-from operators.models import make_model
-from operators.references import kalman_filter
-from operators.updaters import UPDATERS
-from service.catalogue import methods_for
-from service.settings import Settings
-from service.testing import drop_prefix, serve_in_process
+from tests.harness.server import drop_prefix, serve_in_process
 
 Body = Callable[[FastAPI, httpx.AsyncClient], Awaitable[Any]]
 
@@ -487,7 +487,7 @@ def test_metrics_openapi_catalogue(redis_url):
 def test_stream_from_a_cached_sampler_prior(redis_url, tmp_path, monkeypatch):
     """A prior of type "sampler" (a GPVI generator cached by ``mpflow fit-sampler``) starts a stream; an
     unknown sampler name is a 422 naming the field."""
-    from training.fit_sampler import fit_sampler
+    from mpflow.training.fit_sampler import fit_sampler
 
     mixture = {"type": "mixture", "weights": [0.5, 0.5], "means": [[-2, 0], [2, 0]], "covs": [[[1, 0], [0, 1]]] * 2}
     record = fit_sampler(mixture, out=tmp_path, iterations=20, particles=16, seed=0, progress=False)

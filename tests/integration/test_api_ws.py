@@ -11,7 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from service.testing import drop_prefix, serve_in_thread
+from tests.harness.server import drop_prefix, serve_in_thread
 from tests.integration.test_api_streams import settings
 
 SPEC = {

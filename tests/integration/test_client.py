@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from mpflow.service.client import AsyncClient, Client, MpflowError, Retry
+from mpflow.service.settings import Settings
 
-from service.client import AsyncClient, Client, MpflowError, Retry
-from service.settings import Settings
-from service.testing import drop_prefix, serve_in_process, serve_in_thread
+from tests.harness.server import drop_prefix, serve_in_process, serve_in_thread
 
 MODEL = {"family": "lds", "params": {"A": [[0.9, 0.1], [-0.1, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]]}}
 PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}

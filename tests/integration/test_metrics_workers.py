@@ -1,6 +1,6 @@
-"""``/metrics`` of ``python -m service --workers 2`` counts every worker (prometheus_client multiprocess mode).
+"""``/metrics`` of ``python -m mpflow serve --workers 2`` counts every worker (prometheus_client multiprocess mode).
 
-The server runs as a user runs it (:func:`service.testing.serve_as_user`) against the real Redis, under a fresh
+The server runs as a user runs it (:func:`tests.harness.server.serve_as_user`) against the real Redis, under a fresh
 key prefix, with ``TMPDIR`` pointed at a test folder so its private metrics directory can be watched. Streams
 are updated over many fresh connections (so both workers answer some); the test checks from the workers' own
 metric files that each worker applied some but not all of the steps, so a scrape of one worker's registry
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mpflow.service.metrics import MULTIPROC_ENV
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from service.metrics import MULTIPROC_ENV
-from service.testing import UserServer, drop_prefix, serve_as_user
+from tests.harness.server import UserServer, drop_prefix, serve_as_user
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url  # the real-Redis fixture
@@ -86,7 +86,7 @@ def observe_round(url: str, stream_ids: list[str]) -> int:
 
 @pytest.fixture
 def two_workers(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[UserServer, Path]]:
-    """``python -m service --workers 2`` on a fresh prefix, its temporary files under ``tmp_path/tmp``:
+    """``python -m mpflow serve --workers 2`` on a fresh prefix, its temporary files under ``tmp_path/tmp``:
     (server, the folder that holds its metrics directory). The prefix's keys are deleted afterwards."""
     monkeypatch.delenv(MULTIPROC_ENV, raising=False)  # the server must make its own
     prefix = f"mpflowtest-{uuid.uuid4().hex}"

@@ -1,6 +1,7 @@
-"""The load generator of ``benchmarks/service_load.py`` against a real server (``python -m service`` on the real
-Redis): both HTTP clients complete a short cell without errors and report their own CPU per request; the
-aiohttp client turns an API error into the API's error code and the closed loop resynchronises ``seq``.
+"""The load generator of ``benchmarks/service_load.py`` (:mod:`tests.harness.load`) against a real server
+(``python -m mpflow serve`` on the real Redis): both HTTP clients complete a short cell without errors and report
+their own CPU per request; the aiohttp client turns an API error into the API's error code and the closed loop
+resynchronises ``seq``.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+from mpflow.service.client import MpflowError
 
-from benchmarks import service_load as sl
-from service.client import MpflowError
+from tests.harness import load as sl
 
 
 @pytest.fixture(scope="module")

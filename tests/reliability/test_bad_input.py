@@ -1,9 +1,9 @@
 """Bad input: whatever a client sends, the answer is a 4xx with the API's error body (never a 5xx), fast.
 
-* every operation of ``/openapi.json`` fuzzed by schemathesis (:func:`benchmarks.reliability_input.fuzz`:
+* every operation of ``/openapi.json`` fuzzed by schemathesis (:func:`tests.harness.hostile.fuzz`:
   ``EXAMPLES`` valid and ``EXAMPLES`` invalid requests each; the positive ones address existing streams of every
   family), checked for no 5xx and the documented status and body schema, against uvicorn over real TCP;
-* hostile bodies (:data:`benchmarks.reliability_input.HOSTILE`: 100 000-deep arrays, 7 MiB of numbers in the
+* hostile bodies (:data:`tests.harness.hostile.HOSTILE`: 100 000-deep arrays, 7 MiB of numbers in the
   wrong shape, 400 000 unknown keys, ``NaN``/``Infinity``/``1e400``/``1e39`` literals, 4000-digit integers,
   9 MiB bodies declared and chunked, ...) each answered with its status, naming the field, in under
   ``MAX_SECONDS``; the same over the WebSocket, whose connection survives them;
@@ -23,10 +23,11 @@ from typing import Any
 
 import httpx
 import pytest
+from mpflow.service.settings import Settings
 
-from benchmarks.reliability_input import LINEAR_STREAM, SERVER_ENV, fuzz, fuzz_targets, hostile_bodies
-from service.settings import Settings
-from service.testing import drop_prefix, serve_as_user, serve_in_process
+from tests.harness.hostile import fuzz, fuzz_targets, hostile_bodies
+from tests.harness.server import drop_prefix, serve_as_user, serve_in_process
+from tests.harness.specs import LINEAR_STREAM, SERVER_ENV
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url  # the real-Redis fixture of the integration tests
@@ -43,7 +44,7 @@ def server_settings(url: str, prefix: str, **overrides: Any) -> Settings:
 
 @pytest.fixture(scope="module")
 def server(redis_url, tmp_path_factory):
-    """``python -m service`` on a free port, as a user runs it (its timings are its own, not this process's),
+    """``python -m mpflow serve`` on a free port, as a user runs it (its timings are its own, not this process's),
     its streams under a fresh prefix deleted afterwards: (url, a stream id)."""
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     env = {**SERVER_ENV, "MPFLOW_REDIS_URL": redis_url, "MPFLOW_REDIS_PREFIX": prefix}

@@ -21,12 +21,13 @@ import httpx
 import pytest
 import torch
 from fastapi import FastAPI
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.updaters import UPDATERS, NonFiniteError, get_updater
 
-from benchmarks.reliability_input import FAMILIES, GAUSS2, all_finite, fallback_counts
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.updaters import UPDATERS, NonFiniteError, get_updater
-from service.testing import drop_prefix, serve_in_process
+from tests.harness.numerics import all_finite, fallback_counts
+from tests.harness.server import drop_prefix, serve_in_process
+from tests.harness.specs import FAMILIES, GAUSS2
 from tests.integration import conftest as integration
 from tests.integration.test_api_streams import settings
 

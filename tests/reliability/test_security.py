@@ -1,5 +1,5 @@
 """Security with API keys on (``MPFLOW_API_KEYS="tenantA:…,tenantB:…"``), against the server as a user runs it
-(``python -m service``, real Redis, INFO logs captured):
+(``python -m mpflow serve``, real Redis, INFO logs captured):
 
 * every route of the app (``app.routes`` flattened, and every operation of ``/openapi.json``) answers 401 without
   a key, with a wrong key, a key's prefix, another scheme or a key in the query string — except an explicit
@@ -28,14 +28,14 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import routing as fastapi_routing
+from mpflow.service import auth as auth_mod
+from mpflow.service.app import create_app
+from mpflow.service.settings import Settings
 from starlette.routing import Mount, WebSocketRoute
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from service import auth as auth_mod
-from service.app import create_app
-from service.settings import Settings
-from service.testing import drop_prefix, serve_as_user, serve_in_process
+from tests.harness.server import drop_prefix, serve_as_user, serve_in_process
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url  # the real-Redis fixture of the integration tests

@@ -1,6 +1,6 @@
 """A scaled-down soak (10 streams × 100 one-step updates; the full 100 × 1000 is ``python -m benchmarks.reliability``).
 
-The server runs as a user runs it (``python -m service``, embedded store) and is fed through service.client with
+The server runs as a user runs it (``python -m mpflow serve``, embedded store) and is fed through service.client with
 ``mpf`` (the trained ``linear_gaussian-d2-v2`` operator, N = 64) on ``linear_gaussian`` d = 2. Asserted: no
 error of any kind; the server's resident memory grows at most 10 % from the end of the warm-up (the first 10 %
 of the updates) to the end; the p99 latency of the last 10 % of the requests is at most 3× that of the first
@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 
-from benchmarks.reliability import SOAK_PARTICLES, STATE_DIM, RedisProcess, expected_state_bytes, soak
-from service.store import MAX_CONNECTIONS, StreamStore
+from mpflow.service.store import MAX_CONNECTIONS, StreamStore
+
+from tests.harness.server import RedisProcess
+from tests.harness.soak import SOAK_PARTICLES, expected_state_bytes, soak
+from tests.harness.specs import STATE_DIM
 
 STREAMS, STEPS = 10, 100
 

@@ -7,8 +7,9 @@ acknowledged step is stored exactly once: the stored steps equal the acknowledge
 ``kalman`` streams, replayed offline by the float64 Kalman filter, match the stored mean, covariance and
 log-evidence and every acknowledged per-step mean. Three ways to stop: SIGKILL with ``appendfsync always``
 (what fsync-before-answer guarantees), a graceful ``SHUTDOWN`` with ``everysec``, and a freeze (SIGSTOP for
-longer than the service's Redis timeouts, then SIGCONT). The scenarios are those of ``benchmarks/reliability.py``;
-one server serves the three, each with a fresh redis-server on the same port.
+longer than the service's Redis timeouts, then SIGCONT). The scenarios are the harness's
+(``tests/harness/faults.py``, measured at full size by ``python -m benchmarks.reliability``); one server serves
+the three, each with a fresh redis-server on the same port.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from mpflow.service.store import StoreOutcomeUnknown, StoreUnavailable, StreamStore
 
-from benchmarks.reliability import RedisProcess, StoreFaultRig
-from service.store import StoreOutcomeUnknown, StoreUnavailable, StreamStore
+from tests.harness.faults import StoreFaultRig
+from tests.harness.server import RedisProcess
 from tests.reliability.checks import assert_exactly_once
 
 STREAMS, STEPS, BATCH = 20, 200, 10

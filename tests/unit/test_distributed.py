@@ -16,9 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from operators.mpf.network import MPFVelocity
-from training.meta_train import meta_train
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.training.meta_train import meta_train
 
 KW = dict(iterations=2, batch=2, T=2, N=16, val_every=1, val_tasks=2, lr=1e-2, progress=False, device="cpu")
 
@@ -55,7 +54,7 @@ def test_torchrun_cli_trains_one_operator(tmp_path):
         "--nproc_per_node",
         "2",
         "-m",
-        "training.cli",
+        "mpflow",
         "train",
         "--family",
         "linear_gaussian",
@@ -71,6 +70,6 @@ def test_torchrun_cli_trains_one_operator(tmp_path):
     assert config["training"]["world_size"] == 2
     # the README's command reproduces the run: torchrun with the same process count (the global batch)
     assert (
-        "torchrun --standalone --nproc_per_node 2 -m training.cli train --family linear_gaussian"
+        "torchrun --standalone --nproc_per_node 2 -m mpflow train --family linear_gaussian"
         in (folders[0] / "README.md").read_text()
     )

@@ -10,10 +10,9 @@ import math
 
 import pytest
 import torch
-
-from operators.mpf.network import MPFVelocity
-from operators.registry import load_record, save_operator
-from training import evaluate as ev
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.registry import load_record, save_operator
+from mpflow.training import evaluate as ev
 
 ARCH = {"hidden": 8, "layers": 2, "embed": 8, "use_base": True}
 
@@ -180,3 +179,25 @@ def test_mpf_base_is_the_operators_own_base_flow(tmp_path):
     assert base.linearisation == "importance"
     assert all(float(p.detach().abs().max()) == 0.0 for p in base.layers[-1].linear.parameters())
     assert ev.method_updater("mpf-base", untrained_operator(tmp_path, "gmm", 2, 1)).network(2).linearisation == "stein"
+
+
+def test_defaults_come_from_the_families():
+    """The paper's sequence lengths (MPF §5) and particle counts, read off the family classes."""
+    steps = {"linear_gaussian": 100, "lds": 25, "gmm": 30, "logistic": 20, "stochastic_volatility": 50}
+    assert steps == ev.DEFAULT_STEPS
+    assert ev.DEFAULT_PARTICLES["lds"] == (64, 256, 1024) and ev.DEFAULT_PARTICLES["gmm"] == (256,)
+
+
+def test_plots_do_not_import_the_evaluation():
+    """evaluate → eval_plots → eval_types, and no cycle back: the plots read the shared data types only."""
+    import ast
+    from pathlib import Path
+
+    from mpflow.training import eval_plots, eval_types
+
+    for module, forbidden in ((eval_plots, "mpflow.training.evaluate"), (eval_types, "mpflow.training.eval")):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m and m.startswith(forbidden)], module.__name__
+    assert ev.Reference is eval_types.Reference and ev.MethodRun is eval_types.MethodRun

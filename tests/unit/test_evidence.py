@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-
-from operators import evidence
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.references import kalman_filter
-from operators.rng import generator
-from operators.updaters import get_updater
+from mpflow.operators import evidence
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.rng import generator
+from mpflow.operators.updaters import get_updater
 
 T, N = 15, 256
 

@@ -21,14 +21,13 @@ import warnings
 
 import pytest
 import torch
-
-from operators import metrics, rng
-from operators.models import make_model
-from operators.models.priors import GaussianMixture, SamplerPrior, prior_from_spec
-from operators.registry import RegistryWarning, list_operators, load_record
-from operators.samplers.cached import load_sampler
-from operators.updaters import get_updater
-from training.fit_sampler import add_parser, fit_sampler, read_prior
+from mpflow.operators import metrics, rng
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture, SamplerPrior, prior_from_spec
+from mpflow.operators.registry import RegistryWarning, list_operators, load_record
+from mpflow.operators.samplers.cached import load_sampler
+from mpflow.operators.updaters import get_updater
+from mpflow.training.fit_sampler import add_parser, fit_sampler, read_prior
 
 MIXTURE = {
     "type": "mixture",

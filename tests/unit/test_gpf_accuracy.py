@@ -2,14 +2,13 @@
 an assumed-density filter on linear-Gaussian models (equal to Kalman up to the solver tolerance)."""
 
 import torch
-
-from operators import gaussian
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.references import kalman_filter
-from operators.rng import generator
-from operators.updaters import get_updater
-from operators.updaters.gpf import gaussian_particle_flow
+from mpflow.operators import gaussian
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.rng import generator
+from mpflow.operators.updaters import get_updater
+from mpflow.operators.updaters.gpf import gaussian_particle_flow
 
 
 def gaussian_target(D, cond, seed):

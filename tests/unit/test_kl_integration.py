@@ -5,10 +5,9 @@ import math
 
 import pytest
 import torch
-
-from operators import evidence, gaussian
-from operators.updaters.gpf import gaussian_particle_flow
-from operators.updaters.svgd import svgd
+from mpflow.operators import evidence, gaussian
+from mpflow.operators.updaters.gpf import gaussian_particle_flow
+from mpflow.operators.updaters.svgd import svgd
 
 MU = torch.tensor([4.0, 5.0], dtype=torch.float64)
 SIGMA = torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)

@@ -9,15 +9,15 @@ import math
 
 import pytest
 import torch
+from mpflow.operators.mpf.gaussian_flow import statistical_linearisation
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.registry import load_record, load_weights
+from mpflow.operators.rng import generator
+from mpflow.training.meta_train import meta_train, task_loss
+from mpflow.training.tasks import sample_tasks
 
-from operators.mpf.gaussian_flow import statistical_linearisation
-from operators.mpf.network import MPFVelocity
-from operators.references import kalman_filter
-from operators.registry import load_record, load_weights
-from operators.rng import generator
-from training.cli import main
-from training.meta_train import meta_train, task_loss
-from training.tasks import sample_tasks
+from mpflow.cli import main
 
 SMALL = dict(batch=4, T=3, N=32, val_tasks=16)
 
@@ -202,7 +202,7 @@ def test_adjoint_gradients_match_backpropagation():
 
 
 def test_curriculum_grows_the_sequence_length():
-    from training.meta_train import curriculum_length
+    from mpflow.training.meta_train import curriculum_length
 
     lengths = [curriculum_length(10, it, 100, 0.5) for it in range(100)]
     assert lengths[0] == 1 and lengths[49] == 10 and lengths[-1] == 10
@@ -213,7 +213,7 @@ def test_curriculum_grows_the_sequence_length():
 def test_shrunk_kde_segment_prior_keeps_the_particles_variance():
     """Eq. 20's KDE is wider than its particles by the kernel, (1 + c²)σ²; the shrunk KDE keeps σ² (integrated
     on a grid), so a segment prior does not teach the operator too-wide posteriors."""
-    from training.meta_train import _density
+    from mpflow.training.meta_train import _density
 
     X = torch.randn(1, 128, 2, generator=generator(0)) * torch.tensor([1.0, 2.0])
     sd2 = X.double().var(1, unbiased=False)[0]
@@ -233,7 +233,7 @@ def test_shrunk_kde_segment_prior_keeps_the_particles_variance():
 def test_min_improvement_ignores_gains_within_noise(monkeypatch, min_improvement, kept):
     """A validation gain of 1e-4 (relative) replaces the best θ only without a min_improvement of 1e-3, so an
     exact base flow is not swapped for a θ that won on validation noise (what happened on linear_gaussian)."""
-    import training.meta_train as mt
+    import mpflow.training.meta_train as mt
 
     losses = iter([100.0, 100.5, 99.99, 100.2, 100.1])  # untrained, then at iterations 2, 4, 6, 8
     monkeypatch.setattr(mt, "validation_loss", lambda *a, **k: next(losses))
@@ -243,7 +243,7 @@ def test_min_improvement_ignores_gains_within_noise(monkeypatch, min_improvement
 
 
 def test_learning_rate_schedules():
-    from training.meta_train import learning_rate
+    from mpflow.training.meta_train import learning_rate
 
     assert [learning_rate(1e-3, i, 100) for i in (0, 50, 99)] == [1e-3] * 3
     cosine = [learning_rate(1e-3, i, 100, "cosine") for i in range(101)]
@@ -255,7 +255,7 @@ def test_learning_rate_schedules():
 
 def test_cosine_schedule_sets_the_step_size_of_every_iteration(monkeypatch):
     """Each Adam step of a cosine run uses lr·½(1 + cos(π i / I)) for its iteration i; a bad name fails first."""
-    import training.meta_train as mt
+    import mpflow.training.meta_train as mt
 
     seen = []
     step = torch.optim.Adam.step

@@ -11,8 +11,7 @@ import math
 
 import pytest
 import torch
-
-from operators import gaussian, metrics, rng
+from mpflow.operators import gaussian, metrics, rng
 
 F64 = torch.float64
 

@@ -12,12 +12,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from mpflow.operators.models import FAMILIES, ModelFamily, make_model
+from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, prior_from_spec
+from mpflow.operators.rng import generator, randn
 from scipy import stats
 from scipy.special import logsumexp
-
-from operators.models import FAMILIES, ModelFamily, make_model
-from operators.models.priors import GaussianMixture, ParticlePrior, prior_from_spec
-from operators.rng import generator, randn
 
 F64 = torch.float64
 #: Monte-Carlo tolerance, in standard errors
@@ -537,3 +536,55 @@ def test_autograd_score_keeps_the_graph_when_x_is_part_of_one():
         fd = (model.score(obs, x + e)[..., 0] - model.score(obs, x - e)[..., 0]) / (2 * eps)
     assert torch.allclose(hess_diag_sum[..., 0], fd, atol=1e-5)
     assert not model.score(obs, x.detach()).requires_grad
+
+
+# ----------------------------------------------------------------------------------------- what a family knows
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_describes_itself(name):
+    """Catalogue text, parameter kinds, evaluation defaults and a task distribution are on the family class."""
+    cls = FAMILIES[name]
+    assert cls.description and cls.observation_format
+    entry = cls.catalogue_entry(16)
+    assert entry["family"] == name and entry["description"] == cls.description
+    assert all(p["kind"] != "value" for p in entry["parameters"])  # every shipped parser says what it accepts
+    assert cls.eval_steps >= 1 and all(n >= 1 for n in cls.eval_particles)
+    d = cls.fixed_state_dim or 3
+    model, prior = cls.sample_task_models([generator(0), generator(1)], d, torch.float32, {})
+    assert isinstance(model, cls) and model.batch_size == 2 and prior.batch_size == 2 and prior.dim == d
+    benchmark = make_model(name, cls.benchmark_params(d, generator(2)), d)
+    example = make_model(name, cls.example_params(d), d)
+    assert benchmark.state_dim == example.state_dim == d
+
+
+def test_gmm_posterior_modes_are_the_likelihood_symmetry():
+    gmm = FAMILIES["gmm"]
+    modes = gmm.posterior_modes(torch.tensor([[1.0, -2.0]]))
+    assert torch.equal(modes, torch.tensor([[[1.0, -2.0], [-1.0, 2.0]]], dtype=F64))
+    model = make_model("gmm", {}, 2, F64)
+    o = torch.tensor([[0.3]], dtype=F64)
+    torch.testing.assert_close(model.log_likelihood(o, modes[:, :1]), model.log_likelihood(o, modes[:, 1:]))
+    assert FAMILIES["linear_gaussian"].posterior_modes(torch.zeros(1, 2)) is None
+
+
+def test_a_new_family_is_one_class(monkeypatch, capsys):
+    """A family registered in FAMILIES is served by the catalogue, sampled as meta-training tasks and run by
+    ``mpflow filter`` with no other edit (the generic code reads the class)."""
+    from mpflow.operators.models.linear_gaussian import LinearGaussian
+    from mpflow.service import catalogue
+    from mpflow.training.tasks import sample_tasks
+
+    from mpflow.cli.main import main
+
+    class Toy(LinearGaussian):
+        name = "toy"
+        description = "o ~ N(x, 3I), a test family"
+        observation_format = "vector of length d"
+        eval_steps = 7
+
+    monkeypatch.setitem(FAMILIES, "toy", Toy)
+    entry = next(f for f in catalogue.models(8) if f["family"] == "toy")
+    assert entry["description"] == Toy.description and "kalman" in entry["methods"]
+    tasks = sample_tasks("toy", 2, 3, 4, generator(0))
+    assert type(tasks.model) is Toy and tasks.obs.shape == (3, 4, 2)
+    assert main(["filter", "--family", "toy", "--method", "kalman", "--steps", "2"]) == 0
+    assert "log-evidence error vs Kalman" in capsys.readouterr().out

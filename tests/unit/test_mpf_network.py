@@ -2,9 +2,8 @@
 residual (an untrained operator is exactly the Daum–Huang base flow)."""
 
 import torch
-
-from operators.mpf.gaussian_flow import statistical_linearisation
-from operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.gaussian_flow import statistical_linearisation
+from mpflow.operators.mpf.network import MPFVelocity
 
 
 def make(d=3, B=2, N=64, seed=0):
@@ -88,10 +87,10 @@ def test_flow_step_integrates_the_forward_field():
     """flow_step integrates in the base flow's co-moving frame; the result must be the flow of the field
     f(x, λ) = forward(...) itself (integrated here in x coordinates with many RK4 steps), for a linear and a
     non-linear likelihood — particles and tracked log-density alike."""
-    from operators.models import make_model
-    from operators.mpf.gaussian_flow import linearised_likelihood
-    from operators.mpf.ode import integrate
-    from operators.mpf.step import flow_step
+    from mpflow.operators.models import make_model
+    from mpflow.operators.mpf.gaussian_flow import linearised_likelihood
+    from mpflow.operators.mpf.ode import integrate
+    from mpflow.operators.mpf.step import flow_step
 
     torch.manual_seed(1)
     net = MPFVelocity(2, hidden=16, layers=2, embed=8)
@@ -114,7 +113,7 @@ def test_flow_step_integrates_the_forward_field():
 
 
 def test_information_gate_is_one_minus_exp_of_the_kl_of_the_linearised_step():
-    from operators.mpf.network import information_gate
+    from mpflow.operators.mpf.network import information_gate
 
     g = torch.Generator().manual_seed(3)
     e = torch.rand(5, 3, generator=g, dtype=torch.float64) * 4
@@ -146,7 +145,7 @@ def test_gated_residual_is_the_ungated_one_times_the_gate():
     got = gated.residual(feats, lam, ctx_g, eigenbasis=True)
     assert torch.allclose(got, gate[:, None, None] * (h @ ctx.eigvec), atol=1e-5)
     # a step that carries no information (Λ = 0, η = 0) leaves the trained field at the base flow, which is 0
-    from operators.mpf.gaussian_flow import GaussianLikelihood
+    from mpflow.operators.mpf.gaussian_flow import GaussianLikelihood
 
     flat = GaussianLikelihood(torch.zeros(2, 3, 3), torch.zeros(2, 3))
     assert torch.equal(gated(x, lam, torch.zeros_like(x), gated.context(x, flat)), torch.zeros_like(x))
@@ -164,9 +163,9 @@ def test_gate_stops_a_biased_residual_from_drifting():
     """The same perturbed θ (a residual that is wrong by a fixed relative amount every step) over 100 steps of
     a static linear-Gaussian model: ungated, the mean error in posterior sd grows about linearly with the step;
     gated by the step's information it levels off (module docstring of operators.mpf.network)."""
-    from operators.models import make_model
-    from operators.mpf.step import flow_step
-    from operators.references import kalman_filter
+    from mpflow.operators.models import make_model
+    from mpflow.operators.mpf.step import flow_step
+    from mpflow.operators.references import kalman_filter
 
     torch.manual_seed(0)
     model = make_model("linear_gaussian", {}, 2)
@@ -198,8 +197,8 @@ def test_serving_step_reuses_the_start_score_and_equals_the_tracked_step():
     """Without density tracking the first RK4 stage takes the features of the start point from the score the
     linearisation computed (one score evaluation fewer); the particles are those of the tracked step, which
     recomputes every stage."""
-    from operators.models import make_model
-    from operators.mpf.step import flow_step
+    from mpflow.operators.models import make_model
+    from mpflow.operators.mpf.step import flow_step
 
     torch.manual_seed(2)
     net = MPFVelocity(2, hidden=16, layers=2, embed=8)
@@ -232,9 +231,9 @@ def test_importance_linearised_step_may_widen_and_is_exact_untrained():
     """With ``linearisation="importance"`` the untrained operator moves the cloud exactly onto the moments of
     the reweighted cloud, also where that is wider than the cloud (eigenvalues of Λ_z below 0, which Stein's
     fit would clip at 0): here a likelihood exp(0.3 x₁²) that favours both tails."""
-    from operators import gaussian
-    from operators.models import make_model
-    from operators.mpf.step import flow_step
+    from mpflow.operators import gaussian
+    from mpflow.operators.models import make_model
+    from mpflow.operators.mpf.step import flow_step
 
     model = make_model("gmm", {}, 2)
     model.log_likelihood = lambda obs, x: 0.3 * x[..., 0] ** 2
@@ -252,8 +251,8 @@ def test_importance_linearised_step_may_widen_and_is_exact_untrained():
 def test_importance_linearised_step_stays_finite_on_an_outlying_observation():
     """o = 50 for a cloud around 0: the likelihood weights one particle; the step's fit hands over to Stein's,
     so the particles move towards the observation instead of collapsing or going non-finite."""
-    from operators.models import make_model
-    from operators.mpf.step import flow_step
+    from mpflow.operators.models import make_model
+    from mpflow.operators.mpf.step import flow_step
 
     model = make_model("gmm", {}, 2)
     x = torch.randn(1, 256, 2, generator=torch.Generator().manual_seed(2))

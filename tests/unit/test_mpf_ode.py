@@ -10,17 +10,16 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from torch import nn
-from torch.nn.functional import softplus
-from torchdiffeq import odeint
-
-from operators.mpf import (
+from mpflow.operators.mpf import (
     divergence_exact,
     divergence_hutchinson,
     integrate,
     rademacher_probes,
     velocity_and_divergence,
 )
+from torch import nn
+from torch.nn.functional import softplus
+from torchdiffeq import odeint
 
 F64 = torch.float64
 TIGHT = dict(method="dopri5", rtol=1e-10, atol=1e-10)

@@ -3,14 +3,13 @@ must track the Kalman posterior — particles and their tracked log-density — 
 
 import pytest
 import torch
-
-from operators import gaussian
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.mpf.network import MPFVelocity
-from operators.references import kalman_filter
-from operators.rng import generator
-from operators.updaters.mpf import MPFUpdater
+from mpflow.operators import gaussian
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.rng import generator
+from mpflow.operators.updaters.mpf import MPFUpdater
 
 PRIOR2 = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
 
@@ -53,7 +52,7 @@ def test_network_option_is_validated():
 
 
 def _save_operator(root, family="linear_gaussian", dim=2, seed=0):
-    from operators.registry import save_operator
+    from mpflow.operators.registry import save_operator
 
     torch.manual_seed(seed)
     net = MPFVelocity(dim, hidden=8, layers=2, embed=8)
@@ -70,8 +69,8 @@ def _save_operator(root, family="linear_gaussian", dim=2, seed=0):
 
 
 def test_registered_operator_is_found_loaded_and_checked(tmp_path):
-    from operators.updaters import get_updater
-    from operators.updaters.mpf import find_operator
+    from mpflow.operators.updaters import get_updater
+    from mpflow.operators.updaters.mpf import find_operator
 
     first, _ = _save_operator(tmp_path)
     second, net = _save_operator(tmp_path, seed=1)

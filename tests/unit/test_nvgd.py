@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from operators import gaussian, rng
-from operators.models import make_model
-from operators.models.priors import GaussianMixture, prior_from_spec
-from operators.references import kalman_filter
-from operators.updaters import UPDATERS, get_updater
-from operators.updaters.nvgd import NVGDUpdater, init_witness, nvgd, unpack, witness, witness_and_divergence
+from mpflow.operators import gaussian, rng
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture, prior_from_spec
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.updaters import UPDATERS, get_updater
+from mpflow.operators.updaters.nvgd import NVGDUpdater, init_witness, nvgd, unpack, witness, witness_and_divergence
 
 MU = torch.tensor([1.0, -0.5])
 SIGMA = torch.tensor([[2.0, 0.6], [0.6, 0.5]])

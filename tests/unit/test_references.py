@@ -1,10 +1,9 @@
 """Exact references: the sequential Kalman filter on a static model equals the batch conjugate posterior."""
 
 import torch
-
-from operators.models import make_model
-from operators.references import conjugate_update, kalman_filter
-from operators.rng import generator
+from mpflow.operators.models import make_model
+from mpflow.operators.references import conjugate_update, kalman_filter
+from mpflow.operators.rng import generator
 
 
 def batch_posterior(m0, P0, H, R, obs):

@@ -1,4 +1,4 @@
-"""operators.registry: on-disk format of trained operators and samplers (DESIGN.md "Trained operators")."""
+"""operators.registry: on-disk format of trained operators and samplers (docs/DESIGN.md "Trained operators")."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from operators import registry
-from operators.registry import (
+from mpflow.operators import registry
+from mpflow.operators.registry import (
     PRETRAINED_DIR,
     RegistryWarning,
     default_dirs,
@@ -23,7 +22,7 @@ from operators.registry import (
     resolve,
     save_operator,
 )
-from operators.samplers.gpvi import GPVIGenerator
+from mpflow.operators.samplers.gpvi import GPVIGenerator
 
 README = "Trained by: `mpflow train --family lds --state-dim 2 --seed 0`\n"
 

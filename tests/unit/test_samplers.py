@@ -17,10 +17,9 @@ import math
 
 import pytest
 import torch
-
-from operators import gaussian, rng
-from operators.references.conjugate import conjugate_update
-from operators.samplers import GaussianFlowResampler, GPVIGenerator
+from mpflow.operators import gaussian, rng
+from mpflow.operators.references.conjugate import conjugate_update
+from mpflow.operators.samplers import GaussianFlowResampler, GPVIGenerator
 
 F64 = torch.float64
 

@@ -9,15 +9,14 @@ import logging
 import httpx
 import pytest
 from fastapi import FastAPI, Request
+from mpflow.service import auth as auth_mod
+from mpflow.service import catalogue
+from mpflow.service.auth import OPEN_TENANT, Authenticator
+from mpflow.service.errors import ApiError, from_validation_errors, install
+from mpflow.service.middleware import BodyLimit
+from mpflow.service.schemas import CreateStreamRequest, ObservationsRequest
+from mpflow.service.store import StoreOutcomeUnknown, StoreUnavailable
 from pydantic import ValidationError
-
-from service import auth as auth_mod
-from service import catalogue
-from service.auth import OPEN_TENANT, Authenticator
-from service.errors import ApiError, from_validation_errors, install
-from service.middleware import BodyLimit
-from service.schemas import CreateStreamRequest, ObservationsRequest
-from service.store import StoreOutcomeUnknown, StoreUnavailable
 
 
 def test_open_mode_is_tenant_default_and_says_so(caplog):
@@ -184,7 +183,7 @@ def test_models_catalogue_reads_the_families():
 def test_the_served_log_handler_redacts_records_of_every_logger():
     """``mpflow serve``'s log handler carries the redaction filter, so records of child loggers (which a logger
     filter on ``mpflow`` never sees) are redacted too."""
-    from service.cli import log_config
+    from mpflow.cli.serve import log_config
 
     cfg = log_config("INFO")
     assert cfg["filters"]["redact"]["()"] is auth_mod.RedactSecrets

@@ -1,5 +1,5 @@
 """service.metrics without multiprocess mode (one worker, tests: a registry per app) and the metrics directory
-``service.cli.serve`` makes for several workers (:func:`service.cli.shared_metrics_dir`)."""
+``mpflow.cli.serve.serve`` makes for several workers (:func:`mpflow.cli.serve.shared_metrics_dir`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from mpflow.service.metrics import MULTIPROC_ENV, Metrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.cli import shared_metrics_dir
-from service.metrics import MULTIPROC_ENV, Metrics
+from mpflow.cli.serve import shared_metrics_dir
 
 
 def values(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from operators.models import make_model
-from operators.models.priors import prior_from_spec
-from operators.state import ParticleState
-from operators.updaters import get_updater
-from service import summary as S
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters import get_updater
+from mpflow.service import summary as S
 
 PRIOR = {"type": "gaussian", "mean": [1.0, -2.0, 0.5], "cov": [[2.0, 0.6, 0.0], [0.6, 1.0, 0.3], [0.0, 0.3, 0.5]]}
 

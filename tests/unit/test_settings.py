@@ -2,8 +2,7 @@
 
 import pydantic
 import pytest
-
-from service.settings import Settings, parse_api_keys
+from mpflow.service.settings import Settings, parse_api_keys
 
 
 def test_defaults_and_environment_overrides(monkeypatch):

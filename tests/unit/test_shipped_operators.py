@@ -5,8 +5,8 @@ step 100 at most twice that at step 10 (measured: 0.0008 and 0.0015 sd; the unga
 0.0010 and 0.0108). The full evaluation, with MMD², cross-entropy and the baselines, is ``mpflow evaluate``
 (tables in the README)."""
 
-from operators.updaters.mpf import find_operator
-from training.evaluate import (
+from mpflow.operators.updaters.mpf import find_operator
+from mpflow.training.evaluate import (
     _STREAM_METHODS,
     EVAL_SEED,
     _derived_seeds,

@@ -11,14 +11,13 @@ import struct
 
 import pytest
 import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture, prior_from_spec
+from mpflow.operators.rng import generator
+from mpflow.operators.state import FORMAT, ParticleState
+from mpflow.operators.updaters import UPDATERS, get_updater
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-
-from operators.models import make_model
-from operators.models.priors import GaussianMixture, prior_from_spec
-from operators.rng import generator
-from operators.state import FORMAT, ParticleState
-from operators.updaters import UPDATERS, get_updater
 
 #: options keeping the iterative methods quick on tiny clouds (only keys the method declares are used)
 FAST = {"max_iters": 20, "inner_steps": 10}

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from operators.rng import generator
-from training.tasks import TASK_FAMILIES, sample_tasks
+from mpflow.operators.rng import generator
+from mpflow.training.tasks import TASK_FAMILIES, sample_tasks
 
 DIMS = {"gmm": 2, "logistic": 4}
 

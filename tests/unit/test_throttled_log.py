@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-from service.throttled_log import ThrottledLog
+from mpflow.service.throttled_log import ThrottledLog
 
 
 def test_one_warning_per_interval_and_kind_with_the_count_left_out(caplog):

@@ -1,4 +1,4 @@
-"""Properties every updater in ``operators.updaters.UPDATERS`` must have, on every family it supports.
+"""Properties every updater in ``mpflow.operators.updaters.UPDATERS`` must have, on every family it supports.
 
 * a few updates stay finite, ``step`` counts them and ``log_evidence`` is the sum of the increments;
 * the same seed gives identical particles (every draw goes through the stream's generator);
@@ -16,12 +16,11 @@ import math
 
 import pytest
 import torch
-
-from operators.models import FAMILIES, ModelFamily, make_model
-from operators.models.priors import GaussianMixture, Prior, prior_from_spec
-from operators.rng import generator, randn
-from operators.state import ParticleState, StepInfo
-from operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
+from mpflow.operators.models import FAMILIES, ModelFamily, make_model
+from mpflow.operators.models.priors import GaussianMixture, Prior, prior_from_spec
+from mpflow.operators.rng import generator, randn
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters import UPDATERS, NonFiniteError, Updater, get_updater
 
 N = 64
 #: options that cap the iterative methods (only keys a method declares are passed)

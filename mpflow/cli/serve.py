@@ -1,0 +1,142 @@
+"""``mpflow serve`` (and ``python -m mpflow serve``): run the HTTP service under uvicorn.
+
+``add_parser(subparsers)`` registers the subcommand on the ``mpflow`` CLI; ``main(argv)`` is the stand-alone
+entry point of ``python -m mpflow serve``. Every other setting comes from ``MPFLOW_*`` (see
+:mod:`mpflow.service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for the worker processes. Without it the
+embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mpflow.service.auth import RedactSecrets
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; messages that are JSON objects already (the access log) are merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"ts": self.formatTime(record), "level": record.levelname, "logger": record.name}
+        msg = record.getMessage()
+        if msg.startswith("{"):
+            try:
+                line.update(json.loads(msg))
+            except ValueError:
+                line["msg"] = msg
+        else:
+            line["msg"] = msg
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, separators=(",", ":"))
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """A logging dictConfig for uvicorn (applied in every worker): JSON lines for mpflow and uvicorn."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        # on the handler, so every record it writes is redacted, whichever (child) logger made it
+        "filters": {"redact": {"()": RedactSecrets}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "filters": ["redact"],
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "mpflow": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+        },
+    }
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=os.environ.get("MPFLOW_HOST", "127.0.0.1"), help="bind address (127.0.0.1)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("MPFLOW_PORT", "8000")), help="port (8000)")
+    p.add_argument("--workers", type=int, default=int(os.environ.get("MPFLOW_WORKERS", "1")), help="processes (1)")
+    p.add_argument("--redis-url", default=None, help="state store URL (default: embedded Redis under ./data)")
+    p.add_argument("--log-level", default=None, help="CRITICAL/ERROR/WARNING/INFO/DEBUG (MPFLOW_LOG_LEVEL)")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``serve`` on the ``mpflow`` CLI."""
+    p = subparsers.add_parser("serve", help="run the HTTP service (uvicorn)")
+    _add_arguments(p)
+    p.set_defaults(func=serve)
+
+
+@contextmanager
+def shared_metrics_dir(workers: int) -> Iterator[str | None]:
+    """With ``workers > 1``: a fresh private directory (``mpflow-metrics-*``) in ``PROMETHEUS_MULTIPROC_DIR``
+    for the workers, which are spawned later and inherit the environment; removed, with the variable, on exit.
+    Yields the directory in use, or None with one worker. A directory the user set already is used as it is
+    and kept (SystemExit if it is not a directory, before any worker starts)."""
+    from mpflow.service.metrics import MULTIPROC_ENV
+
+    own = os.environ.get(MULTIPROC_ENV)
+    if own:
+        if not os.path.isdir(own):
+            raise SystemExit(f"{MULTIPROC_ENV}={own!r} is not a directory")
+        yield own
+        return
+    if workers <= 1:
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="mpflow-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run uvicorn until it stops (``mpflow.service.app:create_app`` in ``args.workers`` processes); 0."""
+    import uvicorn
+
+    from mpflow.service.settings import Settings
+
+    if args.redis_url:
+        os.environ["MPFLOW_REDIS_URL"] = args.redis_url
+    if args.log_level:
+        os.environ["MPFLOW_LOG_LEVEL"] = args.log_level
+    settings = Settings()  # fail here, with the field named, on a bad MPFLOW_* value
+    with shared_metrics_dir(args.workers):
+        uvicorn.run(
+            "mpflow.service.app:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            access_log=False,  # mpflow.access logs one JSON line per request
+            log_config=log_config(settings.log_level),
+            ws_max_size=settings.max_body_bytes,
+            # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
+            timeout_graceful_shutdown=5,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpflow serve", description="run the mpflow HTTP service")
+    _add_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A new stream: its request checked against the server's limits, the prior and model validated, the method chosen,
+and the step-0 state drawn — before anything is written.
+
+Validation errors of the operators package (``ValueError("field: ...")``: shapes against the family,
+positive-definite covariances, method/model compatibility) are answered 422 with that message; a prior whose
+particles or summary are not finite in float32 is refused the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.state import ParticleState
+from mpflow.service import summary as summaries
+from mpflow.service.documents import now
+from mpflow.service.errors import invalid, too_large
+from mpflow.service.methods import Methods
+from mpflow.service.numerics import finite_json, finite_state
+from mpflow.service.schemas import CreateStreamRequest
+from mpflow.service.settings import Settings
+
+#: particles of a stream whose request names no count (and whose prior is not a particle set)
+DEFAULT_PARTICLES = 256
+
+
+def prior_dim_and_count(spec: dict[str, Any]) -> tuple[int, int | None]:
+    """(state dimension, particle count of a particles prior) read off the prior's JSON, for the limits."""
+    if spec["type"] == "sampler":  # its dimension is known once it is resolved (prior_from_spec checks it)
+        return 0, None
+    rows = {"gaussian": "mean", "particles": "particles", "mixture": "means"}[spec["type"]]
+    value = spec[rows]
+    if spec["type"] == "gaussian":
+        return len(value), None
+    d = len(value[0]) if value and isinstance(value[0], list) else 0
+    return d, (len(value) if spec["type"] == "particles" else None)
+
+
+def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
+    """413 for more particles or a larger state than the server allows."""
+    if n_particles > settings.max_particles:
+        raise too_large(f"num_particles: at most {settings.max_particles} (MPFLOW_MAX_PARTICLES), got {n_particles}")
+    if state_dim > settings.max_state_dim:
+        raise too_large(
+            f"prior: state dimension at most {settings.max_state_dim} (MPFLOW_MAX_STATE_DIM), got {state_dim}"
+        )
+
+
+def prepare(
+    settings: Settings, methods: Methods, req: CreateStreamRequest
+) -> tuple[dict[str, Any], ParticleState, dict[str, Any]]:
+    """Validate and initialise a stream (blocking tensor work): (meta, state at step 0, summary)."""
+    spec = req.prior.model_dump()
+    d, given = prior_dim_and_count(spec)
+    n = req.num_particles or given or DEFAULT_PARTICLES
+    check_limits(settings, n, d)
+    try:
+        prior = prior_from_spec(spec)
+        model_spec = req.model.model_dump()
+        model = methods.model(model_spec, prior.dim)
+        method, operator = methods.choose(req, model)
+        updater = methods.updater(method, operator)
+        updater.check_compatible(model, prior)
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        state = updater.init(prior, model, n, seed)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+    summary = summaries.summary(state)
+    if not (finite_state(state) and finite_json(summary)):  # e.g. a prior at the edge of float32's range
+        raise invalid(
+            "prior: the initial particles or their summary are not finite in float32 (|x| up to about 3.4e38, "
+            "squares included); rescale the prior"
+        )
+    created = now()
+    meta = {
+        "model": model_spec,
+        "method": method,
+        "operator": operator,
+        "num_particles": n,
+        "state_dim": prior.dim,
+        "seed": seed,
+        "ttl_seconds": req.ttl_seconds or settings.default_ttl_seconds,
+        "step": 0,
+        "log_evidence": 0.0,
+        "created_at": created,
+        "updated_at": created,
+    }
+    return meta, state, summary
+
+
+__all__ = ["DEFAULT_PARTICLES", "check_limits", "prepare", "prior_dim_and_count"]

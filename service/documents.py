@@ -1,0 +1,63 @@
+"""The JSON documents of docs/API.md that describe streams: the stream document, the answer to an observation
+request and an entry of the stream list. Plain dicts built from the stored metadata (``meta``) and a summary."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+#: the metadata fields of an entry of ``GET /v1/streams``
+LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
+
+
+def now() -> str:
+    """The current time as the documents write it (ISO 8601, UTC, milliseconds)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The stream document of docs/API.md."""
+    return {
+        "stream_id": stream_id,
+        "model": meta["model"],
+        "method": meta["method"],
+        "operator": meta.get("operator"),
+        "num_particles": meta["num_particles"],
+        "state_dim": meta["state_dim"],
+        "seed": meta["seed"],
+        "ttl_seconds": meta["ttl_seconds"],
+        "step": meta["step"],
+        "summary": summary,
+        "created_at": meta["created_at"],
+        "updated_at": meta["updated_at"],
+    }
+
+
+def observation_document(
+    stream_id: str,
+    meta: dict[str, Any],
+    summary: dict[str, Any],
+    per_step: list[dict[str, Any]],
+    samples: list | None,
+    *,
+    duplicate: bool,
+) -> dict[str, Any]:
+    """The answer to an observation request: the stream document, ``duplicate``, ``per_step``, the draws asked
+    for, and ``fallback`` (the last fall-back method) when some step was computed by a safe method instead."""
+    doc = document(stream_id, meta, summary)
+    doc["duplicate"] = duplicate
+    doc["per_step"] = per_step
+    if samples is not None:
+        doc["samples"] = samples
+    fell_back = [step["fallback"] for step in per_step if "fallback" in step]
+    if fell_back:
+        doc["fallback"] = fell_back[-1]
+    return doc
+
+
+def list_entry(item: dict[str, Any]) -> dict[str, Any]:
+    """One stream of ``GET /v1/streams``, from what the store lists."""
+    return {k: item.get(k) for k in LIST_FIELDS}
+
+
+__all__ = ["LIST_FIELDS", "document", "list_entry", "now", "observation_document"]

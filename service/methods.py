@@ -1,0 +1,119 @@
+"""The methods and models of streams: which method a new stream gets, and the updater and model a stored stream
+runs with — built once and cached (updaters per method and operator, models per JSON spec; neither is mutated).
+
+Updaters get the options of ``Settings.method_options`` for their method; ``mpf`` loads its trained operator from
+the operator catalogue's folder (the first use of an operator reads it from disk, hence :meth:`Methods.loaded`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from typing import Any
+
+from mpflow.operators.models import make_model
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.updaters import UPDATERS, Updater, get_updater
+from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.errors import invalid
+from mpflow.service.schemas import CreateStreamRequest
+from mpflow.service.settings import Settings
+from mpflow.service.stream_errors import OperatorUnavailableError, StoredModelInvalidError
+
+_MODEL_CACHE_SIZE = 4096
+
+
+def check_method_options(options: dict[str, dict[str, Any]]) -> None:
+    """Fail at start, naming the field, on unknown methods or options in ``Settings.method_options``."""
+    for method, opts in options.items():
+        try:
+            get_updater(method, **opts)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"method_options.{method}: {exc}") from None
+
+
+def weighted(method: str) -> bool:
+    """Whether the particles of a ``method`` stream carry weights (a method this server does not know: assume so)."""
+    return UPDATERS[method].weighted if method in UPDATERS else True
+
+
+class Methods:
+    """Updaters and models of streams, cached (module docstring)."""
+
+    def __init__(self, settings: Settings, operators: OperatorCatalogue) -> None:
+        self.settings = settings
+        self.operators = operators
+        self._updaters: dict[Hashable, Updater] = {}
+        self._models: dict[str, ModelFamily] = {}
+
+    def loaded(self, method: str, operator: str | None) -> bool:
+        """Whether :meth:`updater` has this one already (else building it may read an operator from disk)."""
+        return (method, operator) in self._updaters
+
+    def updater(self, method: str, operator: str | None) -> Updater:
+        """A cached updater per (method, operator name); mpf loads the operator from its folder."""
+        key = (method, operator)
+        if key not in self._updaters:
+            options = self.settings.method_options.get(method, {})
+            if operator is None:
+                self._updaters[key] = get_updater(method, **options)
+            else:
+                record = self.operators.by_name(operator)
+                if record is None:
+                    raise OperatorUnavailableError(
+                        f"operator: {operator!r} is not installed on this server; GET /v1/operators lists them"
+                    )
+                self._updaters[key] = get_updater(method, operator=str(record.path), **options)
+        return self._updaters[key]
+
+    def uniform_weight_updater(self, method: str) -> tuple[Updater, Hashable]:
+        """(updater, engine key) of ``method`` configured to return uniformly weighted particles
+        (:attr:`~mpflow.operators.updaters.Updater.uniform_weight_options`), for a stream that reads its particles
+        unweighted; the plain updater of a method whose particles are always uniform."""
+        if not UPDATERS[method].weighted:
+            return self.updater(method, None), (method, None)
+        key = (method, "uniform-weights")
+        if key not in self._updaters:
+            options = {**self.settings.method_options.get(method, {}), **UPDATERS[method].uniform_weight_options}
+            self._updaters[key] = get_updater(method, **options)
+        return self._updaters[key], key
+
+    def model(self, spec: dict[str, Any], state_dim: int) -> ModelFamily:
+        """The validated one-stream model (cached by its JSON: models are never mutated)."""
+        key = json.dumps([spec["family"], spec.get("params") or {}, state_dim], sort_keys=True)
+        model = self._models.get(key)
+        if model is None:
+            model = make_model(spec["family"], spec.get("params") or {}, state_dim)
+            if len(self._models) >= _MODEL_CACHE_SIZE:
+                self._models.clear()
+            self._models[key] = model
+        return model
+
+    def choose(self, req: CreateStreamRequest, model: ModelFamily) -> tuple[str, str | None]:
+        """(method, operator name) of a new stream per docs/API.md: default mpf when a trained operator fits, else
+        gpf."""
+        method = req.method
+        if req.operator is not None:
+            if method not in (None, "mpf"):
+                raise invalid(f"operator: only used by method mpf, not {method}")
+            if self.operators.by_name(req.operator) is None:
+                raise invalid(f"operator: unknown operator {req.operator!r}; GET /v1/operators lists them")
+            return "mpf", req.operator
+        if method is None:
+            record = self.operators.find(model.name, model.state_dim) if "mpf" in UPDATERS else None
+            return ("mpf", record.name) if record is not None else ("gpf", None)
+        if method == "mpf":  # a trained operator when one fits; else the untrained (Daum–Huang) base flow
+            record = self.operators.find(model.name, model.state_dim)
+            return "mpf", record.name if record is not None else None
+        return method, None
+
+    def resolve(self, meta: dict[str, Any]) -> tuple[ModelFamily, Updater]:
+        """(model, updater) of a stored stream (blocking when it loads an operator: see :meth:`loaded`)."""
+        try:
+            model = self.model(meta["model"], meta["state_dim"])
+        except ValueError as exc:  # a stored model that does not validate on this (stricter) server version
+            raise StoredModelInvalidError(str(exc)) from None
+        return model, self.updater(meta["method"], meta.get("operator"))
+
+
+__all__ = ["Methods", "check_method_options", "weighted"]

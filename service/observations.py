@@ -1,0 +1,98 @@
+"""An observation request end to end: its limits, the stream's lock, the ``seq`` rules and the compare-and-set
+(:mod:`mpflow.service.sequencing`), the steps (:mod:`mpflow.service.stepping`), and the live viewers' event.
+
+The event for the dashboard's live feeds (:func:`mpflow.service.dashboard.publish.update_event`) travels with the
+compare-and-set, so viewers hear of an update exactly when it is stored and never of one that lost its race.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpflow.service import views
+from mpflow.service.dashboard.publish import update_event
+from mpflow.service.documents import now, observation_document
+from mpflow.service.engine import UpdateEngine
+from mpflow.service.errors import too_large
+from mpflow.service.methods import Methods
+from mpflow.service.schemas import ObservationsRequest
+from mpflow.service.sequencing import KeyedLocks, Seq, check_seq, until_written
+from mpflow.service.settings import Settings
+from mpflow.service.stepping import Stepper, parse
+from mpflow.service.store import StreamStore
+from mpflow.service.tensor_work import TensorWork
+
+
+def check_samples(settings: Settings, n: int) -> None:
+    """413 for more draws than ``max_samples_per_request``."""
+    if n > settings.max_samples_per_request:
+        raise too_large(f"n: at most {settings.max_samples_per_request} samples per request, got {n}")
+
+
+class Observations:
+    """Applies observation requests exactly once (module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StreamStore,
+        engine: UpdateEngine,
+        methods: Methods,
+        work: TensorWork,
+        stepper: Stepper,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.engine = engine
+        self.methods = methods
+        self.work = work
+        self.stepper = stepper
+        self._locks = KeyedLocks()
+
+    async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
+        """The answer to ``POST /v1/streams/{stream_id}/observations`` (docs/API.md)."""
+        n = len(req.observations)
+        limit = self.settings.max_observations_per_request
+        if n > limit:
+            raise too_large(
+                f"observations: at most {limit} steps per request (MPFLOW_MAX_OBSERVATIONS_PER_REQUEST), got {n}"
+            )
+        check_samples(self.settings, req.return_samples)
+        with self.work.observation():
+            async with self._locks.hold((tenant, stream_id)):
+                return await until_written(lambda: self._attempt(tenant, stream_id, req, n))
+
+    async def _attempt(self, tenant: str, stream_id: str, req: ObservationsRequest, n: int) -> dict[str, Any] | None:
+        """One read → check seq → apply → compare-and-set: the answer, or None when another writer won."""
+        # announce the n updates about to come, so the engine waits for them (and only for them)
+        with self.engine.expect(n) as announced:
+            meta, data = await views.read(self.store, tenant, stream_id)
+            step = int(meta["step"])
+            if check_seq(req.seq, n, step) is Seq.DUPLICATE:
+                summary, samples = await self.work.run(
+                    meta, views.summary_and_draws, meta, data, req.return_samples, draws=req.return_samples
+                )
+                return observation_document(stream_id, meta, summary, [], samples, duplicate=True)
+            if self.methods.loaded(meta["method"], meta.get("operator")):
+                model, updater = self.methods.resolve(meta)
+            else:  # the first use of an operator loads it from disk
+                model, updater = await self.work.off_loop(self.methods.resolve, meta)
+            parsed = parse(model, req.observations)
+            state = await self.work.decode(meta, data)
+            applied = await self.stepper.apply(meta, model, updater, state, parsed, req.return_samples, announced)
+        new_meta = {
+            "step": step + n,
+            "log_evidence": float(applied.last.state.log_evidence[0]),
+            "updated_at": now(),
+        }
+        doc = observation_document(
+            stream_id, {**meta, **new_meta}, applied.summary, applied.per_step, applied.samples, duplicate=False
+        )
+        event = update_event(self.store.prefix, tenant, stream_id, doc)
+        stored = await self.store.compare_and_set(
+            tenant, stream_id, int(meta["version"]), new_meta, applied.blob, int(meta["ttl_seconds"]), event=event
+        )
+        return doc if stored else None
+
+
+__all__ = ["Observations", "check_samples"]

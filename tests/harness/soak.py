@@ -1,0 +1,317 @@
+"""The soak: many streams, many one-step updates, one server, the embedded store; memory and latency over time.
+
+``soak(streams, steps)`` runs the server as a user runs it (:class:`~tests.harness.server.ServiceProcess`,
+``MPFLOW_DATA_DIR`` a temporary dir, no ``MPFLOW_REDIS_URL``) and feeds every stream one step per request through
+recorded clients (:mod:`tests.harness.traffic`). Method ``mpf`` with the trained ``linear_gaussian-d2-v2``
+operator, N = 64, on ``linear_gaussian`` d = 2 (o ~ N(x, 3I)): the method a user gets by default for this model,
+i.e. the service's fast path (learned operator, ODE integration, micro-batching) with a small state, so that the
+time goes to the per-request machinery a soak is about (HTTP, store, engine), and numerically stable over 1000
+steps (the posterior sd follows √(3/m)).
+
+Measured: the server's resident memory (RSS) over time — flat means at most 10 % growth from the end of the
+warm-up (the first 10 % of the updates) to the end, plus the slope in bytes per update; Redis memory per stream
+against the size computed from N and d (:func:`expected_state_bytes`: the safetensors layout of
+``ParticleState.to_bytes``) — ``MEMORY USAGE`` of each stream's keys, and ``used_memory`` /
+``used_memory_dataset`` per stream (the former also holds the connections' buffers); p99 latency of the first
+and the last 10 % of the requests (stable: last ≤ 1.5 × first); every HTTP status (a soak has no fault: any 5xx
+is a finding), with the server's warning log lines and the redis-server's, counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from mpflow.service.client import Retry
+from mpflow.service.embedded import running_server
+from mpflow.service.store import StreamStore
+
+from tests.harness.server import ServiceProcess, kill_embedded, redis_log_warnings
+from tests.harness.specs import STATE_DIM, TENANT
+from tests.harness.traffic import Recorder, clients, create_streams, drive, percentile, progress, tally
+
+SOAK_MODEL = {"family": "linear_gaussian"}  # H = I, R = 3I
+SOAK_METHOD = "mpf"
+SOAK_PARTICLES = 64
+WARMUP_FRACTION = 0.1
+TARGETS = {"rss_growth": 0.10, "p99_ratio": 1.5}
+
+
+def expected_state_bytes(num_particles: int, dim: int, method: str) -> dict[str, int]:
+    """The size of ``ParticleState.to_bytes()`` for one stream, from N and d.
+
+    safetensors lays out an 8-byte little-endian header length, a JSON header (``__metadata__`` and, per
+    tensor, dtype, shape and byte offsets; padded with spaces to a multiple of 8) and the raw tensors. The
+    tensors of a state: particles [1, N, d] f32, log_weights [1, N] f32, step [1] i64, log_evidence [1] f64,
+    rng [1, S] u8 (S: the size of torch's CPU generator state, 5056 bytes: Mersenne Twister), plus for
+    ``kalman`` extras.mean [1, d] and extras.cov [1, d, d] f64. (``mpf`` with a trained operator keeps no
+    ``log_density``.)"""
+    from mpflow.operators.state import FORMAT
+
+    rng = int(torch.Generator().get_state().numel())
+    tensors = {
+        "particles": ("F32", [1, num_particles, dim], 4),
+        "log_weights": ("F32", [1, num_particles], 4),
+        "step": ("I64", [1], 8),
+        "log_evidence": ("F64", [1], 8),
+        "rng": ("U8", [1, rng], 1),
+    }
+    if method == "kalman":
+        tensors |= {"extras.mean": ("F64", [1, dim], 8), "extras.cov": ("F64", [1, dim, dim], 8)}
+    elif method != "mpf":
+        raise ValueError(f"method: the layout is written out for mpf and kalman only, not {method!r}")
+    # safetensors orders tensors by dtype (I64 > F64 > F32 > U8 in its enum), then by name
+    rank = {"I64": 0, "F64": 1, "F32": 2, "U8": 3}
+    header: dict[str, Any] = {"__metadata__": {"format": FORMAT}}
+    offset = 0
+    data = 0
+    for name, (dtype, shape, size) in sorted(tensors.items(), key=lambda kv: (rank[kv[1][0]], kv[0])):
+        nbytes = math.prod(shape) * size
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        data += nbytes
+    head = len(json.dumps(header, separators=(",", ":")))
+    head += -head % 8
+    return {
+        "total": 8 + head + data,
+        "tensors": data,
+        "header": 8 + head,
+        "rng": rng,
+        "particles": num_particles * dim * 4,
+    }
+
+
+async def _redis_memory(store_url: str, prefix: str, stream_ids: Sequence[str]) -> dict[str, Any]:
+    store = StreamStore.from_url(store_url, prefix=prefix)
+    try:
+        r = store.client
+        info = await r.info("memory")
+        strlen, state_mem, meta_mem = [], [], []
+        for sid in stream_ids:
+            meta_key, state_key = store.keys(TENANT, sid)
+            strlen.append(await r.strlen(state_key))
+            state_mem.append(await r.memory_usage(state_key, samples=0))
+            meta_mem.append(await r.memory_usage(meta_key, samples=0))
+        return {
+            "used_memory": int(info["used_memory"]),
+            "used_memory_dataset": int(info.get("used_memory_dataset", 0)),
+            "mem_clients_normal": int(info.get("mem_clients_normal", 0)),
+            "state_strlen": strlen,
+            "state_memory_usage": state_mem,
+            "meta_memory_usage": meta_mem,
+        }
+    finally:
+        await store.aclose()
+
+
+async def _soak_run(
+    service: ServiceProcess, store_url: str, streams: int, steps: int, show_progress: bool, sample_s: float
+) -> dict[str, Any]:
+    import psutil
+
+    rec = Recorder()
+    proc = psutil.Process(service.pid)
+    empty = await _redis_memory(store_url, "mpflow", [])
+    samples: list[dict[str, float]] = []
+    async with clients(service.url, streams, rec, Retry(attempts=3)) as cs:
+        pairs = await create_streams(cs, SOAK_MODEL, SOAK_METHOD, SOAK_PARTICLES, steps, "soak")
+        runs = [r for _, r in pairs]
+        ids = [r.stream_id for r in runs]
+        created = await _redis_memory(store_url, "mpflow", ids)
+        operator = pairs[0][0].document.get("operator") if pairs[0][0].document else None
+        bar = progress(streams * steps, "soak", show_progress)
+        done = [0]
+        t_start = time.monotonic()
+
+        def on_steps(n: int) -> None:
+            done[0] += n
+            bar.update(n)
+
+        async def sample() -> None:
+            while True:
+                mem = await _redis_memory(store_url, "mpflow", [])
+                samples.append(
+                    {
+                        "t": round(time.monotonic() - t_start, 3),
+                        "updates": done[0],
+                        "rss": proc.memory_info().rss,
+                        "redis_used_memory": mem["used_memory"],
+                        "redis_dataset": mem["used_memory_dataset"],
+                        "redis_clients": mem["mem_clients_normal"],
+                        "load1": os.getloadavg()[0],
+                    }
+                )
+                await asyncio.sleep(sample_s)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(*(drive(s, r, 1, on_steps, keep_means=False) for s, r in pairs))
+        wall = time.monotonic() - t_start
+        await asyncio.sleep(sample_s)  # one sample after the end
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        bar.close()
+        final = await _redis_memory(store_url, "mpflow", ids)
+        steps_stored = [int((await s.get())["step"]) for s, _ in pairs]
+    lat = sorted(((t - t_start, x) for r in runs for t, x in r.latencies), key=lambda p: p[0])
+    return {
+        "operator": operator,
+        "wall_s": round(wall, 1),
+        "updates": sum(len(r.acked) for r in runs),
+        "updates_per_s": round(sum(len(r.acked) for r in runs) / wall, 1),
+        "stored_steps_ok": sum(s == steps for s in steps_stored),
+        "tally": tally(runs, rec),
+        "samples": samples,
+        "latencies": lat,
+        "redis": {"empty": empty, "created": created, "final": final},
+    }
+
+
+def rss_figures(samples: list[dict[str, float]], total: int) -> dict[str, Any]:
+    """RSS at the end of the warm-up (first sample with ≥ 10 % of the updates done) and at the end; the growth,
+    and the least-squares slope of RSS against updates after the warm-up (bytes per update)."""
+    warm = next((s for s in samples if s["updates"] >= WARMUP_FRACTION * total), samples[-1])
+    after = [s for s in samples if s["t"] >= warm["t"]]
+    end = samples[-1]
+    slope = None
+    if len(after) >= 3 and after[-1]["updates"] > after[0]["updates"]:
+        u = np.array([s["updates"] for s in after], dtype=float)
+        r = np.array([s["rss"] for s in after], dtype=float)
+        slope = float(np.polyfit(u, r, 1)[0])
+    return {
+        "rss_start_mb": round(samples[0]["rss"] / 2**20, 1),
+        "rss_after_warmup_mb": round(warm["rss"] / 2**20, 1),
+        "rss_end_mb": round(end["rss"] / 2**20, 1),
+        "rss_max_mb": round(max(s["rss"] for s in samples) / 2**20, 1),
+        "rss_growth": round(end["rss"] / warm["rss"] - 1.0, 4),
+        "rss_slope_bytes_per_update": round(slope, 1) if slope is not None else None,
+    }
+
+
+def latency_figures(lat: list[tuple[float, float]]) -> dict[str, Any]:
+    """p50/p99 overall and of the first and the last 10 % of the requests (by completion time)."""
+    k = max(1, int(len(lat) * 0.1))
+    first = sorted(x for _, x in lat[:k])
+    last = sorted(x for _, x in lat[-k:])
+    allx = sorted(x for _, x in lat)
+    p99_first, p99_last = percentile(first, 0.99), percentile(last, 0.99)
+    return {
+        "requests": len(lat),
+        "p50_ms": round(percentile(allx, 0.5) * 1e3, 2),
+        "p99_ms": round(percentile(allx, 0.99) * 1e3, 2),
+        "p99_first10_ms": round(p99_first * 1e3, 2),
+        "p99_last10_ms": round(p99_last * 1e3, 2),
+        "p50_first10_ms": round(percentile(first, 0.5) * 1e3, 2),
+        "p50_last10_ms": round(percentile(last, 0.5) * 1e3, 2),
+        "p99_ratio_last_first": round(p99_last / p99_first, 3),
+    }
+
+
+def latency_windows(lat: list[tuple[float, float]], windows: int = 60) -> list[dict[str, float]]:
+    """p50/p99 of the requests completing in each of ``windows`` equal time windows: (t mid, n, p50_ms, p99_ms)."""
+    if not lat:
+        return []
+    t = np.array([x[0] for x in lat])
+    v = np.array([x[1] for x in lat])
+    out = []
+    for a, b in itertools.pairwise(np.linspace(t[0], t[-1] + 1e-9, windows + 1)):
+        x = v[(t >= a) & (t < b)]
+        if len(x):
+            mid = round(float(a + b) / 2, 2)
+            p50, p99 = (round(float(np.quantile(x, q)) * 1e3, 2) for q in (0.5, 0.99))
+            out.append({"t": mid, "n": len(x), "p50_ms": p50, "p99_ms": p99})
+    return out
+
+
+def memory_figures(redis: dict[str, Any], streams: int, expected: dict[str, int]) -> dict[str, Any]:
+    """Redis memory per stream: the state's STRLEN against :func:`expected_state_bytes`, ``MEMORY USAGE`` of the
+    keys, ``used_memory`` / ``used_memory_dataset`` per stream after the creation and at the end."""
+    final, created = redis["final"], redis["created"]
+    state_mem = final["state_memory_usage"]
+    meta_mem = final["meta_memory_usage"]
+    return {
+        "expected_state_bytes": expected["total"],
+        "expected_breakdown": expected,
+        "state_strlen_created": sorted(set(created["state_strlen"])),
+        "state_strlen_final": sorted(set(final["state_strlen"])),
+        "state_memory_usage_mean": round(float(np.mean(state_mem)), 1),
+        "meta_memory_usage_mean": round(float(np.mean(meta_mem)), 1),
+        "per_stream_keys_bytes": round(float(np.mean(state_mem) + np.mean(meta_mem)), 1),
+        "used_memory_per_stream_created": round((created["used_memory"] - redis["empty"]["used_memory"]) / streams, 1),
+        "used_memory_per_stream_final": round((final["used_memory"] - redis["empty"]["used_memory"]) / streams, 1),
+        "dataset_per_stream_created": round(
+            (created["used_memory_dataset"] - redis["empty"]["used_memory_dataset"]) / streams, 1
+        ),
+        "dataset_per_stream_final": round(
+            (final["used_memory_dataset"] - redis["empty"]["used_memory_dataset"]) / streams, 1
+        ),
+        "client_buffers_final": final["mem_clients_normal"],
+    }
+
+
+def soak(streams: int = 100, steps: int = 1000, progress: bool = False, sample_s: float = 1.0) -> dict[str, Any]:
+    """``streams`` × ``steps`` one-step updates (module docstring); RSS, Redis memory and latency figures.
+    ``series`` holds the samples (t, updates, rss, redis_used_memory, load1) and the latency per time window
+    (:func:`latency_windows`) for a plot."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mpflow-soak-") as tmp:
+        data_dir = Path(tmp) / "data"
+        try:
+            with ServiceProcess({"MPFLOW_DATA_DIR": str(data_dir), "MPFLOW_REDIS_URL": ""}, Path(tmp)) as service:
+                service.start()
+                found = running_server(data_dir)
+                assert found is not None, "the server started no embedded redis-server"
+                run = asyncio.run(_soak_run(service, f"unix://{found[1]}", streams, steps, progress, sample_s))
+                aof = sum(f.stat().st_size for f in data_dir.glob("appendonly*"))
+                redis_log = redis_log_warnings(Path(found[1]).parent / "redis.log")
+            warnings = service.warnings()
+        finally:
+            kill_embedded(data_dir)
+    total = streams * steps
+    expected = expected_state_bytes(SOAK_PARTICLES, STATE_DIM, SOAK_METHOD)
+    rss = rss_figures(run["samples"], total)
+    latency = latency_figures(run["latencies"])
+    memory = memory_figures(run["redis"], streams, expected)
+    loads = [s["load1"] for s in run["samples"]]
+    return {
+        "scenario": "soak",
+        "streams": streams,
+        "steps": steps,
+        "method": SOAK_METHOD,
+        "operator": run["operator"],
+        "num_particles": SOAK_PARTICLES,
+        "model": SOAK_MODEL,
+        "updates": run["updates"],
+        "stored_steps_ok": run["stored_steps_ok"],
+        "wall_s": run["wall_s"],
+        "total_s": round(time.monotonic() - t0, 1),
+        "updates_per_s": run["updates_per_s"],
+        **run["tally"],
+        "rss": rss,
+        "latency": latency,
+        "redis_memory": memory,
+        "aof_bytes_end": aof,
+        "service_warnings": warnings,
+        "redis_log_warnings": redis_log,
+        "load1_mean": round(float(np.mean(loads)), 2) if loads else None,
+        "load1_max": round(float(np.max(loads)), 2) if loads else None,
+        "targets": {
+            "rss_growth_le": TARGETS["rss_growth"],
+            "rss_flat": rss["rss_growth"] <= TARGETS["rss_growth"],
+            "p99_ratio_le": TARGETS["p99_ratio"],
+            "p99_stable": latency["p99_ratio_last_first"] <= TARGETS["p99_ratio"],
+            "state_bytes_as_computed": memory["state_strlen_final"] == [expected["total"]],
+        },
+        "series": {"samples": run["samples"], "latency_windows": latency_windows(run["latencies"])},
+    }
