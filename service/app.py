@@ -57,6 +57,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         batching=settings.batching,
         observer=app.state.metrics.observe_batch,
         summarise=row_views,
+        health_observer=app.state.metrics.observe_health,
     )
     await engine.start()
     await asyncio.to_thread(app.state.operators.load)
@@ -70,6 +71,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.operators,
         on_store_error=app.state.metrics.store_errors.inc,
         on_fallback=app.state.metrics.observe_fallback,
+        on_outside_domain=app.state.metrics.observe_outside_domain,
     )
     app.state.auth.warn_if_open()
     if not await store.ping():

@@ -11,17 +11,20 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters.mpf import operator_domain
 from mpflow.service import summary as summaries
 from mpflow.service.documents import now
 from mpflow.service.errors import invalid, too_large
-from mpflow.service.methods import Methods
+from mpflow.service.methods import Choice, Methods
 from mpflow.service.numerics import finite_json, finite_state
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
 
-#: particles of a stream whose request names no count (and whose prior is not a particle set)
+#: particles of a stream whose request names no count, whose prior is not a particle set and whose method was named
+#: (a default method comes with the count it was measured with)
 DEFAULT_PARTICLES = 256
 
 
@@ -47,21 +50,37 @@ def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
         )
 
 
+def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:
+    """``{"inside": bool, "outside": [what lies outside, …]}`` for a stream run by a trained operator: its
+    model and prior against the region the operator was trained on
+    (:func:`~mpflow.operators.updaters.mpf.operator_domain`); None without an operator. The mean and covariance of
+    the prior are what is compared (a mixture's or a particle set's overall moments)."""
+    record = methods.operators.by_name(choice.operator) if choice.operator else None
+    if record is None:
+        return None
+    mean, cov = prior.moments()
+    outside = model.outside_domain(operator_domain(record), mean[0], cov[0])
+    return {"inside": not outside, "outside": outside}
+
+
 def prepare(
     settings: Settings, methods: Methods, req: CreateStreamRequest
 ) -> tuple[dict[str, Any], ParticleState, dict[str, Any]]:
     """Validate and initialise a stream (blocking tensor work): (meta, state at step 0, summary)."""
     spec = req.prior.model_dump()
     d, given = prior_dim_and_count(spec)
-    n = req.num_particles or given or DEFAULT_PARTICLES
-    check_limits(settings, n, d)
+    asked = req.num_particles or given
+    check_limits(settings, asked or DEFAULT_PARTICLES, d)
     try:
         prior = prior_from_spec(spec)
         model_spec = req.model.model_dump()
         model = methods.model(model_spec, prior.dim)
-        method, operator = methods.choose(req, model)
-        updater = methods.updater(method, operator)
+        choice = methods.choose(req, model)
+        # the particle count the default was measured with, within this server's limit
+        n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)
+        updater = methods.updater(choice.method, choice.operator, choice.options)
         updater.check_compatible(model, prior)
+        domain = operator_domain_check(methods, choice, model, prior)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         state = updater.init(prior, model, n, seed)
     except ValueError as exc:
@@ -75,8 +94,11 @@ def prepare(
     created = now()
     meta = {
         "model": model_spec,
-        "method": method,
-        "operator": operator,
+        "method": choice.method,
+        "operator": choice.operator,
+        "method_options": choice.options,
+        "method_reason": choice.reason,
+        "operator_domain": domain,
         "num_particles": n,
         "state_dim": prior.dim,
         "seed": seed,

@@ -54,6 +54,8 @@ T = TypeVar("T")
 
 #: (method, family, batch size, seconds of operator compute) after every operator call
 BatchObserver = Callable[[str, str, int, float], None]
+#: (method, ESS / N of every stream of the call) after every operator call: the steps' health
+HealthObserver = Callable[[str, torch.Tensor], None]
 
 
 def _one_thread() -> None:
@@ -160,6 +162,7 @@ class UpdateEngine:
         aux_threads: int = 2,
         observer: BatchObserver | None = None,
         summarise: Callable[[ParticleState], list[Any]] | None = None,
+        health_observer: HealthObserver | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be positive, got {max_batch_size}")
@@ -168,6 +171,7 @@ class UpdateEngine:
         self.max_batch_size = max_batch_size if batching else 1
         self.max_wait = max_wait_ms / 1000.0
         self.observer = observer
+        self.health_observer = health_observer
         self.summarise = summarise  # per-stream values of a batched new state, computed once per call
         self._pending: dict[Hashable, deque[_Job]] = {}
         self._announcements = 0  # open announcements (expect)
@@ -320,6 +324,8 @@ class UpdateEngine:
         elapsed = time.perf_counter() - t0
         if self.observer is not None:
             self.observer(first.method, first.model.name, len(jobs), elapsed)
+        if self.health_observer is not None:
+            self.health_observer(first.method, info.ess / state.particles.shape[1])
         states = new.unbind() if len(jobs) > 1 else [new]
         infos = _split_info(info, len(jobs)) if len(jobs) > 1 else [info]
         rows = self.summarise(new) if self.summarise is not None else [None] * len(jobs)

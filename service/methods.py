@@ -1,7 +1,11 @@
 """The methods and models of streams: which method a new stream gets, and the updater and model a stored stream
-runs with — built once and cached (updaters per method and operator, models per JSON spec; neither is mutated).
+runs with — built once and cached (updaters per method, operator and stream options; models per JSON spec; neither
+is mutated).
 
-Updaters get the options of ``Settings.method_options`` for their method; ``mpf`` loads its trained operator from
+A request that names no method gets the one ``benchmarks/equal_compute.py`` measured most accurate for its
+(family, d) (:mod:`mpflow.service.default_methods`), with that method's measured options (``mpf``'s ``substeps``)
+and particle count, and the stream keeps the reason. Updaters get the options of ``Settings.method_options`` for
+their method, then the stream's own (``method_options`` in its metadata); ``mpf`` loads its trained operator from
 the operator catalogue's folder (the first use of an operator reads it from disk, hence :meth:`Methods.loaded`).
 """
 
@@ -9,12 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpflow.operators.models import make_model
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import UPDATERS, Updater, get_updater
 from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.default_methods import default_method
 from mpflow.service.errors import invalid
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
@@ -32,6 +38,28 @@ def check_method_options(options: dict[str, dict[str, Any]]) -> None:
             raise ValueError(f"method_options.{method}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The method of a new stream: its operator (``mpf``), the stream's own options, the particle count to use
+    when the request gives none, and why the server chose it (None when the request named the method)."""
+
+    method: str
+    operator: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    num_particles: int | None = None
+    reason: str | None = None
+
+
+def options_key(options: dict[str, Any] | None) -> str:
+    """A stream's own method options as part of an updater's cache (and micro-batch) key."""
+    return json.dumps(options, sort_keys=True) if options else ""
+
+
+def updater_key(meta: dict[str, Any]) -> tuple[str, str | None, str]:
+    """The cache and micro-batch key of a stored stream's updater: (method, operator, options)."""
+    return meta["method"], meta.get("operator"), options_key(meta.get("method_options"))
+
+
 def weighted(method: str) -> bool:
     """Whether the particles of a ``method`` stream carry weights (a method this server does not know: assume so)."""
     return UPDATERS[method].weighted if method in UPDATERS else True
@@ -46,15 +74,17 @@ class Methods:
         self._updaters: dict[Hashable, Updater] = {}
         self._models: dict[str, ModelFamily] = {}
 
-    def loaded(self, method: str, operator: str | None) -> bool:
-        """Whether :meth:`updater` has this one already (else building it may read an operator from disk)."""
-        return (method, operator) in self._updaters
+    def loaded(self, meta: dict[str, Any]) -> bool:
+        """Whether :meth:`updater` has a stored stream's updater already (else building it may read an operator
+        from disk)."""
+        return updater_key(meta) in self._updaters
 
-    def updater(self, method: str, operator: str | None) -> Updater:
-        """A cached updater per (method, operator name); mpf loads the operator from its folder."""
-        key = (method, operator)
+    def updater(self, method: str, operator: str | None, options: dict[str, Any] | None = None) -> Updater:
+        """A cached updater per (method, operator name, the stream's options); mpf loads the operator from its
+        folder."""
+        key = (method, operator, options_key(options))
         if key not in self._updaters:
-            options = self.settings.method_options.get(method, {})
+            options = {**self.settings.method_options.get(method, {}), **(options or {})}
             if operator is None:
                 self._updaters[key] = get_updater(method, **options)
             else:
@@ -89,23 +119,37 @@ class Methods:
             self._models[key] = model
         return model
 
-    def choose(self, req: CreateStreamRequest, model: ModelFamily) -> tuple[str, str | None]:
-        """(method, operator name) of a new stream per docs/API.md: default mpf when a trained operator fits, else
-        gpf."""
+    def choose(self, req: CreateStreamRequest, model: ModelFamily) -> Choice:
+        """The method of a new stream per docs/API.md: the one named (mpf with the newest fitting operator, or the
+        one named), else the measured default of :mod:`mpflow.service.default_methods`."""
         method = req.method
         if req.operator is not None:
             if method not in (None, "mpf"):
                 raise invalid(f"operator: only used by method mpf, not {method}")
             if self.operators.by_name(req.operator) is None:
                 raise invalid(f"operator: unknown operator {req.operator!r}; GET /v1/operators lists them")
-            return "mpf", req.operator
+            return Choice("mpf", req.operator)
         if method is None:
-            record = self.operators.find(model.name, model.state_dim) if "mpf" in UPDATERS else None
-            return ("mpf", record.name) if record is not None else ("gpf", None)
+            return self._default(model)
         if method == "mpf":  # a trained operator when one fits; else the untrained (Daum–Huang) base flow
-            record = self.operators.find(model.name, model.state_dim)
-            return "mpf", record.name if record is not None else None
-        return method, None
+            return Choice("mpf", self._fitting_operator(model))
+        return Choice(method)
+
+    def _fitting_operator(self, model: ModelFamily) -> str | None:
+        record = self.operators.find(model.name, model.state_dim)
+        return record.name if record is not None else None
+
+    def _default(self, model: ModelFamily) -> Choice:
+        dm = default_method(model.name, model.state_dim, model.linear_gaussian)
+        options = {k: v for k, v in dm.options.items() if k != "operator"}
+        if dm.method != "mpf":
+            return Choice(dm.method, None, options, dm.num_particles, dm.reason)
+        # the benchmark's operator when this server has it; a newer fitting one otherwise (or the base flow)
+        wanted = dm.options.get("operator")
+        operator = wanted if wanted and self.operators.by_name(wanted) is not None else None
+        if wanted and operator is None:
+            operator = self._fitting_operator(model)
+        return Choice("mpf", operator, options, dm.num_particles, dm.reason)
 
     def resolve(self, meta: dict[str, Any]) -> tuple[ModelFamily, Updater]:
         """(model, updater) of a stored stream (blocking when it loads an operator: see :meth:`loaded`)."""
@@ -113,7 +157,7 @@ class Methods:
             model = self.model(meta["model"], meta["state_dim"])
         except ValueError as exc:  # a stored model that does not validate on this (stricter) server version
             raise StoredModelInvalidError(str(exc)) from None
-        return model, self.updater(meta["method"], meta.get("operator"))
+        return model, self.updater(meta["method"], meta.get("operator"), meta.get("method_options"))
 
 
-__all__ = ["Methods", "check_method_options", "weighted"]
+__all__ = ["Choice", "Methods", "check_method_options", "options_key", "updater_key", "weighted"]

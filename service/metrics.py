@@ -16,6 +16,12 @@ benchmarks can build many apps in one process).
                                                       step re-run after a lost write race counts again)
 =========================================== ========= ==============================================
 
+``mpflow_update_ess_fraction`` (histogram; method) is each stream-step's effective sample size over N: for ``smc``
+its weights' before resampling, for ``mpf`` the flow's health (the ESS of the weights that would correct its step,
+:mod:`mpflow.operators.mpf.health`), 1 for methods with uniform particles.
+``mpflow_streams_outside_operator_domain_total`` (counter; family, operator) counts the streams created with a
+model or prior outside their trained operator's training domain (the stream document's ``operator_domain``).
+
 **Several workers** (``python -m mpflow serve --workers N``, N > 1; see :mod:`mpflow.cli.serve`). Each uvicorn worker is
 a process with its own metrics, so with a registry per process a scrape would show only the counts of the one
 worker that answered it. There the service runs prometheus_client's multiprocess mode: ``serve`` points
@@ -33,13 +39,18 @@ exports no ``*_created`` samples, and ``mpflow_streams`` only once a scrape has 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+if TYPE_CHECKING:
+    import torch
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_ESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -97,6 +108,20 @@ class Metrics:
             ["family", "method", "fallback"],
             registry=r,
         )
+        self.ess_fraction = Histogram(
+            "mpflow_update_ess_fraction",
+            "per stream-step: the effective sample size over N (smc: its weights; mpf: the flow's health, the ESS "
+            "of the weights that would correct its step; 1 for the others)",
+            ["method"],
+            buckets=_ESS_BUCKETS,
+            registry=r,
+        )
+        self.outside_domain = Counter(
+            "mpflow_streams_outside_operator_domain_total",
+            "streams created whose model or prior lies outside their trained operator's training domain",
+            ["family", "operator"],
+            registry=r,
+        )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, method, str(status)).inc()
@@ -111,6 +136,16 @@ class Metrics:
     def observe_fallback(self, family: str, method: str, fallback: str) -> None:
         """The stream service's hook: one step of ``method`` fell back to ``fallback`` (or ``"none"``)."""
         self.fallbacks.labels(family, method, fallback).inc()
+
+    def observe_health(self, method: str, ess_fraction: torch.Tensor) -> None:
+        """The engine's health observer: ESS / N of every stream of one operator call."""
+        child = self.ess_fraction.labels(method)
+        for value in ess_fraction.tolist():
+            child.observe(value)
+
+    def observe_outside_domain(self, family: str, operator: str) -> None:
+        """The stream service's hook: a stream of ``family`` was created outside ``operator``'s domain."""
+        self.outside_domain.labels(family, operator).inc()
 
     def render(self) -> bytes:
         """Prometheus text: this app's registry, or with several workers the sum over all their files

@@ -73,7 +73,7 @@ class Observations:
                     meta, views.summary_and_draws, meta, data, req.return_samples, draws=req.return_samples
                 )
                 return observation_document(stream_id, meta, summary, [], samples, duplicate=True)
-            if self.methods.loaded(meta["method"], meta.get("operator")):
+            if self.methods.loaded(meta):
                 model, updater = self.methods.resolve(meta)
             else:  # the first use of an operator loads it from disk
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)

@@ -198,14 +198,19 @@ class CreateStreamRequest(_Request):
     model: ModelSpec
     prior: Prior
     method: MethodName | None = Field(
-        default=None, description="default: mpf when a trained operator fits the model, else gpf"
+        default=None,
+        description="default: the method the shipped equal-compute benchmark measured most accurate for this family "
+        "and state dimension (the stream document's method_reason says which and why)",
     )
     operator: str | None = Field(
         default=None,
         description="mpf only: a trained operator by name (GET /v1/operators); default the newest that fits",
     )
     num_particles: int | None = Field(
-        default=None, ge=2, description="default 256 (a particles prior: its particle count)"
+        default=None,
+        ge=2,
+        description="default: a particles prior's count; with no method, the count the default method was measured "
+        "with; else 256",
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description="default: drawn at random")
     ttl_seconds: int | None = Field(
@@ -302,11 +307,27 @@ class StepSummary(BaseModel):
     )
 
 
+class OperatorDomain(BaseModel):
+    inside: bool = Field(description="the model and the prior lie inside the operator's training domain")
+    outside: list[str] = Field(description="each quantity outside it, with its value and the trained range")
+
+
 class StreamDocument(BaseModel):
     stream_id: str
     model: dict[str, Any]
     method: str
     operator: str | None = Field(description="the trained operator (mpf), else null")
+    method_options: dict[str, Any] = Field(
+        default_factory=dict, description="the stream's own method options (mpf: substeps), chosen with the default"
+    )
+    method_reason: str | None = Field(
+        default=None, description="why the server chose the method when the request named none, else null"
+    )
+    operator_domain: OperatorDomain | None = Field(
+        default=None,
+        description="a stream run by a trained operator: whether its model and prior lie inside the region the "
+        "operator was trained on; null without an operator",
+    )
     num_particles: int
     state_dim: int
     seed: int

@@ -27,6 +27,7 @@ from mpflow.service import summary as summaries
 from mpflow.service.engine import Announcement, StepResult, UpdateEngine
 from mpflow.service.errors import invalid
 from mpflow.service.fallback import Fallbacks
+from mpflow.service.methods import updater_key
 from mpflow.service.numerics import FALLBACK_ERRORS, finite_json, finite_rows, finite_state
 from mpflow.service.stream_errors import NonFiniteUpdateError
 from mpflow.service.tensor_work import TensorWork
@@ -119,7 +120,7 @@ class Stepper:
     ) -> Applied:
         """Apply the steps in order from ``state``; each step's check and summary run on the engine's worker right
         after it, and the last one's also encode the new state and draw ``n_samples``."""
-        method, operator = meta["method"], meta.get("operator")
+        method, key = meta["method"], updater_key(meta)
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
         res: StepResult | None = None
@@ -129,9 +130,7 @@ class Stepper:
             else:
                 after = functools.partial(_after_step, method)
             try:
-                res = await self.engine.update(
-                    updater, (method, operator), method, model, state, obs, announced, after=after
-                )
+                res = await self.engine.update(updater, key, method, model, state, obs, announced, after=after)
             except FALLBACK_ERRORS as exc:  # NaN/inf particles, a collapsed covariance: a safe method instead
                 res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, exc)
                 res.after = await self.work.run(meta, after, res)

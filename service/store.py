@@ -41,8 +41,7 @@ not known; with ``seq`` a retry tells (``duplicate``). Measured in ``benchmarks/
 
 The connection pool is a blocking one of at most ``MAX_CONNECTIONS``: a command that finds every connection
 busy waits (up to the timeout) for one. redis-py's default pool (100 connections in redis-py 8) fails it at once
-with "Too many connections" — measured: 341 spurious 503s in a soak of 100 concurrent streams
-(``benchmarks/reliability.py``) before this change.
+with "Too many connections", which under a soak of 100 concurrent streams shows as hundreds of spurious 503s.
 
 Pooled connections are checked when taken from the pool, so that after a Redis restart (or a failover, or a
 proxy's idle timeout) a connection the server closed is reopened instead of failing its next command: recent

@@ -43,7 +43,8 @@ from mpflow.service.tensor_work import TensorWork
 class StreamService:
     """The operations of docs/API.md on streams (module docstring). ``on_store_error`` is called for each batch
     update that met an unreachable store; ``on_fallback(family, method, fall-back or "none")`` for each step that
-    fell back."""
+    fell back; ``on_outside_domain(family, operator)`` for each stream created outside its operator's training
+    domain."""
 
     def __init__(
         self,
@@ -53,12 +54,14 @@ class StreamService:
         operators: OperatorCatalogue,
         on_store_error: Callable[[], None] | None = None,
         on_fallback: Callable[[str, str, str], None] | None = None,
+        on_outside_domain: Callable[[str, str], None] | None = None,
     ):
         self.settings = settings
         self.store = store
         self.engine = engine
         self.operators = operators
         self.on_store_error = on_store_error
+        self.on_outside_domain = on_outside_domain
         self.methods = Methods(settings, operators)
         self.work = TensorWork(engine)
         self.fallbacks = Fallbacks(self.methods, engine, self.work, on_fallback)
@@ -71,6 +74,9 @@ class StreamService:
         blob = await self.work.run(meta, state.to_bytes)
         if not await self.store.create(tenant, stream_id, meta, blob, meta["ttl_seconds"]):
             raise StreamExistsError(f"stream_id: a stream {stream_id!r} already exists; choose another id")
+        domain = meta["operator_domain"]
+        if domain is not None and not domain["inside"] and self.on_outside_domain is not None:
+            self.on_outside_domain(meta["model"]["family"], meta["operator"])
         return document(stream_id, meta, summary)
 
     async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:

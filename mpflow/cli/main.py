@@ -207,6 +207,8 @@ def _train(args: argparse.Namespace) -> int:
         "architecture": arch,
         "training": training,
         "solver": {"method": "rk4", "steps": args.ode_steps},
+        # what the operator has seen: checked against every stream that uses it (docs/API.md "operator_domain")
+        "domain": family_class(args.family).task_domain(task_kwargs),
     }
     metrics = {
         "val_loss_best": result["val_loss_best"],

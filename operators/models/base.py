@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from mpflow.operators import validation
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, task_prior
 from mpflow.operators.rng import Generators, randn
 
 # (name, parser(value, state_dim, dtype) -> tensor, default(state_dim, dtype) -> tensor or None if required)
@@ -193,6 +193,42 @@ class ModelFamily:
         one = cls.from_params(None, d, dtype)
         return cls.stack([one] * len(gens)), task_prior(gens, d, dtype, options)
 
+    # ----------------------------------------------------------------- a trained operator's domain
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """The region :meth:`sample_task_models` covers under the task ``options``, as a range [lo, hi] per named
+        quantity of a stream (:meth:`domain_measures`): what an operator trained on it has seen. It is recorded
+        in the operator's config.json (``domain``) and checked when a stream is created
+        (:meth:`outside_domain`). Default — the Gaussian task prior N(μ, Σ): μ_i ~ N(0, 1), so |μ_i| ≤ 3 (3 sd),
+        and Σ's eigenvalues in ``scale_range``; families add their parameters."""
+        lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        return {"prior mean": [-PRIOR_MEAN_BOUND, PRIOR_MEAN_BOUND], "prior variance": [float(lo), float(hi)]}
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """(smallest, largest) value of each quantity of :meth:`task_domain` for this one-stream model and a
+        prior with mean [d] and covariance [d, d]."""
+        return {
+            "prior mean": span(prior_mean),
+            "prior variance": span(torch.linalg.eigvalsh(prior_cov.to(torch.float64))),
+        }
+
+    def outside_domain(
+        self, domain: dict[str, list[float]], prior_mean: torch.Tensor, prior_cov: torch.Tensor
+    ) -> list[str]:
+        """What of this stream lies outside an operator's ``domain`` (:meth:`task_domain`), one phrase per
+        quantity; empty when the stream is inside. Bounds are compared with a relative slack of 1e-6."""
+        measures = self.domain_measures(prior_mean, prior_cov)
+        outside = []
+        for name, (lo, hi) in domain.items():
+            if name not in measures:
+                continue
+            low, high = measures[name]
+            slack = 1e-6 * max(abs(lo), abs(hi), 1.0)
+            if low < lo - slack or high > hi + slack:
+                value = f"{low:.4g}" if low == high else f"{low:.4g} … {high:.4g}"
+                outside.append(f"{name} {value} outside the trained [{lo:.4g}, {hi:.4g}]")
+        return outside
+
     @classmethod
     def _stack_params(cls, params: list[dict[str, Any]], d: int, dtype: torch.dtype) -> ModelFamily:
         """Validate one parameter dict per task and batch them into one model."""
@@ -279,6 +315,15 @@ def _kind(words: str) -> Callable[[Callable[..., torch.Tensor]], Callable[..., t
         return parse
 
     return mark
+
+
+#: the task prior's means are N(0, 1) per coordinate: a trained operator has seen |μ_i| up to about 3
+PRIOR_MEAN_BOUND = 3.0
+
+
+def span(t: torch.Tensor) -> tuple[float, float]:
+    """(min, max) of a tensor's entries, as floats."""
+    return float(t.min()), float(t.max())
 
 
 def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:

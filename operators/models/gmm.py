@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive
+from mpflow.operators.models.base import ModelFamily, parse_positive, span
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import task_prior
 from mpflow.operators.rng import Generators, rand, randn
@@ -46,6 +46,17 @@ class GMM(ModelFamily):
             raise ValueError(f"prior_scale: must be positive, got {scale!r}")
         eye = torch.eye(d, dtype=dtype).expand(len(gens), d, d)
         return model, GaussianMixture.gaussian(torch.zeros(len(gens), d, dtype=dtype), scale**2 * eye.clone())
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """s = 1 and the prior N(0, c² I) of every task (c = ``prior_scale``); the DP-mixture prior: the base's."""
+        if options.get("prior", "gaussian") == "dpgmm":
+            return {"s": [1.0, 1.0], **super().task_domain(options)}
+        c2 = float(options.get("prior_scale", 1.0)) ** 2
+        return {"s": [1.0, 1.0], "prior mean": [0.0, 0.0], "prior variance": [c2, c2]}
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        return {"s": span(self.params["s"]), **super().domain_measures(prior_mean, prior_cov)}
 
     @classmethod
     def posterior_modes(cls, x_true: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import ModelFamily, identity, parse_cov, parse_matrix
+from mpflow.operators.models.base import ModelFamily, identity, parse_cov, parse_matrix, span
 from mpflow.operators.models.linear_observation import LinearObservationFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import task_prior, uniform
@@ -52,6 +52,26 @@ class LDS(LinearObservationFamily):
         Bm = randn(gens, [d, d], torch.float64)
         params = [{"A": A[b].tolist(), "B": Bm[b].tolist()} for b in range(len(gens))]
         return cls._stack_params(params, d, dtype), task_prior(gens, d, dtype, options)
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """Every singular value of A in ``rho_range``, Q = R = I, and the task prior (B is drawn N(0, 1))."""
+        lo, hi = options.get("rho_range", (0.7, 1.0))
+        return {
+            "A singular values": [float(lo), float(hi)],
+            "Q variance": [1.0, 1.0],
+            "R variance": [1.0, 1.0],
+            **super().task_domain(options),
+        }
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        p = {k: self.params[k][0].to(torch.float64) for k in ("A", "Q", "R")}
+        return {
+            "A singular values": span(torch.linalg.svdvals(p["A"])),
+            "Q variance": span(torch.linalg.eigvalsh(p["Q"])),
+            "R variance": span(torch.linalg.eigvalsh(p["R"])),
+            **super().domain_measures(prior_mean, prior_cov),
+        }
 
     @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:

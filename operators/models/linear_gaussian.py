@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import ModelFamily, identity, parse_cov, parse_matrix
+from mpflow.operators.models.base import ModelFamily, identity, parse_cov, parse_matrix, span
 from mpflow.operators.models.linear_observation import LinearObservationFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import task_prior
@@ -35,3 +35,18 @@ class LinearGaussian(LinearObservationFamily):
             raise ValueError(f"obs_var: must be positive, got {r!r}")
         one = cls.from_params({"R": (r * torch.eye(d)).tolist()}, d, dtype)
         return cls.stack([one] * len(gens)), task_prior(gens, d, dtype, options)
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """H = I and R = r I (r = ``obs_var``) in every task, and the task prior."""
+        r = float(options.get("obs_var", 3.0))
+        return {"|H - I|": [0.0, 0.0], "R variance": [r, r], **super().task_domain(options)}
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        H, R = (t[0].to(torch.float64) for t in self.observation_affine())
+        off = (H - torch.eye(*H.shape, dtype=H.dtype)).abs().max() if H.shape[0] == H.shape[1] else torch.tensor(1e9)
+        return {
+            "|H - I|": (float(off), float(off)),
+            "R variance": span(torch.linalg.eigvalsh(R)),
+            **super().domain_measures(prior_mean, prior_cov),
+        }

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim
+from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim, span
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 from mpflow.operators.rng import Generators, randn
@@ -51,6 +51,34 @@ class StochasticVolatility(ModelFamily):
         scale_range = options.get("scale_range", DEFAULT_SCALE_RANGE)
         prior = gaussian_prior(gens, d, dtype, scale_range, mu.to(dtype), stationary)
         return cls._stack_params(params, d, dtype), prior
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """μ within 3 sd of N(0, 0.5²), φ ∈ [0.85, 0.98], σ ∈ [0.2, 0.5]; the prior centred at μ (offset 0) with
+        variances ``scale_range`` × the stationary variance σ²/(1 − φ²)."""
+        lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        return {
+            "mu": [-1.5, 1.5],
+            "phi": [0.85, 0.98],
+            "sigma": [0.2, 0.5],
+            "prior mean - mu (stationary sd)": [0.0, 0.0],
+            "prior variance / stationary variance": [float(lo), float(hi)],
+        }
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        mu, phi, sigma = (self.params[k][0].to(torch.float64) for k in ("mu", "phi", "sigma"))
+        stationary = sigma**2 / (1 - phi**2).clamp_min(1e-12)
+        var = torch.linalg.eigvalsh(prior_cov.to(torch.float64))
+        return {
+            "mu": span(mu),
+            "phi": span(phi),
+            "sigma": span(sigma),
+            "prior mean - mu (stationary sd)": span((prior_mean.to(torch.float64) - mu) / stationary.sqrt()),
+            "prior variance / stationary variance": (
+                float(var.min() / stationary.max()),
+                float(var.max() / stationary.min()),
+            ),
+        }
 
     def check(self) -> None:
         if bool((self.params["sigma"] <= 0).any()):

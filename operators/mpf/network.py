@@ -157,8 +157,8 @@ class StepContext:
 
     mean: torch.Tensor  # [B, d]
     chol: torch.Tensor  # [B, d, d], P = LLᵀ
-    embedding: torch.Tensor  # [B, E]: DeepSet of the prior particles + likelihood summary
-    network: FoldedNetwork  # h_θ's layers with W^c ctx + b and everything else λ-independent folded in
+    embedding: torch.Tensor | None  # [B, E]: DeepSet of the prior particles + likelihood summary (None: no residual)
+    network: FoldedNetwork | None  # h_θ's layers with W^c ctx + b and everything else λ-independent folded in
     eigvec: torch.Tensor  # [B, d, d] U of Λ_z = U diag(e) Uᵀ
     eigval: torch.Tensor  # [B, d] e ≥ 0
     eta_y: torch.Tensor  # [B, d] Uᵀ η_z
@@ -227,36 +227,44 @@ class MPFVelocity(nn.Module):
 
     # ------------------------------------------------------------------ per Bayes step
     def context(
-        self, prior_particles: torch.Tensor, likelihood: GaussianLikelihood, whitened: gaussian.Whitened | None = None
+        self,
+        prior_particles: torch.Tensor,
+        likelihood: GaussianLikelihood,
+        whitened: gaussian.Whitened | None = None,
+        residual: bool = True,
     ) -> StepContext:
         """Moments, DeepSet embedding, whitened likelihood and per-layer context biases from the (detached)
         prior particles [B, N, d] (``whitened``: their float64 :class:`~mpflow.operators.gaussian.Whitened` form, when
-        the caller has it). The Gaussian algebra runs in float64."""
+        the caller has it). The Gaussian algebra runs in float64. ``residual=False``: only the base flow's frame
+        (moments, eigenbasis, e, η_y) — no embedding and no network biases, which a zero residual never reads."""
         x = prior_particles.detach()
         dtype = x.dtype
         white = whitened if whitened is not None else gaussian.whiten(x.to(torch.float64))
         mean64, chol64, z = white.mean, white.chol, white.z
-        folded = self.folded_weights()
-        emb = self.deepset(z.to(dtype), folded)  # eq. 16: mean_n φ(x_m^n)
         prec = likelihood.precision.to(torch.float64)
         lam_z = chol64.transpose(-1, -2) @ prec @ chol64
         lam_z = 0.5 * (lam_z + lam_z.transpose(-1, -2))
         eta_z = torch.einsum(
             "bji,bj->bi", chol64, likelihood.information.to(torch.float64) - torch.einsum("bij,bj->bi", prec, mean64)
         )
-        lik = torch.cat([torch.asinh(lam_z[:, self._triu[0], self._triu[1]]), torch.asinh(eta_z)], -1)
-        embedding = torch.cat([emb, lik.to(dtype)], -1)
         eigval, eigvec = torch.linalg.eigh(lam_z)
         eigval = eigval.clamp_min(self._eig_floor)
         eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
-        gate = information_gate(eigval, eta_y).to(dtype) if self.residual_gate == "information" else None
+        embedding = network = None
+        if residual:
+            folded = self.folded_weights()
+            emb = self.deepset(z.to(dtype), folded)  # eq. 16: mean_n φ(x_m^n)
+            lik = torch.cat([torch.asinh(lam_z[:, self._triu[0], self._triu[1]]), torch.asinh(eta_z)], -1)
+            embedding = torch.cat([emb, lik.to(dtype)], -1)
+            gate = information_gate(eigval, eta_y).to(dtype) if self.residual_gate == "information" else None
+            network = self._fold(embedding, folded, eigvec.to(dtype), gate)
         if not self.use_base:  # Φ ≡ 1, ψ ≡ 0: the network is the whole field
             eigval, eta_y = torch.zeros_like(eigval), torch.zeros_like(eta_y)
         return StepContext(
             mean=mean64.to(dtype),
             chol=chol64.to(dtype),
             embedding=embedding,
-            network=self._fold(embedding, folded, eigvec.to(dtype), gate),
+            network=network,
             eigvec=eigvec.to(dtype),
             eigval=eigval.to(dtype),
             eta_y=eta_y.to(dtype),

@@ -64,11 +64,14 @@ def flow_step(
     adjoint: bool = False,
     probes: torch.Tensor | None = None,
     whitened: gaussian.Whitened | None = None,
+    residual: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Transport (x, log q) through one observation → (x1, log_q1). ``divergence="none"`` skips the density
-    (log_q1 is None: serving, where nobody reads it). ``create_graph`` keeps the graph for training;
-    serving calls it under ``torch.no_grad()``. ``adjoint`` (training) takes gradients by torchdiffeq's
-    adjoint method: O(1) memory in the ODE steps, θ its parameters.
+    """Transport (x, log q) through one observation → (x1, log_q1). ``residual=False`` (a network whose residual
+    is identically zero: the untrained base flow) skips the integration: in the co-moving frame dw/dλ = 0, so
+    x1 = m + L U (Φ(1) ⊙ w(0) + ψ(1)) and log q1 = log q + ½ Σ_k log(1 + e_k) in closed form.
+    ``divergence="none"`` skips the density (log_q1 is None: serving, where nobody reads it). ``create_graph``
+    keeps the graph for training; serving calls it under ``torch.no_grad()``. ``adjoint`` (training) takes
+    gradients by torchdiffeq's adjoint method: O(1) memory in the ODE steps, θ its parameters.
     ``probes`` [P, B, N, d]: Hutchinson probes, used by ``divergence="auto"`` when d > 8. ``whitened``: x in
     float64 whitened coordinates when the caller has them (:func:`predict`), else computed here."""
     if whitened is None:
@@ -77,7 +80,8 @@ def flow_step(
         white = gaussian.Whitened(whitened.mean.detach(), whitened.chol.detach(), whitened.z.detach())
     exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
     score0 = None if exact else model.score(obs, x.detach())  # at the start: the fit's (non-linear) and f's
-    ctx = net.context(x, linearised_likelihood(model, obs, x, white, score0, net.linearisation), white)
+    lik = linearised_likelihood(model, obs, x, white, score0, net.linearisation)
+    ctx = net.context(x, lik, white, residual=residual or not net.use_base)
     L, U = ctx.chol, ctx.eigvec
     w0 = ctx.to_z(x) @ U  # w(0) = y(0) = Uᵀ z(0), from x itself: in training x carries the graph of earlier steps
 
@@ -86,6 +90,10 @@ def flow_step(
         phi, psi = ctx.frame(lam)
         y = torch.addcmul(psi[:, None], w, phi[:, None])
         return y, y @ U.transpose(-1, -2)
+
+    if not residual and net.use_base:  # the base flow alone: closed form (docstring)
+        log_q1 = None if divergence == "none" or log_q is None else log_q + _log_det_frame(ctx)
+        return ctx.to_x(position(w0, 1.0)[1]), log_q1
 
     if exact:
         # [z, s_z] is affine in w: with y = Φ ⊙ w + ψ, z = y Uᵀ and s_z = Lᵀ(η − Λx) = (Uᵀη_z − e ⊙ y) Uᵀ,
@@ -132,6 +140,11 @@ def flow_step(
         # runs through them — listing them too would count that path twice
         adjoint_params=list(net.parameters()) if adjoint else (),
     )
-    if log_q1 is not None:  # log q_z = log q_w − log|det Φ(1)| = log q_w + ½ Σ_k log(1 + e_k)
-        log_q1 = log_q1 + 0.5 * torch.log1p(ctx.eigval).sum(-1, keepdim=True)
+    if log_q1 is not None:
+        log_q1 = log_q1 + _log_det_frame(ctx)
     return ctx.to_x(position(w1, 1.0)[1]), log_q1
+
+
+def _log_det_frame(ctx) -> torch.Tensor:
+    """log q_z − log q_w = −log|det Φ(1)| = ½ Σ_k log(1 + e_k) → [B, 1]."""
+    return 0.5 * torch.log1p(ctx.eigval).sum(-1, keepdim=True)

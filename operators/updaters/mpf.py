@@ -11,9 +11,14 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                stages, each conditioning on p(o | x)^{1/K} and re-fitting step 2 to the moved cloud
                (:mod:`mpflow.operators.models.tempered`): the base flow's single Gaussian fit is the main error of
                an untrained flow on a non-linear likelihood, and K stages shrink it at K times the cost;
-  4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles.
+  4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles;
+  5. health    the ESS of the importance weights that would correct the step (:mod:`mpflow.operators.mpf.health`),
+               reported as the step's ``ess``: N when the step is exact, low when the flow misrepresents it; a
+               stream whose ESS is below ``ess_threshold``·N runs the step again in twice as many stages, up
+               to ``max_substeps`` (default ``substeps``: no correction).
 
-f_θ is :class:`mpflow.operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual. A
+f_θ is :class:`mpflow.operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual,
+held at exactly zero for a linear-Gaussian likelihood (where the base flow is already exact). A
 trained operator comes from the registry (:mod:`mpflow.operators.registry`): ``MPFUpdater(operator="lds-d2-v1")``
 (a name or a folder); its ``config.json`` gives the architecture and the solver. Without an operator the
 residual is zero — the updater is then the exact Daum–Huang filter, exact for linear-Gaussian models up to
@@ -29,9 +34,11 @@ from pathlib import Path
 
 import torch
 from mpflow.operators import evidence, gaussian, registry
+from mpflow.operators.models import family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
+from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators
@@ -63,6 +70,16 @@ def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
     return net.eval()
 
 
+def operator_domain(record: registry.OperatorRecord) -> dict[str, list[float]]:
+    """The region (family parameters, prior) an operator was trained on, as ranges of named quantities
+    (:meth:`~mpflow.operators.models.base.ModelFamily.task_domain`): its config.json's ``domain``, written by
+    ``mpflow train``, or else the family's task domain under the operator's recorded task options."""
+    if "domain" in record.config:
+        return record.config["domain"]
+    task_options = (record.config.get("training") or {}).get("task_kwargs") or {}
+    return family(record.family).task_domain(task_options)
+
+
 @lru_cache(maxsize=64)
 def _load(path: str, content_hash: str) -> MPFVelocity:
     return network_from_record(registry.load_record(path, "operator"))
@@ -82,6 +99,8 @@ class MPFUpdater(Updater):
         "solver": None,
         "steps": None,
         "substeps": None,
+        "max_substeps": None,
+        "ess_threshold": 0.5,
         "track_density": False,
     }
 
@@ -101,8 +120,15 @@ class MPFUpdater(Updater):
         o["steps"] = o["steps"] or solver.get("steps", 1)
         if o["substeps"] is None:
             o["substeps"] = solver.get("substeps", 1)
-        if not isinstance(o["substeps"], int) or isinstance(o["substeps"], bool) or not 1 <= o["substeps"] <= 64:
-            raise ValueError(f"options.substeps: an integer from 1 to 64, got {o['substeps']!r}")
+        if o["max_substeps"] is None:
+            o["max_substeps"] = solver.get("max_substeps", o["substeps"])
+        for key in ("substeps", "max_substeps"):
+            if not isinstance(o[key], int) or isinstance(o[key], bool) or not 1 <= o[key] <= 64:
+                raise ValueError(f"options.{key}: an integer from 1 to 64, got {o[key]!r}")
+        if o["max_substeps"] < o["substeps"]:
+            raise ValueError(f"options.max_substeps: at least substeps ({o['substeps']}), got {o['max_substeps']}")
+        if not isinstance(o["ess_threshold"], int | float) or not 0 <= o["ess_threshold"] <= 1:
+            raise ValueError(f"options.ess_threshold: a fraction of N in [0, 1], got {o['ess_threshold']!r}")
         self._untrained: dict[int, MPFVelocity] = {}
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
@@ -113,13 +139,20 @@ class MPFUpdater(Updater):
                 f"not {model.name} with d = {model.state_dim}"
             )
 
-    def network(self, dim: int) -> MPFVelocity:
+    def base_flow(self, dim: int) -> MPFVelocity:
+        """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""
+        if dim not in self._untrained:
+            with torch.inference_mode(False):  # normal parameters, even when first built inside a step
+                self._untrained[dim] = MPFVelocity(dim).eval()
+        return self._untrained[dim]
+
+    def network(self, dim: int, model: ModelFamily | None = None) -> MPFVelocity:
+        """The flow a step of ``model`` runs: the operator's, except for a linear-Gaussian likelihood, where the
+        base flow is exact and the residual is held at exactly zero (a learned residual could only add error
+        there); without an operator, the base flow."""
         net = self.options["network"]
-        if net is None:  # the zero residual: the exact Daum–Huang flow
-            if dim not in self._untrained:
-                with torch.inference_mode(False):  # normal parameters, even when first built inside a step
-                    self._untrained[dim] = MPFVelocity(dim).eval()
-            net = self._untrained[dim]
+        if net is None or (model is not None and model.linear_gaussian):
+            net = self.base_flow(dim)
         if net.dim != dim:
             raise ValueError(f"options.network: the operator is for d = {net.dim}, the model has d = {dim}")
         return net
@@ -152,6 +185,25 @@ class MPFUpdater(Updater):
         log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
         return state.replace(log_density=log_q)
 
+    def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
+        """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
+        stage_model = tempered(model, stages)
+        x1, log_q1 = x, log_q
+        for stage in range(stages):
+            x1, log_q1 = flow_step(
+                net,
+                stage_model,
+                obs,
+                x1,
+                log_q1,
+                method=self.options["solver"],
+                steps=self.options["steps"],
+                divergence="auto" if track else "none",
+                whitened=white if stage == 0 else None,
+                residual=net is not self._untrained.get(net.dim),
+            )
+        return x1, log_q1
+
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
         o = self.options
@@ -161,19 +213,22 @@ class MPFUpdater(Updater):
             log_q = state.log_density
         with torch.no_grad():
             inc = evidence.predictive(model.log_likelihood(obs, x))
-            stage_model = tempered(model, o["substeps"])
-            x1, log_q1 = x, log_q
-            for stage in range(o["substeps"]):
-                x1, log_q1 = flow_step(
-                    self.network(d),
-                    stage_model,
-                    obs,
-                    x1,
-                    log_q1,
-                    method=o["solver"],
-                    steps=o["steps"],
-                    divergence="auto" if track else "none",
-                    whitened=white if stage == 0 else None,
-                )
-        n_eff = torch.full((B,), float(N), dtype=torch.float64)
+            net = self.network(d, model)
+            stages = o["substeps"]
+            x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
+            if d >= N:  # a cloud of N ≤ d has no Gaussian fit: no health signal
+                n_eff = torch.full((B,), float(N), dtype=torch.float64)
+                return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+            before = white if white is not None else gaussian.whiten(x.detach().double())
+            n_eff = flow_ess(model, obs, before, x1)
+            # the correction a low ESS triggers: the streams below the threshold run the step again in twice as
+            # many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and a
+            # stream's result does not depend on the others in its batch)
+            while stages < o["max_substeps"] and bool((low := n_eff < o["ess_threshold"] * N).any()):
+                stages = min(2 * stages, o["max_substeps"])
+                x1b, log_q1b = self._flow(net, model, obs, x, log_q, white, stages, track)
+                ess_b = flow_ess(model, obs, before, x1b)
+                x1 = torch.where(low[:, None, None], x1b, x1)
+                log_q1 = None if log_q1 is None else torch.where(low[:, None], log_q1b, log_q1)
+                n_eff = torch.where(low, ess_b, n_eff)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)

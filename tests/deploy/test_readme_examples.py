@@ -23,6 +23,7 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.references import kalman_filter
+from mpflow.service.default_methods import default_method
 from mpflow.service.settings import Settings
 
 from tests.harness.server import serve_as_user
@@ -79,12 +80,13 @@ def test_readme_marks_the_tour_blocks() -> None:
 
 
 def test_curl_tour_as_written(server: int) -> None:
-    """tour-curl: create (step 0, mpf on linear_gaussian-d2-v2), two observations (the exact conjugate
+    """tour-curl: create (step 0, the measured default for linear_gaussian d = 2), two observations (the exact conjugate
     posterior N(0.2·Σo, 0.6 I), log-evidence −6.623), five samples; then tour-seq: a repeat is a duplicate,
     a gap is 409 ``seq_conflict``."""
     created, observed, sampled = (json.loads(line) for line in run_block("tour-curl", server).splitlines())
     assert created["step"] == 0 and created["stream_id"] == "demo"
-    assert created["method"] == "mpf" and created["operator"] == "linear_gaussian-d2-v2"
+    default = default_method("linear_gaussian", 2, True)
+    assert created["method"] == default.method == "kalman" and created["method_reason"] == default.reason
 
     # exact posterior: prior N(0, I), o ~ N(x, 3I): precision 1 + 2/3, mean = 0.6 · Σo / 3
     obs = torch.tensor([[0.3, -1.2], [0.1, -0.9]], dtype=torch.float64)

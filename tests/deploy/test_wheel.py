@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,9 +30,22 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel built from a copy of the source tree (the files git tracks or would track), so the build leaves
+    nothing (build/, *.egg-info) in the repository."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    ).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -131,16 +145,19 @@ def test_installed_cli_serves_and_the_client_filters(venv: tuple[Path, dict[str,
             venv,
             "import json\nfrom mpflow import Client\n"
             f"c = Client('http://127.0.0.1:{port}')\n"
-            "s = c.create_stream({'family': 'linear_gaussian', 'params': {}},\n"
-            "    {'type': 'gaussian', 'mean': [0, 0], 'cov': [[1, 0], [0, 1]]}, num_particles=256, seed=0)\n"
+            "prior = {'type': 'gaussian', 'mean': [0, 0], 'cov': [[1, 0], [0, 1]]}\n"
+            "model = {'family': 'linear_gaussian', 'params': {}}\n"
+            "s = c.create_stream(model, prior, num_particles=256, seed=0)\n"
             "r = s.update([[0.3, -1.2], [0.1, -0.9]], seq=1)\n"
-            "print(json.dumps({'step': r['step'], 'operator': r['operator'],\n"
-            "  'log_evidence': r['summary']['log_evidence']}))",
+            "m = c.create_stream(model, prior, method='mpf', num_particles=256, seed=0)\n"
+            "print(json.dumps({'step': r['step'], 'method': r['method'], 'reason': r['method_reason'],\n"
+            "  'operator': m.document['operator'], 'log_evidence': r['summary']['log_evidence']}))",
             tmp_path,
         )
         got = json.loads(out)
         assert got["step"] == 2
         assert got["operator"], "the shipped operators travel in the wheel and serve from it"
+        assert got["method"] == "kalman" and got["reason"].startswith("measured"), "so does the default table"
         assert abs(got["log_evidence"] - (-6.623)) < 0.1  # conjugate answer: README tour
     finally:
         proc.terminate()

@@ -20,6 +20,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service.catalogue import methods_for
+from mpflow.service.default_methods import default_method
 from mpflow.service.settings import Settings
 
 from tests.harness.server import drop_prefix, serve_in_process
@@ -176,9 +177,10 @@ def test_default_method_and_reproducibility(redis_url):
         spec = new_stream("linear_gaussian", None, n=32)
         a = (await c.post("/v1/streams", json={**spec, "stream_id": "a"})).json()
         b = (await c.post("/v1/streams", json={**spec, "stream_id": "b"})).json()
-        fits = app.state.operators.find("linear_gaussian", 2)
-        assert a["method"] == ("mpf" if fits is not None else "gpf")
-        assert a["operator"] == (fits.name if fits is not None else None)
+        default = default_method("linear_gaussian", 2, True)  # the benchmark's measured best
+        assert a["method"] == default.method and a["method_reason"] == default.reason
+        assert a["operator"] is None and a["operator_domain"] is None
+        assert a["num_particles"] == 32  # the request's count wins over the default's
         assert a["summary"] == b["summary"]  # same seed, same step-0 cloud
         obs = {"observations": FAMILIES["linear_gaussian"][2]}
         ra = (await c.post("/v1/streams/a/observations", json=obs)).json()
@@ -189,6 +191,38 @@ def test_default_method_and_reproducibility(redis_url):
         assert r.status_code == 201 and len(r.json()["stream_id"]) >= 16
         r = await c.post("/v1/streams", json={**spec, "stream_id": "a"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "stream_exists"
+
+    run(redis_url, body)
+
+
+def test_default_method_options_and_operator_domain(redis_url):
+    """Without a method a stream gets the measured default with its options and particle count; a trained operator
+    used outside its training domain says so in the document and in /metrics."""
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        d = 20
+        prior = {"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}
+        sv = {"model": {"family": "stochastic_volatility"}, "prior": prior, "seed": 1}
+        doc = (await c.post("/v1/streams", json=sv)).json()
+        default = default_method("stochastic_volatility", d, False)
+        assert (doc["method"], doc["method_options"]) == (default.method, default.options)
+        assert doc["num_particles"] == default.num_particles and doc["method_reason"] == default.reason
+        r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[0.3] * d, [-1.0] * d]})
+        assert r.status_code == 200 and r.json()["step"] == 2 and r.json()["method_options"] == default.options
+
+        unit = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
+        wide = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[4.0, 0.0], [0.0, 4.0]]}
+        inside = {"model": {"family": "gmm", "params": {"s": 1.0}}, "prior": unit, "method": "mpf"}
+        outside = {"model": {"family": "gmm", "params": {"s": 0.5}}, "prior": wide, "method": "mpf"}
+        a = (await c.post("/v1/streams", json=inside)).json()
+        b = (await c.post("/v1/streams", json=outside)).json()
+        assert a["operator"] and a["operator_domain"] == {"inside": True, "outside": []}
+        assert b["operator"] == a["operator"] and b["operator_domain"]["inside"] is False
+        assert [o.split(" ")[0] for o in b["operator_domain"]["outside"]] == ["s", "prior"]
+        assert (await c.get(f"/v1/streams/{b['stream_id']}")).json()["operator_domain"] == b["operator_domain"]
+        metrics = (await c.get("/metrics")).text
+        line = f'mpflow_streams_outside_operator_domain_total{{family="gmm",operator="{b["operator"]}"}} 1.0'
+        assert line in metrics
 
     run(redis_url, body)
 

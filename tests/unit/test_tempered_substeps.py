@@ -69,3 +69,62 @@ def test_stages_shrink_the_base_flow_error_on_stochastic_volatility() -> None:
 def test_substeps_must_be_a_small_positive_integer(bad) -> None:
     with pytest.raises(ValueError, match="substeps"):
         get_updater("mpf", substeps=bad)
+
+
+# ---------------------------------------------------------------------------------------------- health and correction
+def _logistic(streams: int, d: int = 6):
+    model = make_model("logistic", {}, d)
+    gens = [generator(40 + i) for i in range(streams)]
+    x0 = torch.stack([2.0 * torch.randn(d, generator=g) for g in gens])  # sharp likelihoods: a curved first step
+    _, obs = type(model).stack([model] * streams).simulate(3, x0, gens)
+    prior = GaussianMixture.gaussian(torch.zeros(streams, d), torch.eye(d).expand(streams, d, d))
+    return model, obs, prior
+
+
+def _first_step(model, obs, prior, **options):
+    up = get_updater("mpf", **options)
+    state = up.init(prior, model, 256, list(range(obs.shape[0])))
+    return up.update(state, obs[:, 0], model)
+
+
+def test_the_flow_health_is_n_where_the_step_is_exact_and_lower_where_it_is_not() -> None:
+    lg = make_model("linear_gaussian", {}, 2)
+    batch = type(lg).stack([lg] * 3)
+    _, obs = batch.simulate(2, torch.zeros(3, 2), [generator(i) for i in range(3)])
+    prior = GaussianMixture.gaussian(torch.zeros(3, 2), torch.eye(2).expand(3, 2, 2))
+    _, info = _first_step(batch, obs, prior)
+    assert torch.allclose(info.ess, torch.full((3,), 256.0, dtype=torch.float64), rtol=1e-4)
+    model, obs, prior = _logistic(4)
+    _, one = _first_step(model, obs, prior)
+    _, eight = _first_step(model, obs, prior, substeps=8)
+    assert float(one.ess.min()) < 200  # a curved likelihood: the single Gaussian fit is off
+    assert bool((eight.ess > one.ess).all())  # more stages, a healthier step
+
+
+def test_a_low_ess_triggers_more_stages_for_that_stream_only() -> None:
+    model, obs, prior = _logistic(4)
+    plain, plain_info = _first_step(model, obs, prior)
+    fixed, _ = _first_step(model, obs, prior, substeps=16)
+    corrected, info = _first_step(model, obs, prior, max_substeps=16, ess_threshold=0.5)
+    low = plain_info.ess < 0.5 * 256
+    assert bool(low.any()) and not bool(low.all()), plain_info.ess  # the test needs both kinds of stream
+    for b in range(4):
+        if low[b]:
+            assert float(info.ess[b]) > float(plain_info.ess[b])
+            assert not torch.equal(corrected.particles[b], plain.particles[b])
+        else:  # healthy streams keep their one-stage step
+            assert torch.equal(corrected.particles[b], plain.particles[b])
+    # alone or batched, a stream's result is the same
+    alone, _ = _first_step(model, obs[:1], GaussianMixture(prior.weights[:1], prior.means[:1], prior.covs[:1]),
+                           max_substeps=16, ess_threshold=0.5)  # fmt: skip
+    assert torch.allclose(alone.particles[0], corrected.particles[0], atol=1e-5)
+    assert fixed.particles.shape == corrected.particles.shape
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"substeps": 4, "max_substeps": 2}, "max_substeps"), ({"ess_threshold": 1.5}, "ess_threshold")],
+)
+def test_correction_options_are_checked(options, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        get_updater("mpf", **options)

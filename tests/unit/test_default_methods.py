@@ -1,0 +1,69 @@
+"""The default method is the measured best: ``service/default_methods.json`` is what ``python -m
+benchmarks.equal_compute`` (full run) wrote, and the service follows it for a request that names no method."""
+
+from __future__ import annotations
+
+import pytest
+from mpflow.operators.models import FAMILIES, make_model
+from mpflow.operators.updaters import UPDATERS
+from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.default_methods import default_method, table
+from mpflow.service.methods import Methods
+from mpflow.service.schemas import CreateStreamRequest
+from mpflow.service.settings import Settings
+
+ENTRIES = table()
+
+
+def _request(family: str, d: int, **fields) -> CreateStreamRequest:
+    prior = {"type": "gaussian", "mean": [0.0] * d, "cov": [[float(i == j) for j in range(d)] for i in range(d)]}
+    return CreateStreamRequest.model_validate({"model": {"family": family}, "prior": prior, **fields})
+
+
+def _model(family: str, d: int):
+    return make_model(family, {}, d)
+
+
+def test_the_table_is_a_full_benchmark_run_within_the_cost_cap() -> None:
+    assert ENTRIES, "service/default_methods.json is missing: run python -m benchmarks.equal_compute"
+    for e in ENTRIES:
+        assert e["family"] in FAMILIES and e["method"] in UPDATERS, e
+        assert e["ms_batched"] <= 10 * e["budget_ms"] + 1e-9, e  # never more than 10x mpf's cost at N = 256
+        assert e["reason"].startswith("measured most accurate"), e
+        if FAMILIES[e["family"]].linear_gaussian:
+            assert e["method"] == "kalman", e  # exact, and the cheapest
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e['family']}-d{e['state_dim']}")
+def test_the_service_follows_the_table(entry) -> None:
+    methods = Methods(Settings(), OperatorCatalogue())
+    methods.operators.load()
+    family, d = entry["family"], entry["state_dim"]
+    if family == "lds":
+        pytest.skip("lds has required parameters: checked through the API in tests/integration")
+    choice = methods.choose(_request(family, d), _model(family, d))
+    assert choice.method == entry["method"]
+    assert choice.num_particles == entry["num_particles"]
+    want = dict(entry["options"])
+    assert choice.operator == want.pop("operator", None)
+    assert choice.options == want
+    assert choice.reason == entry["reason"]
+    # a request that names its method gets it, without a reason
+    named = methods.choose(_request(family, d, method="smc"), _model(family, d))
+    assert (named.method, named.reason, named.options) == ("smc", None, {})
+
+
+def test_a_dimension_not_measured_takes_the_nearest_one() -> None:
+    entries = [
+        {"family": "gmm", "state_dim": 2, "method": "smc", "options": {}, "num_particles": 4096, "reason": "r2"},
+        {"family": "gmm", "state_dim": 10, "method": "mpf", "options": {"substeps": 4}, "num_particles": 256,
+         "reason": "r10"},
+    ]  # fmt: skip
+    near = default_method("gmm", 8, False, entries)
+    assert (near.method, near.options, near.num_particles) == ("mpf", {"substeps": 4}, 256)
+    assert near.reason == "as measured at d = 10, the nearest benchmarked d: r10"
+    assert default_method("gmm", 2, False, entries).reason == "r2"
+    assert default_method("gmm", 6, False, entries).method == "smc"  # a tie goes to the smaller d
+    unknown = default_method("my_family", 3, False, entries)
+    assert unknown.method == "smc" and "not benchmarked" in unknown.reason
+    assert default_method("my_linear_family", 3, True, entries).method == "kalman"
