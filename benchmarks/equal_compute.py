@@ -42,6 +42,7 @@ reads (``service/default_methods.json``, written only by a full run; see ``docs/
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import itertools
 import json
@@ -481,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpf", action="store_true", help="also run gpf (slow at d ≥ 5)")
     p.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON of an earlier run")
     args = p.parse_args(argv)
-    stem = report.out_stem(args, "equal_compute")
+    # a run of chosen scenarios is partial: like --quick, it writes the git-ignored equal_compute-quick.*
+    stem = report.out_stem(argparse.Namespace(out=args.out, quick=args.quick or bool(args.scenarios)), "equal_compute")
     if args.replot:
         json_path = stem.with_name(stem.name + ".json")
         plot(json.loads(json_path.read_text())["results"], stem.with_name(stem.name + ".png"))

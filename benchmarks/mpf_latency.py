@@ -70,14 +70,25 @@ def measure(family: str, N: int, repeats: int, warmup: int, d: int = 2) -> dict[
     for run in runs.values():
         run.start()
     flow: list[float] = []
-    net, opts = mpf.network(d), mpf.options
+    net, opts = mpf.network(d, model), mpf.options  # the flow a step of this model runs
+    residual = net is not mpf.base_flow(d)
     with single_thread(), torch.no_grad():
         for t in range(repeats + warmup):
             # the operator alone: one flow_step (linearise, context, RK4) on the current cloud
             x = runs["mpf"].state.particles
             t0 = time.perf_counter()
             with torch.inference_mode():  # as the updater runs it (MPFUpdater.autograd_free)
-                flow_step(net, model, obs[:, t], x, None, method=opts["solver"], steps=opts["steps"], divergence="none")
+                flow_step(
+                    net,
+                    model,
+                    obs[:, t],
+                    x,
+                    None,
+                    method=opts["solver"],
+                    steps=opts["steps"],
+                    divergence="none",
+                    residual=residual,
+                )
             flow.append(1000 * (time.perf_counter() - t0))
             for run in runs.values():  # interleaved, update by update
                 run.step()
