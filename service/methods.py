@@ -50,6 +50,21 @@ class Choice:
     reason: str | None = None
 
 
+def check_stream_options(method: str, options: dict[str, Any]) -> None:
+    """422 naming the field for options a client may not set on its stream (``Updater.stream_options``) or whose
+    values the method refuses."""
+    allowed = UPDATERS[method].stream_options
+    refused = sorted(set(options) - allowed)
+    if refused:
+        hint = f"it accepts {sorted(allowed)}" if allowed else "it takes none"
+        raise invalid(f"method_options: {refused} cannot be set per stream for {method}; {hint}")
+    try:
+        get_updater(method, **options)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        raise invalid("method_" + message if message.startswith("options.") else f"method_options: {message}") from None
+
+
 def options_key(options: dict[str, Any] | None) -> str:
     """A stream's own method options as part of an updater's cache (and micro-batch) key."""
     return json.dumps(options, sort_keys=True) if options else ""
@@ -121,7 +136,16 @@ class Methods:
 
     def choose(self, req: CreateStreamRequest, model: ModelFamily) -> Choice:
         """The method of a new stream per docs/API.md: the one named (mpf with the newest fitting operator, or the
-        one named), else the measured default of :mod:`mpflow.service.default_methods`."""
+        one named), else the measured default of :mod:`mpflow.service.default_methods`; the request's
+        ``method_options`` over the choice's own."""
+        choice = self._choose(req, model)
+        if not req.method_options:
+            return choice
+        options = {**choice.options, **req.method_options}
+        check_stream_options(choice.method, options)
+        return Choice(choice.method, choice.operator, options, choice.num_particles, choice.reason)
+
+    def _choose(self, req: CreateStreamRequest, model: ModelFamily) -> Choice:
         method = req.method
         if req.operator is not None:
             if method not in (None, "mpf"):
@@ -160,4 +184,12 @@ class Methods:
         return model, self.updater(meta["method"], meta.get("operator"), meta.get("method_options"))
 
 
-__all__ = ["Choice", "Methods", "check_method_options", "options_key", "updater_key", "weighted"]
+__all__ = [
+    "Choice",
+    "Methods",
+    "check_method_options",
+    "check_stream_options",
+    "options_key",
+    "updater_key",
+    "weighted",
+]

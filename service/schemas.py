@@ -206,6 +206,11 @@ class CreateStreamRequest(_Request):
         default=None,
         description="mpf only: a trained operator by name (GET /v1/operators); default the newest that fits",
     )
+    method_options: dict[str, Any] | None = Field(
+        default=None,
+        description="the stream's own method options: mpf substeps (1–64), max_substeps, ess_threshold; smc "
+        "ess_threshold, rejuvenate, shrinkage. With no method they adjust the default method's",
+    )
     num_particles: int | None = Field(
         default=None,
         ge=2,

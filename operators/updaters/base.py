@@ -48,6 +48,9 @@ class Updater:
     needs_linear_gaussian: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
+    #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
+    #: bounded in cost; the others are the server's (``MPFLOW_METHOD_OPTIONS``)
+    stream_options: ClassVar[frozenset[str]] = frozenset()
     #: options under which a weighted method returns uniformly weighted particles, so that a method that reads
     #: its particles unweighted can take its result back (empty: the method's particles are always uniform)
     uniform_weight_options: ClassVar[dict[str, Any]] = {}

@@ -93,6 +93,7 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 
 class MPFUpdater(Updater):
     name = "mpf"
+    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold"})
     defaults = {
         "operator": None,
         "network": None,

@@ -36,9 +36,24 @@ def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Ten
 class SMCUpdater(Updater):
     name = "smc"
     weighted = True
+    stream_options = frozenset({"ess_threshold", "rejuvenate", "shrinkage"})
     defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
     #: resample at every step (ESS ≤ N < 2N), so the particles come back uniformly weighted
     uniform_weight_options = {"ess_threshold": 2.0}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        if (
+            not isinstance(o["ess_threshold"], int | float)
+            or isinstance(o["ess_threshold"], bool)
+            or o["ess_threshold"] < 0
+        ):
+            raise ValueError(f"options.ess_threshold: a non-negative fraction of N, got {o['ess_threshold']!r}")
+        if o["rejuvenate"] not in ("auto", "always", "never"):
+            raise ValueError(f"options.rejuvenate: expected auto, always or never, got {o['rejuvenate']!r}")
+        if not isinstance(o["shrinkage"], int | float) or not 0 < o["shrinkage"] <= 1:
+            raise ValueError(f"options.shrinkage: a Liu–West shrinkage a in (0, 1], got {o['shrinkage']!r}")
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape

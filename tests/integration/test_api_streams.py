@@ -227,6 +227,31 @@ def test_default_method_options_and_operator_domain(redis_url):
     run(redis_url, body)
 
 
+def test_method_options_per_stream(redis_url):
+    """A stream's own method options: set, stored, used, and refused with a 422 naming the field when the method
+    does not take them per stream or refuses their value (nothing is created then)."""
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        spec = new_stream("stochastic_volatility", "mpf", n=64)
+        doc = (await c.post("/v1/streams", json={**spec, "method_options": {"substeps": 4, "max_substeps": 8}})).json()
+        assert doc["method_options"] == {"substeps": 4, "max_substeps": 8} and doc["method_reason"] is None
+        obs = {"observations": FAMILIES["stochastic_volatility"][2]}
+        r = (await c.post(f"/v1/streams/{doc['stream_id']}/observations", json=obs)).json()
+        assert r["step"] == 2 and all(0 < s["ess"] <= 64 for s in r["per_step"])
+        cases = [
+            ({"method": "mpf", "method_options": {"operator": "x"}}, "method_options: ['operator'] cannot be set"),
+            ({"method": "mpf", "method_options": {"substeps": 0}}, "method_options.substeps: an integer from 1"),
+            ({"method": "gpf", "method_options": {"max_iters": 10**9}}, "for gpf; it takes none"),
+            ({"method": "smc", "method_options": {"rejuvenate": "sometimes"}}, "method_options.rejuvenate"),
+        ]
+        for extra, message in cases:
+            r = await c.post("/v1/streams", json={**spec, **extra, "stream_id": "refused"})
+            assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
+        assert (await c.get("/v1/streams/refused")).status_code == 404
+
+    run(redis_url, body)
+
+
 def test_seq_rules(redis_url):
     async def body(app: FastAPI, c: httpx.AsyncClient):
         sid = (await c.post("/v1/streams", json=new_stream("linear_gaussian", "smc"))).json()["stream_id"]
