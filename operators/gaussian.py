@@ -107,6 +107,10 @@ class Whitened:
         """x = m + z Lᵀ [B, N, d]."""
         return self.mean[:, None, :] + self.z @ self.chol.transpose(-1, -2)
 
+    def select(self, rows: torch.Tensor) -> Whitened:
+        """The clouds ``rows`` (indices) of the batch."""
+        return Whitened(self.mean[rows], self.chol[rows], self.z[rows])
+
 
 def whiten(x: torch.Tensor) -> Whitened:
     """The cloud x [B, N, d] in the coordinates of its own (unweighted) mean and covariance (N > d)."""

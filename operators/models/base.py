@@ -113,6 +113,13 @@ class ModelFamily:
             raise ValueError(f"models with differently shaped parameters cannot be batched ({exc})") from None
         return cls(params, dims.pop())
 
+    def select(self, rows: torch.Tensor) -> ModelFamily:
+        """The streams ``rows`` (indices) of a batched model; a model of batch 1, shared by every stream, is
+        returned as it is."""
+        if self.batch_size == 1:
+            return self
+        return type(self)({k: v[rows] for k, v in self.params.items()}, self.state_dim)
+
     def to(self, dtype: torch.dtype) -> ModelFamily:
         return type(self)({k: v.to(dtype) for k, v in self.params.items()}, self.state_dim)
 

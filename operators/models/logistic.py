@@ -52,6 +52,10 @@ class Logistic(ModelFamily):
             raise ValueError("models of different state dimensions cannot be batched")
         return cls({}, dims.pop(), batch=sum(m.batch_size for m in models))
 
+    def select(self, rows: torch.Tensor) -> Logistic:
+        """No parameters: the selected streams' model differs only in its batch size."""
+        return self if self._batch == 1 else Logistic({}, self.state_dim, batch=len(rows))
+
     def to(self, dtype):
         return self
 

@@ -588,3 +588,19 @@ def test_a_new_family_is_one_class(monkeypatch, capsys):
     assert type(tasks.model) is Toy and tasks.obs.shape == (3, 4, 2)
     assert main(["filter", "--family", "toy", "--method", "kalman", "--steps", "2"]) == 0
     assert "log-evidence error vs Kalman" in capsys.readouterr().out
+
+
+def test_select_keeps_the_chosen_streams_of_a_batched_model():
+    """``ModelFamily.select``: the rows of a batch, as the stack of those streams' own models; a shared model (batch 1)
+    is itself."""
+    params = [{"phi": 0.9, "sigma": 0.2}, {"phi": 0.5, "sigma": 0.3}, {"phi": 0.7, "sigma": 0.4}]
+    models = [make_model("stochastic_volatility", p, 2) for p in params]
+    batch = type(models[0]).stack(models)
+    picked = batch.select(torch.tensor([0, 2]))
+    expected = type(models[0]).stack([models[0], models[2]])
+    assert picked.batch_size == 2
+    for k in expected.params:
+        assert torch.equal(picked.params[k], expected.params[k])
+    assert models[1].select(torch.tensor([0])) is models[1]
+    logistic = type(make_model("logistic", {}, 3)).stack([make_model("logistic", {}, 3)] * 4)
+    assert logistic.select(torch.tensor([1, 3])).batch_size == 2
