@@ -50,13 +50,13 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.filtering import FilterStep, run_filter
 from mpflow.operators.metrics import mean_error_sd, variance_ratio
 from mpflow.operators.models import ModelFamily, make_model
 from mpflow.operators.models.priors import GaussianMixture
@@ -143,11 +143,7 @@ def simulate(sc: Scenario, streams: int) -> tuple[ModelFamily, torch.Tensor]:
     model = make_model(sc.family, sc.params, sc.dim)
     gens = [generator(DATA_SEED_BASE + s) for s in range(streams)]
     x0 = torch.stack([math.sqrt(sc.prior_var) * torch.randn(sc.dim, generator=g) for g in gens])
-    if sc.family == "logistic":  # its model's batch is set by the observations
-        model = type(model).stack([model] * streams)
-    _, obs = model.simulate(sc.steps, x0, gens)
-    if sc.family == "logistic":
-        model = make_model(sc.family, sc.params, sc.dim)
+    _, obs = _batch_model(model, streams).simulate(sc.steps, x0, gens)
     return model, obs
 
 
@@ -202,7 +198,9 @@ def _prior(sc: Scenario, streams: int) -> GaussianMixture:
 
 
 def _batch_model(model: ModelFamily, streams: int) -> ModelFamily:
-    return type(model).stack([model] * streams) if model.batch_size != streams else model
+    """The one-stream ``model`` for ``streams`` streams (a family whose batch is set by its observations, such as
+    ``logistic``, needs it batched too)."""
+    return type(model).stack([model] * streams)
 
 
 def posterior_moments(updater: Any, state: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,30 +212,30 @@ def posterior_moments(updater: Any, state: Any) -> tuple[torch.Tensor, torch.Ten
     return gaussian.moments(state.particles.double(), state.log_weights.double())
 
 
-def _run(
-    make_updater: Callable[[], Any], model: ModelFamily, obs: torch.Tensor, sc: Scenario, N: int, ref: Reference
-) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Filter S streams batched (and stream 0 alone): per-call batched ms, single-stream ms, per-step mean errors
-    [T] (averaged over streams), per-step variance ratios [T]."""
-    S, T = obs.shape[:2]
-    updater = make_updater()
-    ms_batched, errs, ratios = [], [], []
-    state = updater.init(_prior(sc, S), model, N, list(range(S)))
-    bmodel = model if sc.family == "logistic" else _batch_model(model, S)
-    for t in range(T):
-        t0 = time.perf_counter()
-        state, _ = updater.update(state, obs[:, t], bmodel)
-        ms_batched.append((time.perf_counter() - t0) * 1e3 / S)
-        mean, cov = posterior_moments(updater, state)
-        errs.append(float(mean_error_sd(mean, ref.means[:, t], ref.covs[:, t]).mean()))
-        ratios.append(float(variance_ratio(cov, ref.covs[:, t]).mean()))
-    single = updater.init(_prior(sc, 1), model, N, [0])
-    ms_single = []
-    for t in range(min(T, SINGLE_STREAM_STEPS)):
-        t0 = time.perf_counter()
-        single, _ = updater.update(single, obs[:1, t], model)
-        ms_single.append((time.perf_counter() - t0) * 1e3)
-    return ms_batched, ms_single, errs, ratios
+FAILURES = (NonFiniteError, ValueError, torch.linalg.LinAlgError)
+
+
+def _run(updater: Any, model: ModelFamily, obs: torch.Tensor, sc: Scenario, N: int, ref: Reference):
+    """Filter the S streams batched, scored against ``ref`` after every step, and stream 0 alone (its first
+    ``SINGLE_STREAM_STEPS`` steps, timed only) — both with :func:`~mpflow.operators.filtering.run_filter` →
+    (batched run, single-stream run)."""
+    S = obs.shape[0]
+
+    def score(step: FilterStep) -> dict[str, torch.Tensor]:
+        mean, cov = posterior_moments(updater, step.state)
+        mu, sigma = ref.means[:, step.t - 1], ref.covs[:, step.t - 1]
+        return {"mean_err": mean_error_sd(mean, mu, sigma), "var_ratio": variance_ratio(cov, sigma).mean(-1)}
+
+    batched = run_filter(
+        updater, _batch_model(model, S), _prior(sc, S), obs, N, list(range(S)), moments=False, on_step=score,
+        catch=FAILURES,
+    )  # fmt: skip
+    if batched.error is not None:
+        return batched, None
+    single = run_filter(
+        updater, model, _prior(sc, 1), obs[:1, :SINGLE_STREAM_STEPS], N, [0], moments=False, catch=FAILURES
+    )
+    return batched, single
 
 
 def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **options: Any) -> Run:
@@ -249,14 +247,16 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
         elif options.get("substeps", 1) > 1:
             label += f" K={options['substeps']}"
     row = Run(method, N, label, options)
-    try:
-        ms_b, ms_s, errs, ratios = _run(lambda: get_updater(method, **options), model, obs, sc, N, ref)
-    except (NonFiniteError, ValueError, torch.linalg.LinAlgError) as exc:
-        row.failed = f"{type(exc).__name__}: {exc}"[:200]
+    batched, single = _run(get_updater(method, **options), model, obs, sc, N, ref)
+    row.failed = batched.error or (single.error if single is not None else None)
+    if row.failed:
+        row.failed = row.failed[:200]
         return row
-    row.ms_batched = statistics.median(ms_b[1:] or ms_b)  # the first call warms caches
-    row.ms_single = statistics.median(ms_s[1:] or ms_s)
-    row.mean_err, row.var_ratio, row.var_ratio_last = statistics.fmean(errs), statistics.fmean(ratios), ratios[-1]
+    S = obs.shape[0]
+    row.ms_batched = statistics.median(ms / S for ms in batched.ms[1:] or batched.ms)  # the first call warms caches
+    row.ms_single = statistics.median(single.ms[1:] or single.ms)
+    errs, ratios = batched.values["mean_err"].mean(1), batched.values["var_ratio"].mean(1)
+    row.mean_err, row.var_ratio, row.var_ratio_last = float(errs.mean()), float(ratios.mean()), float(ratios[-1])
     return row
 
 

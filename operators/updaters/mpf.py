@@ -216,12 +216,13 @@ class MPFUpdater(Updater):
             inc = evidence.predictive(model.log_likelihood(obs, x))
             net = self.network(d, model)
             stages = o["substeps"]
+            # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
+            white = white if white is not None else gaussian.whiten(x.detach().double())
             x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
             if d >= N:  # a cloud of N ≤ d has no Gaussian fit: no health signal
                 n_eff = torch.full((B,), float(N), dtype=torch.float64)
                 return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
-            before = white if white is not None else gaussian.whiten(x.detach().double())
-            n_eff = flow_ess(model, obs, before, x1)
+            n_eff = flow_ess(model, obs, white, x1)
             # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
             # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic,
             # and a stream's result does not depend on the others in its batch)
@@ -229,10 +230,10 @@ class MPFUpdater(Updater):
                 stages = min(2 * stages, o["max_substeps"])
                 rows = low.nonzero().flatten()
                 sub_model, sub_obs = model.select(rows), obs[rows]
-                sub_white = None if white is None else white.select(rows)
+                sub_white = white.select(rows)
                 sub_log_q = None if log_q is None else log_q[rows]
                 x1_rows, log_q1_rows = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
                 x1 = x1.index_copy(0, rows, x1_rows)
                 log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
-                n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, before.select(rows), x1_rows))
+                n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
