@@ -24,8 +24,9 @@ serve: setup
 	$(PY) -m mpflow serve
 
 # Debian tools some tests drive (headless Chromium for the dashboard, docker-compose to validate the compose
-# file); best effort, as root with apt only: without them those tests skip and say why.
-TEST_TOOLS = chromium docker-compose
+# file, redis-server >= 7 and redis-cli for the local Redis Cluster); best effort, as root with apt only: without
+# them those tests skip and say why.
+TEST_TOOLS = chromium docker-compose redis-server
 test-tools:
 	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

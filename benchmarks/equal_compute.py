@@ -9,9 +9,10 @@ x₀ ~ prior, and filtered by
 
 * ``mpf`` at N = 256 with the shipped operator for (family, d) when there is one (one stage, as trained) and
   with its untrained base flow (the exact Daum–Huang flow, labelled ``mpf-base``) in one stage and, for
-  non-linear likelihoods, in K = 4, 8 and 16 tempered stages (4 with ``--quick``; ``substeps``,
-  :mod:`mpflow.operators.models.tempered`) and in stages on demand: from K = 1 or 4, doubled while the step's
-  ESS (:mod:`mpflow.operators.mpf.health`) is below N/2, up to the largest K (``max_substeps``);
+  non-linear likelihoods, in K = 4 and 16 tempered stages (4 with ``--quick``; ``substeps``,
+  :mod:`mpflow.operators.models.tempered`), in stages on demand (from K = 4, doubled while the step's ESS,
+  :mod:`mpflow.operators.mpf.health`, is below N/2, up to the largest K: ``max_substeps``) and importance-corrected
+  (``correct``, :mod:`mpflow.operators.mpf.correction`; ``CORRECTED``: K = 1 and 4 at N = 256, K = 2 at N = 1024);
 * ``smc`` (bootstrap PF) on a ladder of N (256 … 16384);
 * ``kalman`` for linear-Gaussian families, ``gpf`` where it is affordable (``--gpf``).
 
@@ -80,6 +81,9 @@ SMC_LADDER = (256, 1024, 4096, 16384)
 #: steps timed in the one-stream regime (its accuracy is the batched run's: a stream's result does not depend on
 #: the batch it ran in)
 SINGLE_STREAM_STEPS = 10
+#: (N, stages) of the importance-corrected flow's rows (:mod:`mpflow.operators.mpf.correction`): its error
+#: falls with N as well as with the stages, so it gets a row with more particles
+CORRECTED = ((MPF_PARTICLES, 1), (MPF_PARTICLES, 4), (4 * MPF_PARTICLES, 2))
 #: the default method must cost at most this multiple of the budget (mpf's compute at N = 256)
 MAX_COST_RATIO = 10.0
 
@@ -90,7 +94,10 @@ class Scenario:
     family: str
     dim: int
     params: dict[str, Any] = field(default_factory=dict)
-    prior_var: float = 1.0
+    #: the prior N(m₀, diag(v)) of x₀ (truth and filters alike): variances v, one number or one per dimension
+    prior_var: float | tuple[float, ...] = 1.0
+    #: its mean m₀ (default 0)
+    prior_mean: tuple[float, ...] | None = None
     steps: int = 20
     #: why the scenario lies outside the shipped operator's training setting (None: inside or no operator)
     outside: str | None = None
@@ -138,12 +145,26 @@ SCENARIOS = (
 
 
 # ------------------------------------------------------------------------------------------------ data
-def simulate(sc: Scenario, streams: int) -> tuple[ModelFamily, torch.Tensor]:
-    """The scenario's model (batch 1) and S observation sequences [S, T, *obs_shape] from x₀ ~ prior."""
+def prior_moments(sc: Scenario, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scenario's prior of x₀: mean m₀ [d] and covariance diag(v) [d, d]."""
+    mean = torch.zeros(sc.dim, dtype=dtype) if sc.prior_mean is None else torch.tensor(sc.prior_mean, dtype=dtype)
+    return mean, torch.diag(torch.as_tensor(sc.prior_var, dtype=dtype).expand(sc.dim))
+
+
+def simulate_truth(sc: Scenario, streams: int) -> tuple[ModelFamily, torch.Tensor, torch.Tensor]:
+    """The scenario's model (batch 1), S true state sequences [S, T, d] from x₀ ~ prior and their observation
+    sequences [S, T, *obs_shape]."""
     model = make_model(sc.family, sc.params, sc.dim)
     gens = [generator(DATA_SEED_BASE + s) for s in range(streams)]
-    x0 = torch.stack([math.sqrt(sc.prior_var) * torch.randn(sc.dim, generator=g) for g in gens])
-    _, obs = _batch_model(model, streams).simulate(sc.steps, x0, gens)
+    m0, C0 = prior_moments(sc)
+    x0 = torch.stack([m0 + C0.diagonal().sqrt() * torch.randn(sc.dim, generator=g) for g in gens])
+    xs, obs = _batch_model(model, streams).simulate(sc.steps, x0, gens)
+    return model, xs, obs
+
+
+def simulate(sc: Scenario, streams: int) -> tuple[ModelFamily, torch.Tensor]:
+    """The scenario's model (batch 1) and S observation sequences [S, T, *obs_shape] from x₀ ~ prior."""
+    model, _, obs = simulate_truth(sc, streams)
     return model, obs
 
 
@@ -153,12 +174,14 @@ class Reference:
     covs: torch.Tensor  # [S, T, d, d]
     kind: str
     error_sd: float  # its own error of the mean, in posterior sd
+    #: the simulated states [S, T, d], when the methods are also scored by their mean's RMSE to the truth
+    truth: torch.Tensor | None = None
 
 
 def reference(sc: Scenario, model: ModelFamily, obs: torch.Tensor, quick: bool) -> Reference:
     """The trustworthy reference of the module docstring."""
     S, d = obs.shape[0], sc.dim
-    m0, C0 = torch.zeros(d, dtype=torch.float64), sc.prior_var * torch.eye(d, dtype=torch.float64)
+    m0, C0 = prior_moments(sc, torch.float64)
     if model.linear_gaussian:
         means, covs, _ = kalman_filter(m0.expand(S, d), C0.expand(S, d, d), model, obs)
         return Reference(means, covs, "kalman (exact)", 0.0)
@@ -188,13 +211,15 @@ class Run:
     mean_err: float = math.nan
     var_ratio: float = math.nan
     var_ratio_last: float = math.nan
+    #: sqrt(mean_d (m_q − x)²) against the true state x, averaged over steps and sequences (when the reference
+    #: carries the truth)
+    rmse: float = math.nan
     failed: str | None = None
 
 
 def _prior(sc: Scenario, streams: int) -> GaussianMixture:
-    return GaussianMixture.gaussian(
-        torch.zeros(streams, sc.dim), sc.prior_var * torch.eye(sc.dim).expand(streams, -1, -1)
-    )
+    m0, C0 = prior_moments(sc)
+    return GaussianMixture.gaussian(m0.expand(streams, -1), C0.expand(streams, -1, -1))
 
 
 def _batch_model(model: ModelFamily, streams: int) -> ModelFamily:
@@ -224,7 +249,10 @@ def _run(updater: Any, model: ModelFamily, obs: torch.Tensor, sc: Scenario, N: i
     def score(step: FilterStep) -> dict[str, torch.Tensor]:
         mean, cov = posterior_moments(updater, step.state)
         mu, sigma = ref.means[:, step.t - 1], ref.covs[:, step.t - 1]
-        return {"mean_err": mean_error_sd(mean, mu, sigma), "var_ratio": variance_ratio(cov, sigma).mean(-1)}
+        scores = {"mean_err": mean_error_sd(mean, mu, sigma), "var_ratio": variance_ratio(cov, sigma).mean(-1)}
+        if ref.truth is not None:
+            scores["rmse"] = (mean - ref.truth[:, step.t - 1].to(mean.dtype)).pow(2).mean(-1).sqrt()
+        return scores
 
     batched = run_filter(
         updater, _batch_model(model, S), _prior(sc, S), obs, N, list(range(S)), moments=False, on_step=score,
@@ -246,6 +274,8 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
             label += f" K={options['substeps']}→{options['max_substeps']} on low ESS"
         elif options.get("substeps", 1) > 1:
             label += f" K={options['substeps']}"
+        if options.get("correct"):
+            label += " corrected"
     row = Run(method, N, label, options)
     batched, single = _run(get_updater(method, **options), model, obs, sc, N, ref)
     row.failed = batched.error or (single.error if single is not None else None)
@@ -257,6 +287,8 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
     row.ms_single = statistics.median(single.ms[1:] or single.ms)
     errs, ratios = batched.values["mean_err"].mean(1), batched.values["var_ratio"].mean(1)
     row.mean_err, row.var_ratio, row.var_ratio_last = float(errs.mean()), float(ratios.mean()), float(ratios[-1])
+    if "rmse" in batched.values:
+        row.rmse = float(batched.values["rmse"].mean())
     return row
 
 
@@ -285,24 +317,45 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
     ref_s = time.perf_counter() - t0
     record = find_operator(sc.family, sc.dim)
     operator = record.name if record else None
-    stages = (1,) if model.linear_gaussian else ((1, 4) if quick else (1, 4, 8, 16))
-    # the operator as trained (one stage); the base flow in every number of stages
-    mpf = [run_method("mpf", MPF_PARTICLES, model, obs, sc, ref, operator=operator)] if operator else []
-    mpf += [run_method("mpf", MPF_PARTICLES, model, obs, sc, ref, **({"substeps": k} if k > 1 else {})) for k in stages]
-    if not model.linear_gaussian:  # stages on demand: doubled while the step's ESS is below N/2
-        mpf += [
-            run_method("mpf", MPF_PARTICLES, model, obs, sc, ref, substeps=k, max_substeps=max(stages))
-            for k in (1, 4)
-            if k < max(stages)
-        ]
+    stages = (1,) if model.linear_gaussian else ((1, 4) if quick else (1, 4, 16))
+    corrected = () if model.linear_gaussian else CORRECTED
+    mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in mpf_configurations(operator, stages, corrected)]
     smc = [run_method("smc", n, model, obs, sc, ref) for n in SMC_LADDER]
     rows = mpf + smc
     if model.linear_gaussian:
         rows.append(run_method("kalman", MPF_PARTICLES, model, obs, sc, ref))
     if gpf:
         rows.append(run_method("gpf", MPF_PARTICLES, model, obs, sc, ref))
+    return {
+        "scenario": asdict(sc),
+        "operator": operator,
+        "streams": streams,
+        "reference": {"kind": ref.kind, "error_sd": ref.error_sd, "seconds": ref_s},
+        "rows": [asdict(r) for r in rows],
+        "equal_compute": equal_compute_rows(mpf, smc),
+    }
+
+
+def mpf_configurations(
+    operator: str | None, stages: tuple[int, ...], corrected: tuple[tuple[int, int], ...]
+) -> list[tuple[int, dict[str, Any]]]:
+    """(N, options) of the ``mpf`` rows: the trained ``operator`` as trained (one stage), when there is one; the
+    base flow in each number of ``stages``; in stages on demand (from 4, doubled while the step's ESS is below
+    N/2, up to the largest) when the largest exceeds 4; importance-corrected (PF-PF) at each (N, stages) of
+    ``corrected``."""
+    rows = [(MPF_PARTICLES, {"operator": operator})] if operator else []
+    rows += [(MPF_PARTICLES, {"substeps": k} if k > 1 else {}) for k in stages]
+    if max(stages) > 4:
+        rows.append((MPF_PARTICLES, {"substeps": 4, "max_substeps": max(stages)}))
+    rows += [(n, {"correct": True, **({"substeps": k} if k > 1 else {})}) for n, k in corrected]
+    return rows
+
+
+def equal_compute_rows(rows: list[Run], smc: list[Run]) -> list[dict[str, Any]]:
+    """Each of ``rows`` against ``smc``'s ladder at its compute (:func:`at_compute`), in both regimes (the keys
+    say ``mpf`` for the method compared, whichever it is)."""
     equal = []
-    for row in mpf:
+    for row in rows:
         for regime in ("ms_single", "ms_batched"):
             err, n, beyond = at_compute(smc, getattr(row, regime), regime)
             equal.append(
@@ -316,14 +369,7 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
                     "mpf_over_smc": row.mean_err / err,
                 }
             )
-    return {
-        "scenario": asdict(sc),
-        "operator": operator,
-        "streams": streams,
-        "reference": {"kind": ref.kind, "error_sd": ref.error_sd, "seconds": ref_s},
-        "rows": [asdict(r) for r in rows],
-        "equal_compute": equal,
-    }
+    return equal
 
 
 # ------------------------------------------------------------------------------------------------ defaults
@@ -384,6 +430,11 @@ def table(results: list[dict[str, Any]]) -> str:
                 )
             )
     header = ("scenario", "ref (err)", "method", "N", "ms 1 stream", "ms/stream batched", "mean err (sd)", "var ratio")
+    return report.markdown_table(header, runs, "lllrrrrl") + "\n\n" + equal_compute_table(results)
+
+
+def equal_compute_table(results: list[dict[str, Any]]) -> str:
+    """The equal-compute comparisons (:func:`equal_compute_rows`) of every result: markdown."""
     equal = [
         (
             res["scenario"]["name"],
@@ -396,12 +447,8 @@ def table(results: list[dict[str, Any]]) -> str:
         for res in results
         for e in res["equal_compute"]
     ]
-    return (
-        report.markdown_table(header, runs, "lllrrrrl")
-        + "\n\n"
-        + report.markdown_table(
-            ("scenario", "mpf", "regime", "mpf err", "smc err at mpf's compute (N)", "mpf / smc"), equal, "lllrrr"
-        )
+    return report.markdown_table(
+        ("scenario", "method", "regime", "its err", "smc err at its compute (N)", "it / smc"), equal, "lllrrr"
     )
 
 
@@ -414,19 +461,25 @@ def defaults_table(defaults: list[dict[str, Any]]) -> str:
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     """Mean error against compute per scenario: SMC's ladder as a curve, the other methods as points (each mpf
-    point tagged: ``op`` its trained operator, ``K4`` the base flow in 4 stages, ``1→16`` stages on demand);
+    point tagged: ``op`` its trained operator, ``K4`` the base flow in 4 stages, ``4→16`` stages on demand, ``c2/1024``
+    corrected in 2 stages with N = 1024);
     filled markers and solid lines for the batched regime, hollow and dotted for one stream."""
     n = len(results)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    with report.figure(path, rows, cols, figsize=(4.2 * cols, 3.4 * rows + 0.6), squeeze=False) as (fig, grid):
+    with report.figure(path, rows, cols, squeeze=False) as (fig, grid):
         _draw(results, list(grid.flat))
         handles = {}
         for ax in grid.flat:
             for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
                 handles.setdefault(label, h)
-        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=6, fontsize=8)
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        # the legend below the panels, as many columns as fit their width, and the figure grown by its rows
+        ncol = min(6, 2 * cols)
+        legend_in = 0.22 * math.ceil(len(handles) / ncol) + 0.1
+        height = 3.4 * rows + legend_in
+        fig.set_size_inches(4.2 * cols, height)
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, fontsize=8)
+        fig.tight_layout(rect=(0, legend_in / height, 1, 1))
 
 
 def _tag(row: dict[str, Any]) -> str:
@@ -435,19 +488,23 @@ def _tag(row: dict[str, Any]) -> str:
     if options.get("operator"):
         return "op"
     k, top = options.get("substeps", 1), options.get("max_substeps", 1)
+    if options.get("correct"):
+        return f"c{k}" + ("" if row["particles"] == MPF_PARTICLES else f"/{row['particles']}")
     return f"{k}→{top}" if top > k else f"K{k}"
 
 
 def _draw(results: list[dict[str, Any]], axes: list[Any]) -> None:
-    marker = {"mpf": "*", "kalman": "s", "gpf": "^"}
-    color = {"mpf": "C3", "kalman": "C2", "gpf": "C1"}
+    marker = {"mpf": "*", "kalman": "s", "gpf": "^", "ukf": "D", "enkf": "P"}
+    color = {"mpf": "C3", "kalman": "C2", "gpf": "C1", "ukf": "C4", "enkf": "C5"}
     for ax, res in zip(axes, results, strict=False):
         ok = [r for r in res["rows"] if not r["failed"]]
         for regime, style in (("ms_batched", "-"), ("ms_single", ":")):
             which = regime.removeprefix("ms_")
-            smc = sorted((r[regime], r["mean_err"]) for r in ok if r["method"] == "smc")
+            smc = sorted((r[regime], r["mean_err"], r["particles"]) for r in ok if r["method"] == "smc")
             if smc:
-                ax.plot(*zip(*smc, strict=True), style, color="C0", marker=".", label=f"smc, N 256…16384 ({which})")
+                ns = sorted(n for *_, n in smc)
+                ax.plot([m for m, *_ in smc], [e for _, e, _ in smc], style, color="C0", marker=".",
+                        label=f"smc, N {ns[0]}…{ns[-1]} ({which})")  # fmt: skip
             for r in (r for r in ok if r["method"] != "smc"):
                 m, c, err = r["method"], color[r["method"]], max(r["mean_err"], 1e-6)
                 ax.plot([r[regime]], [err], marker[m], color=c, mfc=c if which == "batched" else "none", ms=8,

@@ -7,7 +7,7 @@ One import name, four layers (imports point downwards only; ``tests/unit/test_im
 * :mod:`mpflow.service` — the HTTP service: FastAPI app, Redis state store, micro-batching engine, client.
 * :mod:`mpflow.cli` — the ``mpflow`` command line, above training and service.
 
-``from mpflow import Client`` (and ``AsyncClient``, ``MpflowError``) is the Python client of the REST API
+``from mpflow import Client`` (and ``AsyncClient``, ``MpflowError``, ``Posterior``) is the Python client of the REST API
 (``docs/API.md``); it is imported lazily, so ``import mpflow`` stays cheap.
 """
 
@@ -17,7 +17,16 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_CLIENT_NAMES = ("Client", "AsyncClient", "MpflowError", "Retry", "Stream", "AsyncStream")
+_CLIENT_NAMES = (
+    "Client",
+    "AsyncClient",
+    "MpflowError",
+    "MpflowConnectionError",
+    "Posterior",
+    "Retry",
+    "Stream",
+    "AsyncStream",
+)
 __all__ = ["__version__", *_CLIENT_NAMES]
 
 

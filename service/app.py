@@ -2,8 +2,9 @@
 
 The lifespan opens what a replica needs and closes it on shutdown:
 
-1. the state store — ``MPFLOW_REDIS_URL``, or the embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``;
-   an unreachable store does not stop the start (``/readyz`` answers 503, requests 503 until it is back);
+1. the state store — ``MPFLOW_REDIS_URL`` (one Redis or any node of a Redis Cluster, told apart by asking it), or the
+   embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``; an unreachable store does not stop the start
+   (``/readyz`` answers 503, requests 503 until it is back);
 2. the trained-operator catalogue (listed once);
 3. the update engine (micro-batching dispatcher and its worker threads).
 
@@ -20,6 +21,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
+from mpflow.operators.models import FAMILY_ERRORS
 from mpflow.service import errors, routes, ws
 from mpflow.service.auth import Authenticator, redact_secrets_in_logs
 from mpflow.service.catalogue import OperatorCatalogue
@@ -37,9 +40,13 @@ from mpflow.service.streams import StreamService
 
 log = logging.getLogger("mpflow.app")
 
+#: where the Swagger UI and ReDoc files of /docs and /redoc are served (from the installed fastapi-offline package)
+DOCS_ASSETS = "/docs-assets"
+
 DESCRIPTION = """Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
 as they arrive, read posterior summaries, samples and log-evidence after each. Methods: `mpf` (a learned Meta
-Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`. Errors: `{"error": {"code", "message"}}`."""
+Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`, `enkf`, `ukf`. Errors:
+`{"error": {"code", "message"}}`."""
 
 
 @asynccontextmanager
@@ -50,7 +57,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir)
         url = await asyncio.to_thread(embedded.start)
-    store = StreamStore.from_url(url, prefix=settings.redis_prefix)
+    store = await asyncio.to_thread(
+        StreamStore.from_url,
+        url,
+        prefix=settings.redis_prefix,
+        wait_replicas=settings.redis_wait_replicas,
+        wait_timeout_ms=settings.redis_wait_timeout_ms,
+    )
     engine = UpdateEngine(
         max_batch_size=settings.batch_max_size,
         max_wait_ms=settings.batch_max_wait_ms,
@@ -62,7 +75,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await engine.start()
     await asyncio.to_thread(app.state.operators.load)
     app.state.store = store
-    app.state.feeds = Feeds(url)  # the dashboard's live feeds: a connection pool of their own
+    reachable = await store.ping()
+    # the dashboard's live feeds: a connection pool of their own (in the store's mode, once that is known)
+    app.state.feeds = Feeds(url, cluster=store.cluster if reachable else None)
     app.state.engine = engine
     app.state.streams = StreamService(
         settings,
@@ -74,7 +89,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         on_outside_domain=app.state.metrics.observe_outside_domain,
     )
     app.state.auth.warn_if_open()
-    if not await store.ping():
+    for problem in FAMILY_ERRORS.values():  # a plugin left out: named, and the rest is served
+        log.error("%s; the family is not served", problem)
+    if not reachable:
         log.warning("the state store does not answer yet; /readyz reports 503 until it does")
     log.info("mpflow ready (batching %s, max batch %d)", "on" if engine.batching else "off", engine.max_batch_size)
     _freeze_startup_objects()
@@ -107,11 +124,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     check_method_options(settings.method_options)
     logging.getLogger("mpflow").setLevel(settings.log_level)
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc from the JavaScript and CSS that the fastapi-offline package installs, served
+    # under DOCS_ASSETS: FastAPI's own pages load them from a CDN, a blank page offline
+    app = FastAPIOffline(
         title="mpflow",
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=_lifespan,
+        static_url=DOCS_ASSETS,
     )
     app.state.settings = settings
     app.state.metrics = Metrics()

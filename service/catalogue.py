@@ -22,7 +22,7 @@ log = logging.getLogger("mpflow.catalogue")
 
 
 def methods_for(family: type[ModelFamily]) -> list[str]:
-    return sorted(m for m, cls in UPDATERS.items() if family.linear_gaussian or not cls.needs_linear_gaussian)
+    return sorted(m for m, cls in UPDATERS.items() if cls.refusal(family) is None)
 
 
 def models(max_state_dim: int) -> list[dict[str, Any]]:

@@ -17,7 +17,15 @@ The async client mirrors it: ``stream = await client.create_stream(...)``,
 ``async for posterior in stream.filter(observations)`` (a sync or async iterable).
 
 Errors. Every non-2xx answer raises :class:`MpflowError` with ``status``, ``code`` and ``message`` taken from the
-API's error body ``{"error": {"code", "message"}}``.
+API's error body ``{"error": {"code", "message"}}``; a server that cannot be reached (refused, timed out, once the
+retries are spent) raises its subclass :class:`MpflowConnectionError` (``status`` None, ``code``
+``connection_failed`` or ``timeout``), with the transport's exception as its ``__cause__``.
+
+numpy. Arrays and scalars of numpy (anything with ``tolist()``) may stand anywhere in a request: observations,
+model parameters, the prior, ``seq``, ``n``. Stream documents and observation answers come back as
+:class:`~mpflow.service.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
+``.quantiles``, ``.samples`` as numpy arrays, ``.steps`` (the per-step summaries as a
+:class:`~mpflow.service.results.StepTable`) and ``.to_pandas()`` where pandas is installed.
 
 Retries and exactly-once. Requests that are safe to repeat are retried after a timeout, a connection error
 (refused, reset, closed mid-answer) or a 503 (the store was unreachable: nothing was applied, or — code
@@ -45,27 +53,39 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 import httpx
+from mpflow.service.results import Posterior, jsonable
+
+if TYPE_CHECKING:
+    from mpflow.service.client_socket import AsyncStreamSocket, StreamSocket
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 30.0
 #: transport errors after which a safe request is retried (timeouts, refused/reset connections, ...)
 RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 RETRYABLE_STATUS = frozenset({503})
+#: the media type of a stream snapshot (``GET .../export``, ``POST /v1/streams:import``)
+SNAPSHOT_TYPE = "application/octet-stream"
 
 
 class MpflowError(Exception):
     """A non-2xx answer: HTTP ``status``, the error ``code`` (snake_case) and ``message`` of its body."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
-        super().__init__(f"{status} {code}: {message}")
+    def __init__(self, status: int | None, code: str, message: str, headers: dict[str, str] | None = None):
+        super().__init__(f"{status} {code}: {message}" if status is not None else f"{code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+    @classmethod
+    def from_transport(cls, exc: Exception, url: Any) -> MpflowConnectionError:
+        """The error of a request that got no answer at all (``exc``, an httpx transport error) from ``url``."""
+        code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_failed"
+        return MpflowConnectionError(None, code, f"no answer from {url}: {exc or type(exc).__name__}")
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> MpflowError:
@@ -79,6 +99,10 @@ class MpflowError(Exception):
             if response.text:
                 message = response.text[:500]
         return cls(response.status_code, code, message, dict(response.headers))
+
+
+class MpflowConnectionError(MpflowError):
+    """The server could not be reached, or did not answer in time (``status`` None): retrying later may help."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +151,8 @@ def _retry_after(response: httpx.Response) -> float | None:
 def _answer(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         raise MpflowError.from_response(response)
+    if response.headers.get("content-type", "").startswith(SNAPSHOT_TYPE):  # a snapshot (export): its bytes
+        return response.content
     return None if response.status_code == 204 or not response.content else response.json()
 
 
@@ -136,6 +162,39 @@ def _stream_path(stream_id: str) -> str:
 
 def _create_body(model: dict[str, Any], prior: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {"model": model, "prior": prior, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _steps(observations: Sequence[Any] | None, dt: float | None, u: Sequence[float] | None) -> list[Any]:
+    """The ``observations`` of a request: the items as given; ``None`` alone is one step without a measurement;
+    with ``dt`` or ``u``, ``observations`` is ONE observation (or None), sent as ``{"value", "dt", "u"}``."""
+    if dt is None and u is None:
+        return [None] if observations is None else list(observations)
+    item: dict[str, Any] = {"value": observations}
+    if dt is not None:
+        item["dt"] = dt
+    if u is not None:
+        item["u"] = list(u)
+    return [item]
+
+
+class _Clock:
+    """Timestamped observations of :meth:`Stream.filter`: a ``(t, observation)`` tuple becomes ``{"value", "dt"}``
+    with dt the time since the previous timed item (``t0`` before the first); other items pass as they are."""
+
+    def __init__(self, t0: float):
+        self.last = t0
+
+    def item(self, item: Any) -> Any:
+        if not isinstance(item, tuple):
+            return item
+        t, value = item
+        dt, self.last = t - self.last, t
+        return {"value": value, "dt": dt}
+
+
+async def _atimed(items: AsyncIterable[Any], clock: _Clock) -> AsyncIterator[Any]:
+    async for item in items:
+        yield clock.item(item)
 
 
 def _update_body(observations: Sequence[Any], seq: int | None, return_samples: int) -> dict[str, Any]:
@@ -149,6 +208,16 @@ def _update_body(observations: Sequence[Any], seq: int | None, return_samples: i
 
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _auth_header(http: httpx.Client | httpx.AsyncClient) -> dict[str, str]:
+    """The client's ``Authorization`` header (its API key), for a WebSocket handshake."""
+    key = http.headers.get("authorization")
+    return {"Authorization": key} if key else {}
+
+
+def _read_timeout(http: httpx.Client | httpx.AsyncClient) -> float:
+    return http.timeout.read or DEFAULT_TIMEOUT
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -177,9 +246,37 @@ async def _achunks(items: Iterable[Any] | AsyncIterable[Any], size: int) -> Asyn
         yield chunk
 
 
+def _batch_body(updates: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """The body of ``POST /v1/observations:batch`` — ``updates``, each ``{"stream_id", "observations", "seq",
+    "return_samples"}`` (``seq`` and ``return_samples`` optional) — and whether it is safe to retry: when every
+    update carries ``seq`` (an applied one answers ``duplicate``). Each update is applied or refused on its own:
+    the answer is one result per update, in order, ``{"stream_id", "status", "stream"}`` (a
+    :class:`~mpflow.service.results.Posterior`) or ``{"stream_id", "status", "error"}``; a refused update raises
+    nothing."""
+    listed = list(updates)
+    return {"updates": listed}, all(u.get("seq") is not None for u in listed)
+
+
+def _batch_results(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**r, "stream": Posterior(r["stream"])} if r.get("stream") else r for r in answer["results"]]
+
+
 def _check_batch(batch: int) -> None:
     if batch < 1:
         raise ValueError(f"batch: must be at least 1, got {batch}")
+
+
+def _forecast_params(steps: int, dt: float | None, samples: int) -> dict[str, Any]:
+    return {"steps": steps} | ({"dt": dt} if dt is not None else {}) | ({"samples": samples} if samples else {})
+
+
+def _import_request(snapshot: bytes, stream_id: str | None) -> dict[str, Any]:
+    """The keywords of an import request: the snapshot verbatim, its media type, the id asked for."""
+    return {
+        "content": snapshot,
+        "headers": {"content-type": SNAPSHOT_TYPE},
+        "params": {"stream_id": stream_id} if stream_id else None,
+    }
 
 
 class _ClientBase:
@@ -206,6 +303,11 @@ class _ClientBase:
 
     def _attempts(self, safe: bool) -> int:
         return self.retry.attempts if safe else 1
+
+    @staticmethod
+    def _plain(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A request's ``json`` and ``params`` with numpy arrays and scalars as plain JSON values."""
+        return {k: jsonable(v) if k in ("json", "params") else v for k, v in kwargs.items()}
 
     def _backoff(self, failures: int, attempts: int, response: httpx.Response | None) -> float | None:
         """After attempt ``failures`` of ``attempts`` (``response`` None: it raised one of ``RETRYABLE_ERRORS``,
@@ -236,13 +338,13 @@ class Client(_ClientBase):
 
     def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
         """One API call; ``safe`` requests are retried per :attr:`retry`. The decoded JSON answer (None for 204)."""
-        attempts = self._attempts(safe)
+        attempts, kwargs = self._attempts(safe), self._plain(kwargs)
         for failures in range(1, attempts + 1):
             try:
                 response = self.http.request(method, path, **kwargs)
-            except RETRYABLE_ERRORS:
+            except RETRYABLE_ERRORS as exc:
                 if failures == attempts:
-                    raise
+                    raise MpflowError.from_transport(exc, self.http.base_url) from exc
                 response = None
             wait = self._backoff(failures, attempts, response)
             if wait is None:
@@ -289,6 +391,17 @@ class Client(_ClientBase):
     def operators(self) -> list[dict[str, Any]]:
         return self.request("GET", "/v1/operators", safe=True)["operators"]
 
+    def batch(self, updates: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``POST /v1/observations:batch`` (:func:`_batch_body`)."""
+        body, safe = _batch_body(updates)
+        return _batch_results(self.request("POST", "/v1/observations:batch", safe=safe, json=body))
+
+    def import_stream(self, snapshot: bytes, stream_id: str | None = None) -> Stream:
+        """``POST /v1/streams:import``: recreate an exported stream (``Stream.export()``'s bytes) for this client's
+        tenant, under ``stream_id`` or a new id. Not retried (a lost answer's retry would be 409 ``stream_exists``)."""
+        doc = self.request("POST", "/v1/streams:import", safe=False, **_import_request(snapshot, stream_id))
+        return Stream(self, doc["stream_id"], doc)
+
 
 class _StreamBase:
     """What :class:`Stream` and :class:`AsyncStream` share: the id, its path and the last document seen."""
@@ -296,15 +409,15 @@ class _StreamBase:
     def __init__(self, client: Any, stream_id: str, document: dict[str, Any] | None = None):
         self.client = client
         self.stream_id = stream_id
-        self.document = document
+        self.document = None if document is None else Posterior(document)
         self.path = _stream_path(stream_id)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.stream_id!r})"
 
-    def _keep(self, doc: dict[str, Any]) -> dict[str, Any]:
-        self.document = doc
-        return doc
+    def _keep(self, doc: dict[str, Any]) -> Posterior:
+        self.document = Posterior(doc)
+        return self.document
 
 
 class Stream(_StreamBase):
@@ -312,13 +425,24 @@ class Stream(_StreamBase):
 
     client: Client
 
-    def update(self, observations: Sequence[Any], seq: int | None = None, return_samples: int = 0) -> dict[str, Any]:
+    def update(
+        self,
+        observations: Sequence[Any] | None,
+        seq: int | None = None,
+        return_samples: int = 0,
+        *,
+        dt: float | None = None,
+        u: Sequence[float] | None = None,
+    ) -> Posterior:
         """``POST .../observations``: the stream document (``per_step``, ``duplicate``, ``samples``).
-        Retried on timeouts, connection errors and 503 only when ``seq`` is given (module docstring)."""
-        body = _update_body(observations, seq, return_samples)
+        ``observations`` is a list of steps (``None`` items: no measurement); ``update(None)`` is one step without a
+        measurement; with ``dt`` (time since the previous step) or ``u`` (inputs) it is one observation:
+        ``update([0.3, None], dt=0.5, u=[1.0])``. Retried on timeouts, connection errors and 503 only when ``seq``
+        is given (module docstring)."""
+        body = _update_body(_steps(observations, dt, u), seq, return_samples)
         return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
 
-    def get(self) -> dict[str, Any]:
+    def get(self) -> Posterior:
         return self._keep(self.client.request("GET", self.path, safe=True))
 
     def samples(self, n: int = 1000) -> list[list[float]]:
@@ -331,13 +455,37 @@ class Stream(_StreamBase):
     def delete(self) -> None:
         self.client.request("DELETE", self.path, safe=False)
 
-    def filter(self, observations: Iterable[Any], batch: int = 1, return_samples: int = 0) -> Iterator[dict[str, Any]]:
+    def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
+        """``GET .../forecast``: the predictive of the state and the observation 1..``steps`` steps of ``dt`` ahead
+        (``samples`` draws of each per step); the stream is not changed."""
+        return self.client.request(
+            "GET", f"{self.path}/forecast", safe=True, params=_forecast_params(steps, dt, samples)
+        )
+
+    def export(self) -> bytes:
+        """``GET .../export``: the stream's snapshot, for :meth:`Client.import_stream`."""
+        return self.client.request("GET", f"{self.path}/export", safe=True)
+
+    def socket(self) -> StreamSocket:
+        """Updates over the stream's WebSocket, one connection for many: ``with stream.socket() as ws:
+        ws.update([[0.3, -1.2]], seq=1)`` (:mod:`mpflow.service.client_socket`)."""
+        from mpflow.service.client_socket import StreamSocket, socket_url
+
+        http = self.client.http
+        return StreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
+
+    def filter(
+        self, observations: Iterable[Any], batch: int = 1, return_samples: int = 0, t0: float = 0.0
+    ) -> Iterator[dict[str, Any]]:
         """Send the observations ``batch`` steps per request, each with its ``seq`` (the first one is the stream's
-        step + 1, read when the iteration starts), and yield the stream document after each request.
+        step + 1, read when the iteration starts), and yield the stream document after each request. ``None`` is a
+        step without a measurement; a ``(t, observation)`` tuple is timestamped: its ``dt`` is the time since the
+        previous timestamp (``t0``, the time of the stream's current state, before the first).
         Retries are safe: an applied request whose answer was lost comes back as ``duplicate`` (module docstring)."""
         _check_batch(batch)
         seq = int(self.get()["step"]) + 1
-        for chunk in _chunks(observations, batch):
+        clock = _Clock(t0)
+        for chunk in _chunks(map(clock.item, observations), batch):
             yield self.update(chunk, seq=seq, return_samples=return_samples)
             seq += len(chunk)
 
@@ -363,13 +511,13 @@ class AsyncClient(_ClientBase):
         await self.http.aclose()
 
     async def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
-        attempts = self._attempts(safe)
+        attempts, kwargs = self._attempts(safe), self._plain(kwargs)
         for failures in range(1, attempts + 1):
             try:
                 response = await self.http.request(method, path, **kwargs)
-            except RETRYABLE_ERRORS:
+            except RETRYABLE_ERRORS as exc:
                 if failures == attempts:
-                    raise
+                    raise MpflowError.from_transport(exc, self.http.base_url) from exc
                 response = None
             wait = self._backoff(failures, attempts, response)
             if wait is None:
@@ -413,6 +561,16 @@ class AsyncClient(_ClientBase):
     async def operators(self) -> list[dict[str, Any]]:
         return (await self.request("GET", "/v1/operators", safe=True))["operators"]
 
+    async def batch(self, updates: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``POST /v1/observations:batch`` (:func:`_batch_body`)."""
+        body, safe = _batch_body(updates)
+        return _batch_results(await self.request("POST", "/v1/observations:batch", safe=safe, json=body))
+
+    async def import_stream(self, snapshot: bytes, stream_id: str | None = None) -> AsyncStream:
+        """As :meth:`Client.import_stream`."""
+        doc = await self.request("POST", "/v1/streams:import", safe=False, **_import_request(snapshot, stream_id))
+        return AsyncStream(self, doc["stream_id"], doc)
+
 
 class AsyncStream(_StreamBase):
     """One stream of an :class:`AsyncClient` (see :class:`Stream`)."""
@@ -420,13 +578,20 @@ class AsyncStream(_StreamBase):
     client: AsyncClient
 
     async def update(
-        self, observations: Sequence[Any], seq: int | None = None, return_samples: int = 0
-    ) -> dict[str, Any]:
-        body = _update_body(observations, seq, return_samples)
+        self,
+        observations: Sequence[Any] | None,
+        seq: int | None = None,
+        return_samples: int = 0,
+        *,
+        dt: float | None = None,
+        u: Sequence[float] | None = None,
+    ) -> Posterior:
+        """As :meth:`Stream.update`."""
+        body = _update_body(_steps(observations, dt, u), seq, return_samples)
         doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
         return self._keep(doc)
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self) -> Posterior:
         return self._keep(await self.client.request("GET", self.path, safe=True))
 
     async def samples(self, n: int = 1000) -> list[list[float]]:
@@ -438,15 +603,48 @@ class AsyncStream(_StreamBase):
     async def delete(self) -> None:
         await self.client.request("DELETE", self.path, safe=False)
 
+    async def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
+        params = _forecast_params(steps, dt, samples)
+        return await self.client.request("GET", f"{self.path}/forecast", safe=True, params=params)
+
+    async def export(self) -> bytes:
+        return await self.client.request("GET", f"{self.path}/export", safe=True)
+
+    def socket(self) -> AsyncStreamSocket:
+        """``async with stream.socket() as ws: await ws.update(...)`` (:mod:`mpflow.service.client_socket`)."""
+        from mpflow.service.client_socket import AsyncStreamSocket, socket_url
+
+        http = self.client.http
+        return AsyncStreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
+
     async def filter(
-        self, observations: Iterable[Any] | AsyncIterable[Any], batch: int = 1, return_samples: int = 0
+        self,
+        observations: Iterable[Any] | AsyncIterable[Any],
+        batch: int = 1,
+        return_samples: int = 0,
+        t0: float = 0.0,
     ) -> AsyncIterator[dict[str, Any]]:
         """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable."""
         _check_batch(batch)
         seq = int((await self.get())["step"]) + 1
-        async for chunk in _achunks(observations, batch):
+        clock = _Clock(t0)
+        if isinstance(observations, AsyncIterable):
+            items: Iterable[Any] | AsyncIterable[Any] = _atimed(observations, clock)
+        else:
+            items = map(clock.item, observations)
+        async for chunk in _achunks(items, batch):
             yield await self.update(chunk, seq=seq, return_samples=return_samples)
             seq += len(chunk)
 
 
-__all__ = ["NO_RETRY", "AsyncClient", "AsyncStream", "Client", "MpflowError", "Retry", "Stream"]
+__all__ = [
+    "NO_RETRY",
+    "AsyncClient",
+    "AsyncStream",
+    "Client",
+    "MpflowConnectionError",
+    "MpflowError",
+    "Posterior",
+    "Retry",
+    "Stream",
+]

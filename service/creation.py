@@ -40,6 +40,14 @@ def prior_dim_and_count(spec: dict[str, Any]) -> tuple[int, int | None]:
     return d, (len(value) if spec["type"] == "particles" else None)
 
 
+def stored_prior(spec: dict[str, Any], n: int) -> dict[str, Any]:
+    """The prior as the stream keeps it (for its snapshot, ``GET .../export``): the request's spec, except that a
+    ``particles`` prior keeps its size only — the particles themselves are the step-0 state."""
+    if spec["type"] == "particles":
+        return {"type": "particles", "num_particles": n, "state_dim": len(spec["particles"][0])}
+    return spec
+
+
 def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
     """413 for more particles or a larger state than the server allows."""
     if n_particles > settings.max_particles:
@@ -92,10 +100,13 @@ def prepare(
             "squares included); rescale the prior"
         )
     created = now()
+    record = methods.operators.by_name(choice.operator) if choice.operator else None
     meta = {
         "model": model_spec,
+        "prior": stored_prior(spec, n),
         "method": choice.method,
         "operator": choice.operator,
+        "operator_content_hash": record.content_hash if record is not None else None,
         "method_options": choice.options,
         "method_reason": choice.reason,
         "operator_domain": domain,
@@ -111,4 +122,4 @@ def prepare(
     return meta, state, summary
 
 
-__all__ = ["DEFAULT_PARTICLES", "check_limits", "prepare", "prior_dim_and_count"]
+__all__ = ["DEFAULT_PARTICLES", "check_limits", "prepare", "prior_dim_and_count", "stored_prior"]

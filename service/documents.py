@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from mpflow.operators.models import FAMILIES
+
 #: the metadata fields of an entry of ``GET /v1/streams``
 LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
 
@@ -13,6 +15,13 @@ LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at",
 def now() -> str:
     """The current time as the documents write it (ISO 8601, UTC, milliseconds)."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def state_names(meta: dict[str, Any]) -> list[str] | None:
+    """The names of the stream's state dimensions, as its family gives them (None: it gives none, or the server
+    does not know the stored family)."""
+    family = FAMILIES.get(meta["model"]["family"])
+    return family.state_names(meta["state_dim"]) if family is not None else None
 
 
 def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
@@ -27,6 +36,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "operator_domain": meta.get("operator_domain"),
         "num_particles": meta["num_particles"],
         "state_dim": meta["state_dim"],
+        "state_names": state_names(meta),
         "seed": meta["seed"],
         "ttl_seconds": meta["ttl_seconds"],
         "step": meta["step"],
@@ -63,4 +73,4 @@ def list_entry(item: dict[str, Any]) -> dict[str, Any]:
     return {k: item.get(k) for k in LIST_FIELDS}
 
 
-__all__ = ["LIST_FIELDS", "document", "list_entry", "now", "observation_document"]
+__all__ = ["LIST_FIELDS", "document", "list_entry", "now", "observation_document", "state_names"]

@@ -3,8 +3,10 @@
 :class:`ApiError` is what the service code raises; the handlers registered by :func:`install` turn it, FastAPI's
 request validation errors, Starlette's HTTP errors, :class:`~mpflow.service.store.StoreUnavailable` and anything
 unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
-other validation errors are 422 with a message that names the field (``observations[0]: ...``); an unreachable
-store is 503 with ``Retry-After``.
+every other fault of the request — a field of the wrong type, a value the model family refuses, an unknown
+operator — is 422 ``invalid_request`` with a message that names the field (``observations[0]: ...``): one code
+for one kind of fault, whether pydantic or the operators found it; an unreachable store is 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ def not_found(stream_id: str) -> ApiError:
     return ApiError(404, "stream_not_found", f"stream_id: no stream {stream_id!r}")
 
 
-def invalid(message: str, code: str = "invalid_request") -> ApiError:
-    """A 422 from a ``ValueError("field: ...")`` of the operators package (its message is kept)."""
-    return ApiError(422, code, message)
+def invalid(message: str) -> ApiError:
+    """The 422 ``invalid_request`` of a request field that cannot be used; ``message`` starts with the field
+    (e.g. a ``ValueError("field: ...")`` of the operators package, kept as it is)."""
+    return ApiError(422, "invalid_request", message)
 
 
 def too_large(message: str) -> ApiError:
@@ -123,10 +126,10 @@ def validation_message(errors: Sequence[dict[str, Any]]) -> str:
 
 
 def from_validation_errors(errors: Sequence[dict[str, Any]]) -> ApiError:
-    """400 for a body that is not JSON, else 422 naming the fields."""
+    """400 for a body that is not JSON, else the 422 of :func:`invalid` naming the fields."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return ApiError(400, "malformed_json", "body: not valid JSON; send a JSON object")
-    return ApiError(422, "validation_error", validation_message(errors))
+    return invalid(validation_message(errors))
 
 
 def _routes(app: Any) -> list[Any]:

@@ -51,11 +51,7 @@ FALLBACK_ORDER = ("gpf", "kalman", "smc")
 
 def fallback_methods(method: str, model: ModelFamily) -> list[str]:
     """The fall-backs for a stream of ``method`` on ``model``, in order (never the method itself)."""
-    return [
-        m
-        for m in FALLBACK_ORDER
-        if m != method and m in UPDATERS and (model.linear_gaussian or not UPDATERS[m].needs_linear_gaussian)
-    ]
+    return [m for m in FALLBACK_ORDER if m != method and m in UPDATERS and UPDATERS[m].refusal(type(model)) is None]
 
 
 def finite_rows(state: ParticleState) -> list[bool]:

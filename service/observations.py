@@ -1,15 +1,16 @@
 """An observation request end to end: its limits, the stream's lock, the ``seq`` rules and the compare-and-set
 (:mod:`mpflow.service.sequencing`), the steps (:mod:`mpflow.service.stepping`), and the live viewers' event.
 
-The event for the dashboard's live feeds (:func:`mpflow.service.dashboard.publish.update_event`) travels with the
-compare-and-set, so viewers hear of an update exactly when it is stored and never of one that lost its race.
+The event for the dashboard's live feeds (:func:`mpflow.service.dashboard.publish.update_event`) and the steps'
+history entries (:mod:`mpflow.service.history`) travel with the compare-and-set, so viewers hear of an update, and the
+history records it, exactly when it is stored and never for one that lost its race.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mpflow.service import views
+from mpflow.service import history, views
 from mpflow.service.dashboard.publish import update_event
 from mpflow.service.documents import now, observation_document
 from mpflow.service.engine import UpdateEngine
@@ -79,7 +80,7 @@ class Observations:
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
-            applied = await self.stepper.apply(meta, model, updater, state, parsed, req.return_samples, announced)
+            applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced)
         new_meta = {
             "step": step + n,
             "log_evidence": float(applied.last.state.log_evidence[0]),
@@ -90,7 +91,15 @@ class Observations:
         )
         event = update_event(self.store.prefix, tenant, stream_id, doc)
         stored = await self.store.compare_and_set(
-            tenant, stream_id, int(meta["version"]), new_meta, applied.blob, int(meta["ttl_seconds"]), event=event
+            tenant,
+            stream_id,
+            int(meta["version"]),
+            new_meta,
+            applied.blob,
+            int(meta["ttl_seconds"]),
+            event=event,
+            history=history.entries(applied.per_step, req.observations),
+            history_steps=self.settings.history_steps,
         )
         return doc if stored else None
 

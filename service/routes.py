@@ -15,16 +15,20 @@ from fastapi import APIRouter, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mpflow.operators.updaters import UPDATERS
-from mpflow.service import catalogue
-from mpflow.service.errors import error_body
+from mpflow.service import catalogue, snapshots
+from mpflow.service.errors import ApiError, error_body
 from mpflow.service.metrics import CONTENT_TYPE
 from mpflow.service.middleware import LOG_KEY
 from mpflow.service.schemas import (
+    FLOAT32_MAX,
+    STREAM_ID_PATTERN,
     BatchRequest,
     BatchResponse,
     CreateStreamRequest,
     ErrorResponse,
+    ForecastResponse,
     Health,
+    HistoryResponse,
     ModelsResponse,
     ObservationResult,
     ObservationsRequest,
@@ -47,7 +51,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         404: "unknown stream (or one of another tenant)",
         409: "seq conflict / stream exists",
         413: "over a configured limit",
-        422: "invalid request",
+        415: "the body is not of the media type the route takes",
+        422: "`invalid_request`: a field that cannot be used; the message names it and what to send instead",
         503: "state store unreachable (Retry-After): `store_unavailable`, nothing applied; or "
         "`store_outcome_unknown`, a write it never confirmed (retry with the same seq to learn whether it applied)",
     }
@@ -88,6 +93,9 @@ ops = APIRouter(tags=["operations"])
     summary="Create a stream",
 )
 async def create_stream(request: Request, body: CreateStreamRequest, tenant: Tenant) -> Response:
+    """Open a stream: a model family with its parameters, a prior over the state, and the method that updates the
+    posterior (with no `method`, the one measured most accurate for this family and dimension; `method_reason`
+    says which). Answers the stream document at step 0."""
     doc = await _service(request).create(tenant, body)
     _log(request, stream=doc["stream_id"], step=0)
     return JSONResponse(doc, status_code=201)
@@ -100,6 +108,9 @@ async def create_stream(request: Request, body: CreateStreamRequest, tenant: Ten
     summary="Apply observations (seq: exactly once)",
 )
 async def observe(request: Request, stream_id: str, body: ObservationsRequest, tenant: Tenant) -> Response:
+    """Apply one or more time steps' observations, in order, and answer the posterior after the last one with a
+    summary per step (`per_step`). `seq` (the step number of the first observation) makes a retry safe: the same
+    `seq` and observations again answer `duplicate: true` and apply nothing."""
     _log(request, stream=stream_id)
     doc = await _service(request).observe(tenant, stream_id, body)
     _log(request, step=doc["step"])
@@ -109,10 +120,12 @@ async def observe(request: Request, stream_id: str, body: ObservationsRequest, t
 @api.get(
     "/streams/{stream_id}",
     response_model=StreamDocument,
-    responses=error_responses(401, 404, 503),
+    responses=error_responses(401, 404, 422, 503),
     summary="The stream document",
 )
 async def get_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
+    """The stream's model, method and current posterior summary (mean, covariance, quantiles, effective sample
+    size, log-evidence so far)."""
     _log(request, stream=stream_id)
     doc = await _service(request).get(tenant, stream_id)
     _log(request, step=doc["step"])
@@ -131,29 +144,122 @@ async def get_samples(
     tenant: Tenant,
     n: Annotated[int, Query(ge=1, description="number of draws (may exceed the particle count)")] = 1000,
 ) -> Response:
+    """`n` draws from the current posterior: the exact Gaussian for `kalman`, the weighted particles for `smc`, else
+    the Gaussian or the smoothed cloud the particles stand for (docs/API.md)."""
     _log(request, stream=stream_id)
     return JSONResponse({"samples": await _service(request).samples(tenant, stream_id, n)})
 
 
 @api.get(
+    "/streams/{stream_id}/forecast",
+    response_model=ForecastResponse,
+    responses=error_responses(401, 404, 413, 422, 503),
+    summary="Predictive distributions 1..k steps ahead",
+)
+async def get_forecast(
+    request: Request,
+    stream_id: str,
+    tenant: Tenant,
+    steps: Annotated[int, Query(ge=1, description="k: horizons 1..k (at most MPFLOW_MAX_FORECAST_STEPS)")],
+    dt: Annotated[
+        float, Query(gt=0, le=FLOAT32_MAX, allow_inf_nan=False, description="each step's duration (default 1)")
+    ] = 1.0,
+    samples: Annotated[int, Query(ge=0, description="draws of the state and observation per horizon")] = 0,
+) -> Response:
+    """The predictive distributions of the state and of the observation 1..k steps of `dt` ahead, without
+    measurements and with zero inputs: exact for `kalman`, by propagating the particles for the other methods. It
+    reads the stream and never changes it."""
+    _log(request, stream=stream_id)
+    return JSONResponse(await _service(request).forecast(tenant, stream_id, steps, dt, samples))
+
+
+_SNAPSHOT_BODY = {snapshots.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}
+
+
+@api.get(
+    "/streams/{stream_id}/export",
+    response_class=Response,
+    responses={200: {"content": _SNAPSHOT_BODY, "description": "the snapshot"}, **error_responses(401, 404, 422, 503)},
+    summary="A snapshot of the stream, to import elsewhere",
+)
+async def export_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
+    """A versioned, self-describing snapshot of the stream (safetensors: its state tensors, and in the header its
+    model, prior, method, operator and the operator's content hash, step, log-evidence and a SHA-256 checksum).
+    `POST /v1/streams:import` takes it verbatim."""
+    _log(request, stream=stream_id)
+    blob = await _service(request).export(tenant, stream_id)
+    return Response(blob, media_type=snapshots.MEDIA_TYPE)
+
+
+@api.post(
+    "/streams:import",
+    status_code=201,
+    response_model=StreamDocument,
+    responses=error_responses(400, 401, 409, 413, 415, 422, 503),
+    openapi_extra={"requestBody": {"required": True, "content": _SNAPSHOT_BODY}},
+    summary="Recreate a stream from its snapshot",
+)
+async def import_stream(
+    request: Request,
+    tenant: Tenant,
+    stream_id: Annotated[
+        str | None, Query(pattern=STREAM_ID_PATTERN, description="the new stream's id; generated when absent")
+    ] = None,
+) -> Response:
+    """Recreate an exported stream for the caller's tenant (the body: `GET .../export`'s, verbatim, with its
+    Content-Type). A truncated, altered or oversized snapshot, another format version, or an operator this server
+    lacks is refused with a 4xx saying why, and nothing is created."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != snapshots.MEDIA_TYPE:
+        raise ApiError(415, "unsupported_media_type", f"content-type: send the snapshot as {snapshots.MEDIA_TYPE}")
+    doc = await _service(request).import_stream(tenant, await request.body(), stream_id)
+    _log(request, stream=doc["stream_id"], step=doc["step"])
+    return JSONResponse(doc, status_code=201)
+
+
+@api.get(
     "/streams/{stream_id}/particles",
     response_model=ParticlesResponse,
-    responses=error_responses(401, 404, 503),
+    responses=error_responses(401, 404, 422, 503),
     summary="The particles and their log-weights",
 )
 async def get_particles(request: Request, stream_id: str, tenant: Tenant) -> Response:
+    """The particle cloud that represents the posterior, with normalised log-weights."""
     _log(request, stream=stream_id)
     return JSONResponse(await _service(request).particles(tenant, stream_id))
+
+
+@api.get(
+    "/streams/{stream_id}/history",
+    response_model=HistoryResponse,
+    responses=error_responses(401, 404, 422, 503),
+    summary="The stream's recent steps and their observations",
+)
+async def get_history(
+    request: Request,
+    stream_id: str,
+    tenant: Tenant,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, description="the latest `limit` steps (at most MPFLOW_HISTORY_STEPS); all that are kept if absent"),
+    ] = None,
+) -> Response:
+    """The stream's latest steps, oldest first: each step's posterior mean and standard deviation, log-evidence
+    increment and ESS (as in `per_step`), with the observation that was applied and its `dt`. The stream keeps its
+    last MPFLOW_HISTORY_STEPS steps; a request answered `duplicate` adds none."""
+    _log(request, stream=stream_id)
+    return Response(await _service(request).history(tenant, stream_id, limit), media_type="application/json")
 
 
 @api.delete(
     "/streams/{stream_id}",
     status_code=204,
     response_class=Response,
-    responses=error_responses(401, 404, 503),
+    responses=error_responses(401, 404, 422, 503),
     summary="Delete a stream",
 )
 async def delete_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
+    """Delete the stream and everything stored for it."""
     _log(request, stream=stream_id)
     await _service(request).delete(tenant, stream_id)
     return Response(status_code=204)
@@ -168,6 +274,7 @@ async def list_streams(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> Response:
+    """The caller's streams, a page of at most `limit` at a time (follow `next_cursor`)."""
     return JSONResponse(await _service(request).list(tenant, limit, cursor))
 
 
@@ -178,34 +285,43 @@ async def list_streams(
     summary="Observations for many streams (each update on its own)",
 )
 async def observe_batch(request: Request, body: BatchRequest, tenant: Tenant) -> Response:
+    """Observations for many streams in one request. Each update is applied on its own, as its POST would be:
+    each result carries its own HTTP `status` and the stream's answer or the error."""
     return JSONResponse({"results": await _service(request).batch(tenant, body)})
 
 
 @api.get("/models", response_model=ModelsResponse, responses=error_responses(401), tags=["catalogue"])
 async def list_models(request: Request, tenant: Tenant) -> Response:
+    """The model families this server runs — parameters, state dimensions, the shape of one observation, the
+    methods that can run each — and every method."""
     families = catalogue.models(request.app.state.settings.max_state_dim)
     return JSONResponse({"families": families, "methods": sorted(UPDATERS)})
 
 
 @api.get("/operators", response_model=OperatorsResponse, responses=error_responses(401), tags=["catalogue"])
 async def list_operators(request: Request, tenant: Tenant) -> Response:
+    """The trained `mpf` operators installed on this server, with the family and dimension each was trained for
+    and its measured accuracy."""
     return JSONResponse({"operators": request.app.state.operators.to_json()})
 
 
 @ops.get("/healthz", response_model=Health)
 async def healthz() -> Response:
+    """Liveness: 200 while the process answers requests (readiness is `/readyz`)."""
     return JSONResponse({"status": "ok"})
 
 
 @ops.get("/readyz", response_model=Readiness, responses={503: {"model": ErrorResponse, "description": "not ready"}})
 async def readyz(request: Request) -> Response:
-    store_ok = await request.app.state.store.ping()
+    """Ready when the state store takes a write now (a small one, acknowledged as updates are) and the operators
+    are loaded."""
+    store_ok = await request.app.state.store.writable()
     ops_ok = bool(request.app.state.operators.loaded)
     if store_ok and ops_ok:
         return JSONResponse({"status": "ready", "store": True, "operators": True})
     missing = [
         what
-        for what, ok in (("the state store does not answer", store_ok), ("operators are not loaded", ops_ok))
+        for what, ok in (("the state store does not take writes", store_ok), ("operators are not loaded", ops_ok))
         if not ok
     ]
     body = error_body("not_ready", "; ".join(missing))

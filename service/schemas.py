@@ -52,10 +52,12 @@ Vector = Annotated[list[FiniteFloat], Field(fail_fast=True)]
 Matrix = Annotated[list[Vector], Field(fail_fast=True)]
 
 
-def _array(value: Any, max_depth: int) -> Any:
+def _array(value: Any, max_depth: int, gaps: bool = False) -> Any:
     """A finite number, or a list of them, or a list of such lists (up to ``max_depth`` levels), each list
     holding only numbers or only lists. NaN/inf, numbers beyond the float32 range, strings, booleans and
-    objects are refused."""
+    objects are refused; ``gaps``: ``null`` stands in for a number (an entry not observed)."""
+    if gaps and value is None:
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float | list):
         raise ValueError("expected a number or an array of numbers")
     if isinstance(value, float) and not math.isfinite(value):
@@ -68,7 +70,7 @@ def _array(value: Any, max_depth: int) -> Any:
         if any(isinstance(v, list) for v in value) and not all(isinstance(v, list) for v in value):
             raise ValueError("mixes numbers and arrays at one level")
         for v in value:
-            _array(v, max_depth - 1)
+            _array(v, max_depth - 1, gaps)
     return value
 
 
@@ -76,18 +78,47 @@ def _param(value: Any) -> Any:
     return _array(value, 2)
 
 
-def _observation(value: Any) -> Any:
-    """An array (up to a matrix), or a logistic minibatch {"x": matrix, "y": vector}."""
+#: the keys of an observation given as an object (docs/API.md): ``value`` and, optionally, ``dt`` and ``u``
+STEP_KEYS = ("value", "dt", "u")
+
+
+def _observation_value(value: Any) -> Any:
+    """``null`` (no measurement), an array (up to a matrix; ``null`` entries: not observed), or a logistic
+    minibatch {"x": matrix, "y": vector}."""
     if isinstance(value, dict):
         if set(value) != {"x", "y"}:
-            raise ValueError('expected an array, or a minibatch object with exactly the keys "x" and "y"')
+            raise ValueError(
+                'expected an array, a minibatch object with exactly the keys "x" and "y", or an object with '
+                '"value" (and optionally "dt", "u")'
+            )
         x, y = value["x"], value["y"]
         if not isinstance(x, list) or not all(isinstance(row, list) for row in x) or not isinstance(y, list):
             raise ValueError('expected "x" an array of feature rows and "y" an array of labels')
-        _array(x, 2)
-        _array(y, 1)
+        _array(x, 2, gaps=True)
+        _array(y, 1, gaps=True)
         return value
-    return _array(value, 2)
+    return _array(value, 2, gaps=True)
+
+
+def _observation(value: Any) -> Any:
+    """One step: an observation value (:func:`_observation_value`), or an object ``{"value", "dt", "u"}`` — the
+    value, the time since the previous step (a number; its sign is the family's to check) and the inputs (an array
+    of numbers)."""
+    if not (isinstance(value, dict) and "value" in value):
+        return _observation_value(value)
+    unknown = [k for k in value if k not in STEP_KEYS]
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(repr(k)[:40] for k in unknown[:5])}; allowed: value, dt, u")
+    _observation_value(value["value"])
+    if "dt" in value and (isinstance(value["dt"], list) or value["dt"] is None):
+        raise ValueError("dt: expected a number, the time since the previous step")
+    if "dt" in value:
+        _array(value["dt"], 0)
+    if "u" in value and not isinstance(value["u"], list):
+        raise ValueError("u: expected an array of numbers, the step's inputs")
+    if "u" in value:
+        _array(value["u"], 1)
+    return value
 
 
 #: a JSON number, array of numbers or matrix — a model parameter
@@ -97,6 +128,21 @@ ParamValue = Annotated[
     WithJsonSchema({"anyOf": [_NUMBER, _VECTOR, _MATRIX], "description": "a number, vector or matrix"}),
 ]
 
+_GAP = {"type": "null"}
+_OBSERVATION_VALUES = [
+    _GAP,
+    _NUMBER,
+    {"type": "array", "items": {"anyOf": [_NUMBER, _GAP]}},
+    {"type": "array", "items": {"type": "array", "items": {"anyOf": [_NUMBER, _GAP]}}},
+    {
+        "type": "object",
+        "properties": {"x": _MATRIX, "y": _VECTOR},
+        "required": ["x", "y"],
+        "additionalProperties": False,
+        "description": "logistic: a minibatch of feature rows x and 0/1 labels y",
+    },
+]
+
 #: one time step's observation: shape set by the family (see GET /v1/models)
 Observation = Annotated[
     Any,
@@ -104,18 +150,26 @@ Observation = Annotated[
     WithJsonSchema(
         {
             "anyOf": [
-                _NUMBER,
-                _VECTOR,
-                _MATRIX,
+                *_OBSERVATION_VALUES,
                 {
                     "type": "object",
-                    "properties": {"x": _MATRIX, "y": _VECTOR},
-                    "required": ["x", "y"],
+                    "properties": {
+                        "value": {"anyOf": _OBSERVATION_VALUES, "description": "the observation (null: none)"},
+                        "dt": {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "maximum": FLOAT32_MAX,
+                            "description": "time since the previous step (default 1)",
+                        },
+                        "u": {**_VECTOR, "description": "the step's inputs (lds with an input matrix C)"},
+                    },
+                    "required": ["value"],
                     "additionalProperties": False,
-                    "description": "logistic: a minibatch of feature rows x and 0/1 labels y",
+                    "description": "an observation with its time step and inputs",
                 },
             ],
-            "description": "one step's observation; its shape is the family's observation shape",
+            "description": "one step's observation; its shape is the family's observation shape. null: no "
+            "measurement at this step (predict only); a null entry of a vector: that entry not observed",
         }
     ),
 ]
@@ -209,7 +263,8 @@ class CreateStreamRequest(_Request):
     method_options: dict[str, Any] | None = Field(
         default=None,
         description="the stream's own method options: mpf substeps (1–64), max_substeps, ess_threshold; smc "
-        "ess_threshold, rejuvenate, shrinkage. With no method they adjust the default method's",
+        "ess_threshold, rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa. With no "
+        "method they adjust the default method's",
     )
     num_particles: int | None = Field(
         default=None,
@@ -317,6 +372,41 @@ class OperatorDomain(BaseModel):
     outside: list[str] = Field(description="each quantity outside it, with its value and the trained range")
 
 
+#: an mpf stream after two steps (null fields are left out: the OpenAPI examples drop them)
+STREAM_DOCUMENT_EXAMPLE: dict[str, Any] = {
+    "stream_id": "sensor-42",
+    "model": {"family": "linear_gaussian", "params": {}},
+    "method": "mpf",
+    "operator": "linear_gaussian-d2-v2",
+    "method_options": {},
+    "operator_domain": {"inside": True, "outside": []},
+    "num_particles": 256,
+    "state_dim": 2,
+    "seed": 0,
+    "ttl_seconds": 86400,
+    "step": 2,
+    "summary": {
+        "mean": [0.4, -0.1],
+        "cov": [[0.6, 0.05], [0.05, 0.5]],
+        "std": [0.77, 0.71],
+        "quantiles": {"0.05": [-0.87, -1.27], "0.5": [0.4, -0.1], "0.95": [1.67, 1.07]},
+        "ess": 256.0,
+        "log_evidence": -6.42,
+    },
+    "created_at": "2026-01-01T00:00:00.000Z",
+    "updated_at": "2026-01-01T00:00:01.000Z",
+}
+#: the answer that took that stream from step 0 to step 2
+OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
+    **STREAM_DOCUMENT_EXAMPLE,
+    "duplicate": False,
+    "per_step": [
+        {"step": 1, "mean": [0.3, 0.1], "std": [0.82, 0.8], "log_evidence_increment": -3.3, "ess": 256.0},
+        {"step": 2, "mean": [0.4, -0.1], "std": [0.77, 0.71], "log_evidence_increment": -3.12, "ess": 256.0},
+    ],
+}
+
+
 class StreamDocument(BaseModel):
     stream_id: str
     model: dict[str, Any]
@@ -335,6 +425,11 @@ class StreamDocument(BaseModel):
     )
     num_particles: int
     state_dim: int
+    state_names: list[str] | None = Field(
+        default=None,
+        description="the names of the state's dimensions where the model family gives them (range_bearing: px, py, "
+        "vx, vy); null where it does not (call them x[0] … x[d-1])",
+    )
     seed: int
     ttl_seconds: int
     step: int
@@ -342,33 +437,7 @@ class StreamDocument(BaseModel):
     created_at: str
     updated_at: str
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "stream_id": "sensor-42",
-                    "model": {"family": "linear_gaussian", "params": {}},
-                    "method": "gpf",
-                    "operator": None,
-                    "num_particles": 256,
-                    "state_dim": 1,
-                    "seed": 0,
-                    "ttl_seconds": 86400,
-                    "step": 2,
-                    "summary": {
-                        "mean": [0.4],
-                        "cov": [[0.6]],
-                        "std": [0.77],
-                        "quantiles": {"0.05": [-0.87], "0.5": [0.4], "0.95": [1.67]},
-                        "ess": 256.0,
-                        "log_evidence": -3.21,
-                    },
-                    "created_at": "2026-01-01T00:00:00.000Z",
-                    "updated_at": "2026-01-01T00:00:01.000Z",
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"examples": [STREAM_DOCUMENT_EXAMPLE]})
 
 
 class ObservationResult(StreamDocument):
@@ -380,6 +449,8 @@ class ObservationResult(StreamDocument):
         description="present when some step of this request fell back to a safe method (per_step says which; "
         "if several steps fell back to different methods, the last one's)",
     )
+
+    model_config = ConfigDict(json_schema_extra={"examples": [OBSERVATION_RESULT_EXAMPLE]})
 
 
 class StreamListItem(BaseModel):
@@ -396,9 +467,54 @@ class StreamList(BaseModel):
     streams: list[StreamListItem]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "streams": [
+                        {
+                            "stream_id": "sensor-42",
+                            "model": {"family": "linear_gaussian", "params": {}},
+                            "method": "mpf",
+                            "operator": "linear_gaussian-d2-v2",
+                            "step": 2,
+                            "created_at": "2026-01-01T00:00:00.000Z",
+                            "updated_at": "2026-01-01T00:00:01.000Z",
+                        }
+                    ],
+                    "next_cursor": "c2Vuc29yLTQy",
+                }
+            ]
+        }
+    )
+
 
 class SamplesResponse(BaseModel):
     samples: list[list[float]]
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"samples": [[0.41, -0.2], [1.02, 0.33]]}]})
+
+
+class Predictive(BaseModel):
+    mean: list[float]
+    cov: list[list[float]]
+    quantiles: Quantiles = Field(description="per-dimension marginal quantiles")
+    samples: list[list[float]] | None = Field(default=None, description="draws, when ?samples=n > 0")
+
+
+class ForecastStep(BaseModel):
+    step: int = Field(description="the step this horizon would be (the stream's step + j)")
+    t: float = Field(description="the time ahead of the stream's current state, j·dt")
+    state: Predictive = Field(description="p(x_{step+j} | o_1..o_step)")
+    observation: Predictive | None = Field(
+        description="p(o_{step+j} | o_1..o_step), flattened; null for logistic (its features are the caller's)"
+    )
+
+
+class ForecastResponse(BaseModel):
+    stream_id: str
+    step: int = Field(description="the stream's step, unchanged by the forecast")
+    forecast: list[ForecastStep]
 
 
 class ParticlesResponse(BaseModel):
@@ -407,6 +523,38 @@ class ParticlesResponse(BaseModel):
         description="normalised; uniform for unweighted methods; a particle of zero weight (smc) has the most "
         "negative double, -1.7976931348623157e308 (JSON has no -Infinity)"
     )
+
+
+#: the history of the stream of ``STREAM_DOCUMENT_EXAMPLE`` (its second step posted with its duration)
+HISTORY_EXAMPLE: dict[str, Any] = {
+    "stream_id": "sensor-42",
+    "step": 2,
+    "history_steps": 500,
+    "steps": [
+        {**OBSERVATION_RESULT_EXAMPLE["per_step"][0], "observation": [0.3, -1.2]},
+        {**OBSERVATION_RESULT_EXAMPLE["per_step"][1], "observation": [0.1, -0.9], "dt": 0.5},
+    ],
+}
+
+
+class HistoryStep(StepSummary):
+    observation: Annotated[
+        Any, WithJsonSchema({"anyOf": _OBSERVATION_VALUES, "description": "the observation as posted"})
+    ] = Field(description="the step's observation as posted (null: none, or left out: observation_omitted)")
+    observation_omitted: bool | None = Field(
+        default=None, description="true when the observation was too large to keep (over 4096 bytes of JSON)"
+    )
+    dt: float | None = Field(default=None, description="the step's dt, when the request gave one")
+    u: list[float] | None = Field(default=None, description="the step's inputs, when the request gave them")
+
+
+class HistoryResponse(BaseModel):
+    stream_id: str
+    step: int = Field(description="the stream's current step")
+    history_steps: int = Field(description="the most steps a stream keeps (MPFLOW_HISTORY_STEPS)")
+    steps: list[HistoryStep] = Field(description="the latest applied steps, oldest first")
+
+    model_config = ConfigDict(json_schema_extra={"examples": [HISTORY_EXAMPLE]})
 
 
 class BatchResult(BaseModel):
@@ -418,6 +566,23 @@ class BatchResult(BaseModel):
 
 class BatchResponse(BaseModel):
     results: list[BatchResult]
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "results": [
+                        {"stream_id": "sensor-42", "status": 200, "stream": OBSERVATION_RESULT_EXAMPLE},
+                        {
+                            "stream_id": "sensor-7",
+                            "status": 404,
+                            "error": {"code": "stream_not_found", "message": "stream_id: no stream 'sensor-7'"},
+                        },
+                    ]
+                }
+            ]
+        }
+    )
 
 
 class ParamInfo(BaseModel):
@@ -474,6 +639,7 @@ __all__ = [
     "BatchResponse",
     "CreateStreamRequest",
     "ErrorResponse",
+    "ForecastResponse",
     "ModelsResponse",
     "ObservationResult",
     "ObservationsRequest",

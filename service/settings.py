@@ -4,13 +4,20 @@ Every field reads ``MPFLOW_<FIELD>`` (case-insensitive), e.g. ``MPFLOW_REDIS_URL
 ``MPFLOW_MAX_PARTICLES=4096``. Limits default to docs/API.md "Limits"; numeric limits must be positive and a
 bad value fails at start with a message naming the field.
 
-- ``redis_url``: the state store; ``None`` means the embedded local Redis (docs/DESIGN.md "Service internals").
+- ``redis_url``: the state store; ``None`` means the embedded local Redis (docs/DESIGN.md "Service internals"). Any
+  node of a Redis Cluster works too: the service asks the node and then uses the whole cluster.
+- ``redis_wait_replicas``: ``N > 0`` acknowledges a write (create, update, delete) only once N replicas have it
+  (Redis ``WAIT``, up to ``redis_wait_timeout_ms``, below the store's 5 s command timeout; fewer in time: 503
+  ``store_outcome_unknown``). 0 (default):
+  acknowledged once the primary has it — a failover may then lose the writes its replica had not received.
 - ``api_keys``: ``"tenantA:key1,tenantB:key2"``; empty means open (no auth, one tenant).
 - ``operator_dirs``: extra folders of trained operators, separated by ``,`` or the OS path separator.
 - ``redis_prefix``: the key prefix of every stream key (several services, or tests, may share one Redis).
 - ``batching``: micro-batch updates across streams (``false``: one stream per operator call, for benchmarks).
 - ``method_options``: per-method updater options as JSON, e.g. ``{"nvgd": {"max_iters": 30}}`` (the keys of each
   updater's ``defaults``; checked when the app starts).
+- ``history_steps``: the per-step history each stream keeps, its last N steps (``GET /v1/streams/{id}/history``;
+  :mod:`mpflow.service.history`).
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
@@ -35,6 +42,9 @@ _POSITIVE = (
     "batch_max_size",
     "batch_max_wait_ms",
     "default_ttl_seconds",
+    "max_forecast_steps",
+    "redis_wait_timeout_ms",
+    "history_steps",
 )
 
 
@@ -48,6 +58,7 @@ class Settings(BaseSettings):
     max_observations_per_request: int = 1000
     max_body_bytes: int = 8 * 1024 * 1024
     max_samples_per_request: int = 100_000
+    max_forecast_steps: int = 1000
     batch_max_size: int = 64
     batch_max_wait_ms: float = 2.0
     operator_dirs: str = ""
@@ -58,12 +69,29 @@ class Settings(BaseSettings):
     batching: bool = True
     method_options: dict[str, dict[str, Any]] = {}
     metrics_public: bool = True
+    redis_wait_replicas: int = 0
+    redis_wait_timeout_ms: int = 1000
+    history_steps: int = 500
 
     @field_validator(*_POSITIVE)
     @classmethod
     def _positive(cls, v: Any, info: ValidationInfo) -> Any:
         if not v > 0:
             raise ValueError(f"{info.field_name}: must be positive, got {v}")
+        return v
+
+    @field_validator("redis_wait_timeout_ms")
+    @classmethod
+    def _below_command_timeout(cls, v: int) -> int:
+        if v >= 5000:
+            raise ValueError(f"redis_wait_timeout_ms: must be below 5000 (the store's command timeout), got {v}")
+        return v
+
+    @field_validator("redis_wait_replicas")
+    @classmethod
+    def _not_negative(cls, v: int, info: ValidationInfo) -> int:
+        if v < 0:
+            raise ValueError(f"{info.field_name}: must be 0 or more, got {v}")
         return v
 
     @field_validator("redis_url")

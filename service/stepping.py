@@ -41,10 +41,27 @@ def row_views(state: ParticleState) -> list[tuple[dict[str, Any], bool]]:
     return list(zip(summaries.summaries(state), finite_rows(state), strict=True))
 
 
-def parse(model: ModelFamily, observations: list[Any]) -> list[torch.Tensor]:
-    """The request's observations as tensors of the family's observation shape; 422 naming the first bad one."""
+#: one step to apply: its observation (NaN where nothing was observed) and the model of that step (its duration and
+#: inputs: :meth:`~mpflow.operators.models.base.ModelFamily.at_step`)
+Step = tuple[torch.Tensor, ModelFamily]
+
+
+def parse_step(model: ModelFamily, item: Any, field: str) -> Step:
+    """One item of ``observations`` (docs/API.md): a value, or ``{"value", "dt", "u"}``; ValueError naming the
+    field."""
+    if isinstance(item, dict) and "value" in item:
+        obs = model.read_observation(item["value"], f"{field}.value")
+        u = item.get("u")
+        inputs = None if u is None else torch.tensor(u, dtype=torch.float64)
+        return obs, model.at_step(item.get("dt", 1.0), inputs, field)
+    return model.read_observation(item, field), model
+
+
+def parse(model: ModelFamily, observations: list[Any]) -> list[Step]:
+    """The request's steps: observations as tensors of the family's observation shape, with the model of each step;
+    422 naming the first bad one."""
     try:
-        return [model.parse_observation(o, f"observations[{i}]") for i, o in enumerate(observations)]
+        return [parse_step(model, o, f"observations[{i}]") for i, o in enumerate(observations)]
     except ValueError as exc:
         raise invalid(str(exc)) from None
 
@@ -111,20 +128,19 @@ class Stepper:
     async def apply(
         self,
         meta: dict[str, Any],
-        model: ModelFamily,
         updater: Updater,
         state: ParticleState,
-        parsed: list[torch.Tensor],
+        parsed: list[Step],
         n_samples: int,
         announced: Announcement | None = None,
     ) -> Applied:
-        """Apply the steps in order from ``state``; each step's check and summary run on the engine's worker right
-        after it, and the last one's also encode the new state and draw ``n_samples``."""
+        """Apply the steps (:func:`parse`) in order from ``state``; each step's check and summary run on the engine's
+        worker right after it, and the last one's also encode the new state and draw ``n_samples``."""
         method, key = meta["method"], updater_key(meta)
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
         res: StepResult | None = None
-        for i, obs in enumerate(parsed):
+        for i, (obs, model) in enumerate(parsed):
             if i == len(parsed) - 1:
                 after: Callable[[StepResult], Any] = functools.partial(_after_last, meta, n_samples)
             else:

@@ -9,7 +9,10 @@ list and delete streams (docs/API.md). It only wires the modules that do the wor
 * :mod:`mpflow.service.fallback` — the safe methods that compute a step whose method failed numerically
   (:mod:`mpflow.service.numerics`: what counts as a failure, and the finiteness guard before every write);
 * :mod:`mpflow.service.batch` — ``POST /v1/observations:batch``;
+* :mod:`mpflow.service.forecasts` — ``GET .../forecast``, the predictive distributions k steps ahead;
+* :mod:`mpflow.service.snapshots` — ``GET .../export`` and ``POST /v1/streams:import``;
 * :mod:`mpflow.service.views` and :mod:`mpflow.service.documents` — what reads show, and the JSON documents;
+* :mod:`mpflow.service.history` — the per-step history a stream keeps (``GET .../history``);
 * :mod:`mpflow.service.tensor_work` — whether tensor work runs on the event loop or on the engine's threads.
 
 Refusals are :class:`~mpflow.service.errors.ApiError` s whose type fixes the HTTP status
@@ -23,17 +26,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from mpflow.service import creation, views
+from mpflow.service import creation, history, views
 from mpflow.service.batch import run_batch
 from mpflow.service.catalogue import OperatorCatalogue
 from mpflow.service.documents import document, list_entry
 from mpflow.service.engine import UpdateEngine
 from mpflow.service.errors import invalid, not_found
 from mpflow.service.fallback import Fallbacks
+from mpflow.service.forecasts import Forecasts
 from mpflow.service.methods import Methods
 from mpflow.service.observations import Observations, check_samples
 from mpflow.service.schemas import BatchRequest, CreateStreamRequest, ObservationsRequest
 from mpflow.service.settings import Settings
+from mpflow.service.snapshots import Snapshots
 from mpflow.service.stepping import Stepper
 from mpflow.service.store import StreamStore
 from mpflow.service.stream_errors import StreamExistsError
@@ -67,6 +72,8 @@ class StreamService:
         self.fallbacks = Fallbacks(self.methods, engine, self.work, on_fallback)
         self.stepper = Stepper(engine, self.work, self.fallbacks)
         self.observations = Observations(settings, store, engine, self.methods, self.work, self.stepper)
+        self.forecasts = Forecasts(settings, store, self.methods, self.work)
+        self.snapshots = Snapshots(settings, store, self.methods, self.work)
 
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.work.off_loop(creation.prepare, self.settings, self.methods, req)
@@ -96,6 +103,18 @@ class StreamService:
         meta, data = await views.read(self.store, tenant, stream_id)
         _, draws = await self.work.run(meta, views.summary_and_draws, meta, data, n, draws=n)
         return draws or []
+
+    async def forecast(self, tenant: str, stream_id: str, steps: int, dt: float, samples: int) -> dict[str, Any]:
+        return await self.forecasts.forecast(tenant, stream_id, steps, dt, samples)
+
+    async def export(self, tenant: str, stream_id: str) -> bytes:
+        return await self.snapshots.export(tenant, stream_id)
+
+    async def import_stream(self, tenant: str, body: bytes, stream_id: str | None) -> dict[str, Any]:
+        return await self.snapshots.import_(tenant, body, stream_id)
+
+    async def history(self, tenant: str, stream_id: str, limit: int | None) -> bytes:
+        return await history.read(self.store, tenant, stream_id, limit, self.settings.history_steps)
 
     async def particles(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await views.read(self.store, tenant, stream_id)

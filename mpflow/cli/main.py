@@ -1,11 +1,16 @@
 """The ``mpflow`` command line.
 
-mpflow info                      model families and inference methods available
-mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
-mpflow train --family gmm ...    meta-train an MPF operator (Algorithm 1) and save it to a registry folder
-mpflow evaluate --operator NAME  held-out accuracy of an operator vs the exact posterior, smc and gpf
-mpflow fit-sampler --prior P ... cache a GPVI generator for a mixture prior (unlimited samples)
-mpflow serve [--host --port]     the HTTP service (docs/API.md)
+  mpflow info                      model families, methods, trained operators and the service settings in force
+  mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
+  mpflow train --family gmm ...    meta-train an MPF operator and save it to a registry folder
+  mpflow evaluate --operator NAME  held-out accuracy of an operator against the exact posterior, smc and gpf
+  mpflow fit-sampler --prior P ... cache a learned sampler for a mixture prior (unlimited samples)
+  mpflow serve [--host --port]     the HTTP service (docs/API.md)
+
+``mpflow COMMAND --help`` lists a command's options, each with its default.
+
+Start-up stays light: the parser of a command, and so the modules it needs (torch among them), is built only when
+that command is the one asked for; ``mpflow --help`` imports neither torch nor the service.
 """
 
 from __future__ import annotations
@@ -15,43 +20,238 @@ import json
 import math
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import torch
+#: what ``mpflow --help`` says above the commands
+DESCRIPTION = """Online Bayesian inference for streams of noisy observations: serve it over HTTP (mpflow serve), try a
+method on simulated data (mpflow filter), train and evaluate learned operators (mpflow train, mpflow evaluate).
 
-from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
-from mpflow.operators.models import FAMILIES, make_model
-from mpflow.operators.models import family as family_class
-from mpflow.operators.models.priors import prior_from_spec
-from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS
-from mpflow.operators.mpf.network import RESIDUAL_GATES, MPFVelocity
-from mpflow.operators.rng import generator
-from mpflow.operators.updaters import UPDATERS, get_updater
-from mpflow.training.meta_train import LR_SCHEDULES
-from mpflow.training.tasks import TASK_FAMILIES
+mpflow COMMAND --help lists a command's options, each with its default."""
+
+#: each command and its line of ``mpflow --help``
+COMMANDS = {
+    "info": "model families, methods, trained operators and the service settings in force",
+    "filter": "filter a simulated sequence and compare with the exact posterior",
+    "train": "meta-train an MPF operator and save it to a registry folder",
+    "evaluate": "evaluate a trained MPF operator on held-out tasks against exact/long-run references",
+    "fit-sampler": "fit a sampler to a prior density and cache it in a registry folder",
+    "serve": "run the HTTP service",
+}
+
+#: help for options that the modules defining them leave without one: (command, option) → help
+_MISSING_HELP = {("fit-sampler", "--seed"): "seed of the noise draws and the generator's initial weights"}
 
 
-def _info(_: argparse.Namespace) -> int:
-    out = {
-        "families": [cls.describe() for cls in FAMILIES.values()],
-        "methods": {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()},
-    }
-    print(json.dumps(out, indent=2, default=str))
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Each option's help followed by ``(default: …)`` — unless the help already says it, or there is none to say
+    (``None``, a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if "default" in text or f"({default})" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def json_object(flag: str) -> Callable[[str], dict[str, Any]]:
+    """An argparse ``type`` reading a JSON object; a bad value is refused with the flag's name (argparse adds it)."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
+        return value
+
+    parse.__name__ = flag
+    return parse
+
+
+def _first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a module docstring, without reStructuredText's double backquotes."""
+    return (doc or "").strip().split("\n\n", 1)[0].replace("``", "")
+
+
+def _finish(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """Every option of ``command`` with help and its default shown (:class:`HelpWithDefaults`)."""
+    parser.formatter_class = HelpWithDefaults
+    for action in parser._actions:
+        for flag in action.option_strings:
+            action.help = action.help or _MISSING_HELP.get((command, flag))
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------- info
+def _add_info(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("info", help=COMMANDS["info"], description=COMMANDS["info"].capitalize() + ".")
+    p.add_argument("--json", action="store_true", help="print everything as one JSON document instead")
+    p.set_defaults(func=_info)
+    return p
+
+
+def _redacted(settings: Any) -> dict[str, Any]:
+    """The service settings in force (``MPFLOW_*``), secrets left out: the API keys as a count, a store URL's
+    password as ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    out = settings.model_dump()
+    out["api_keys"] = f"{len(settings.api_key_tenants)} key(s)" if settings.api_keys else ""
+    url = settings.redis_url
+    if url and urlsplit(url).password:
+        parts = urlsplit(url)
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        out["redis_url"] = urlunsplit(parts._replace(netloc=netloc))
+    return out
+
+
+def _accuracy(metrics: dict[str, Any]) -> str:
+    """An operator's held-out accuracy in words, from its evaluation (``mpflow evaluate --write-registry``)."""
+    results = (metrics.get("evaluation") or {}).get("results") or []
+    mpf = [r for r in results if r.get("method") == "mpf"]
+    if not mpf:
+        return "not evaluated"
+    r = mpf[-1]
+    summary = r["summary"]
+    return (
+        f"mean error {summary['mean_error_sd']['avg']:.3f} posterior sd, variance ratio "
+        f"{summary['var_ratio']['avg']:.2f} ({r['particles']} particles)"
+    )
+
+
+#: what an empty setting means
+_UNSET = {
+    "redis_url": "not set: an embedded Redis under data_dir",
+    "api_keys": "not set: no authentication",
+    "operator_dirs": "not set: the shipped operators only",
+}
+
+
+def _info_text(families: list[dict], methods: list[str], operators: list[dict], settings: dict) -> str:
+    lines = ["Model families (mpflow filter --family NAME; the service's model.family):"]
+    for f in families:
+        dims = f["state_dim"]
+        d = f"d = {dims['fixed']}" if dims["fixed"] else f"d = {dims['min']}..{dims['max']}"
+        lines.append(f"  {f['family']:<24}{f['description']}")
+        lines.append(f"  {'':<24}{d}; one observation: {f['observation']}")
+        params = ", ".join(
+            p["name"] + ("" if p["required"] else f" = {p['default']}" if p["default"] else " (optional)")
+            for p in f["parameters"]
+        )
+        lines.append(f"  {'':<24}parameters: {params or 'none'}")
+        lines.append(f"  {'':<24}methods: {', '.join(f['methods'])}")
+    lines += ["", f"Methods: {', '.join(methods)} (docs/methods.md explains each)", ""]
+    lines.append("Trained operators (used by method mpf for their family and dimension):")
+    for o in operators:
+        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
+    if not operators:
+        lines.append("  none (mpf runs its untrained base flow)")
+    lines += ["", "Service settings in force (environment variables MPFLOW_<NAME>):"]
+    lines += [
+        f"  {name:<30}{_UNSET.get(name, 'not set') if value in (None, '') else json.dumps(value)}"
+        for name, value in settings.items()
+    ]
+    return "\n".join(lines)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from mpflow.operators.updaters import UPDATERS
+    from mpflow.service import catalogue
+    from mpflow.service.settings import Settings
+
+    settings = Settings()
+    operators = catalogue.OperatorCatalogue(settings.operator_dir_list)
+    operators.load()
+    families = catalogue.models(settings.max_state_dim)
+    listed = operators.to_json()
+    if args.json:
+        methods = {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()}
+        out = {"families": families, "methods": methods, "operators": listed, "settings": _redacted(settings)}
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(_info_text(families, sorted(UPDATERS), listed, _redacted(settings)))
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- filter
+def _add_filter(sub: Any) -> argparse.ArgumentParser:
+    from mpflow.operators.models import FAMILIES
+    from mpflow.operators.updaters import UPDATERS
+
+    p = sub.add_parser("filter", help=COMMANDS["filter"], description=_filter.__doc__)
+    p.add_argument("--family", default="linear_gaussian", choices=sorted(FAMILIES), help="model family")
+    p.add_argument(
+        "--method", choices=sorted(UPDATERS), help="inference method (default: gpf; mpf when --operator is given)"
+    )
+    p.add_argument(
+        "--operator",
+        help="method mpf: a trained operator, by name (mpflow info lists them) or folder (default: the newest one "
+        "for --family and --dim; the untrained base flow when none fits)",
+    )
+    p.add_argument("--dim", type=int, default=2, help="state dimension d")
+    p.add_argument("--particles", type=int, default=256, help="particles N")
+    p.add_argument("--steps", type=int, default=20, help="observations to simulate and filter")
+    p.add_argument("--seed", type=int, default=0, help="seed of the method (the simulation uses seed + 1)")
+    p.add_argument(
+        "--params",
+        type=json_object("--params"),
+        help="model parameters as a JSON object (default: the family's example parameters; lds: A = 0.9 I, B = I)",
+    )
+    p.set_defaults(func=_filter)
+    return p
+
+
+def mpf_operator(name: str | None, family: str, dim: int) -> tuple[str | None, str]:
+    """(the operator ``mpflow filter --method mpf`` runs, a line saying which): the one named, else the newest
+    trained operator for (family, dim), else None — the untrained base flow."""
+    if name is not None:
+        return name, f"# mpf with the operator {name}"
+    from mpflow.operators.updaters.mpf import find_operator
+
+    record = find_operator(family, dim)
+    if record is None:
+        return None, (
+            f"# mpf: no trained operator fits {family} with d = {dim} (mpflow info lists them); "
+            "running the base flow, untrained"
+        )
+    return record.name, f"# mpf with the operator {record.name} (the newest for {family}, d = {dim})"
+
+
 def _filter(args: argparse.Namespace) -> int:
-    """Simulate ``--steps`` observations, filter them (:func:`mpflow.operators.filtering.run_filter`) and print
-    each step: update time, log-evidence and, for linear-Gaussian families, the error against Kalman."""
+    """Simulate --steps observations of a model family, filter them with a method and print each step: update
+    time, log-evidence and, for linear-Gaussian families, the error against the exact (Kalman) posterior."""
+    import torch
+
+    from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
+    from mpflow.operators.models import family as family_class
+    from mpflow.operators.models import make_model
+    from mpflow.operators.models.priors import prior_from_spec
+    from mpflow.operators.rng import generator
+    from mpflow.operators.updaters import get_updater
+
     d = args.dim
+    method = args.method or ("mpf" if args.operator else "gpf")
+    if args.operator and method != "mpf":
+        raise ValueError(f"--operator: only used with --method mpf, not {method}")
     cls = family_class(args.family)
-    params = {**cls.example_params(d), **(json.loads(args.params) if args.params else {})}
+    params = {**cls.example_params(d), **(args.params or {})}
     model = make_model(args.family, params, d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
-    updater = get_updater(args.method)
+    note, options = None, {}
+    if method == "mpf":
+        options["operator"], note = mpf_operator(args.operator, args.family, d)
+    updater = get_updater(method, **options)
     updater.check_compatible(model, prior)  # before the table's header: a method that cannot run prints only the error
     _, obs = model.simulate(args.steps, torch.ones(1, d), [generator(args.seed + 1)])
     exact = ExactPosterior.kalman(torch.zeros(1, d), torch.eye(d)[None], model, obs) if model.linear_gaussian else None
+    if note:
+        print(note)
     print(f"{'step':>4} {'ms':>8} {'log Z':>10} {'mean err (sd)':>14} {'var ratio':>10}")
 
     def show(step: FilterStep) -> None:
@@ -67,11 +267,13 @@ def _filter(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- train
 def _init_distributed() -> tuple[int, int]:
     """Under ``torchrun`` (WORLD_SIZE > 1) join the process group — NCCL when CUDA is present, else gloo —
     and return (rank, world size); (0, 1) otherwise."""
     import os
 
+    import torch
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -116,13 +318,17 @@ def launcher(world: int) -> list[str]:
 def _train(args: argparse.Namespace) -> int:
     """Meta-train an MPF operator on sampled tasks, then save it with
     :func:`mpflow.operators.registry.save_operator`."""
+    import torch
+
+    from mpflow.operators.models import family as family_class
+    from mpflow.operators.mpf.network import MPFVelocity
     from mpflow.operators.registry import save_operator
     from mpflow.training.meta_train import meta_train, resolve_device
     from mpflow.training.tasks import sample_tasks
 
     rank, world = _init_distributed()
     torch.set_num_threads(args.threads)
-    task_kwargs = json.loads(args.task_options) if args.task_options else {}
+    task_kwargs = args.task_options or {}
     arch = {
         "hidden": args.hidden,
         "layers": args.layers,
@@ -196,6 +402,11 @@ def _train(args: argparse.Namespace) -> int:
     )
     if rank != 0:
         return 0
+    improved = result["best_iteration"] > 0
+    if not improved:
+        print(no_improvement_warning(result, args.require_improvement), file=sys.stderr)
+        if args.require_improvement:
+            return 3
     training["iterations_done"] = result["iterations"]
     training["seconds"] = round(result["seconds"], 1)
     training["it_per_s"] = round(result["it_per_s"], 3)
@@ -228,48 +439,49 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mpflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def no_improvement_warning(result: dict[str, Any], refused: bool) -> str:
+    """What ``mpflow train`` says when the validation loss never went below the untrained network's (the best
+    iteration is 0): the operator is no better than the base flow."""
+    what = "nothing was saved (--require-improvement)" if refused else "the saved operator is the untrained network"
+    return (
+        "\n" + "!" * 100 + "\n"
+        f"WARNING: the validation loss never improved on the untrained network's "
+        f"({result['val_loss_untrained']:.4f}; best iteration 0 of {result['iterations']}): {what}.\n"
+        "Train longer (--iterations), with another learning rate (--lr), or on more tasks (--batch).\n" + "!" * 100
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="list model families and methods").set_defaults(func=_info)
-    f = sub.add_parser("filter", help="filter a simulated sequence and compare with the exact posterior")
-    f.add_argument("--family", default="linear_gaussian", choices=sorted(FAMILIES))
-    f.add_argument("--method", default="gpf", choices=sorted(UPDATERS))
-    f.add_argument("--dim", type=int, default=2)
-    f.add_argument("--particles", type=int, default=256)
-    f.add_argument("--steps", type=int, default=20)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument(
-        "--params", help="model parameters as JSON (defaults: the family's example parameters; lds: A = 0.9 I, B = I)"
-    )
-    f.set_defaults(func=_filter)
-    t = sub.add_parser("train", help="meta-train an MPF operator and save it to a registry folder")
-    t.add_argument("--family", required=True, choices=sorted(TASK_FAMILIES))
-    t.add_argument("--dim", type=int, required=True)
-    t.add_argument("--iterations", type=int, required=True)
+
+
+def _add_train(sub: Any) -> argparse.ArgumentParser:
+    from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS
+    from mpflow.operators.mpf.network import RESIDUAL_GATES
+    from mpflow.training.meta_train import LR_SCHEDULES
+    from mpflow.training.tasks import TASK_FAMILIES
+
+    t = sub.add_parser("train", help=COMMANDS["train"], description=COMMANDS["train"].capitalize() + ".")
+    t.add_argument("--family", required=True, choices=sorted(TASK_FAMILIES), help="model family of the tasks")
+    t.add_argument("--dim", type=int, required=True, help="state dimension d")
+    t.add_argument("--iterations", type=int, required=True, help="training iterations (one batch of tasks each)")
     t.add_argument("--batch", type=int, default=8, help="tasks per iteration")
     t.add_argument("--steps-per-seq", type=int, default=10, help="observations per task (T)")
-    t.add_argument("--particles", type=int, default=256)
+    t.add_argument("--particles", type=int, default=256, help="particles per task")
     t.add_argument("--out", required=True, help="registry folder to save the operator in")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the tasks and the initial weights")
     t.add_argument("--resume", action="store_true", help="continue from OUT/_training/<family>-d<d>-seed<S>.pt")
     t.add_argument(
         "--init-from",
         help="start from this registered operator's weights and architecture (a name or folder): fine-tuning",
     )
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     t.add_argument(
         "--lr-schedule", default="constant", choices=LR_SCHEDULES, help="cosine: annealed to 0 over --iterations"
     )
-    t.add_argument("--weight-decay", type=float, default=1e-5)
+    t.add_argument("--weight-decay", type=float, default=1e-5, help="AdamW weight decay")
     t.add_argument("--ode-steps", type=int, default=1, help="RK4 steps per observation")
-    t.add_argument("--val-every", type=int, default=10)
-    t.add_argument("--val-tasks", type=int, default=16)
-    t.add_argument("--hidden", type=int, default=64)
-    t.add_argument("--layers", type=int, default=3)
-    t.add_argument("--embed", type=int, default=64)
+    t.add_argument("--val-every", type=int, default=10, help="validate every this many iterations")
+    t.add_argument("--val-tasks", type=int, default=16, help="held-out validation tasks")
+    t.add_argument("--hidden", type=int, default=64, help="width of the network's hidden layers")
+    t.add_argument("--layers", type=int, default=3, help="hidden layers")
+    t.add_argument("--embed", type=int, default=64, help="width of the observation-set embedding")
     t.add_argument(
         "--residual-gate",
         default="none",
@@ -282,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=LINEARISATIONS,
         help="Gaussian fit of a non-Gaussian likelihood for the base flow: stein (scores) or importance (moments)",
     )
-    t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (eq. 21)")
+    t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (default: no cuts)")
     t.add_argument(
         "--segment-prior", default="kde", choices=["kde", "kde-shrunk", "gaussian"], help="prior of a segment"
     )
@@ -293,7 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         help="dynamic families' step prior",
     )
     t.add_argument("--curriculum", type=float, default=0.0, help="fraction of the run over which T grows from 1")
-    t.add_argument("--task-options", help="task distribution options as JSON (training.tasks.TASK_OPTIONS)")
+    t.add_argument(
+        "--task-options",
+        type=json_object("--task-options"),
+        help="task distribution options as a JSON object (training.tasks.TASK_OPTIONS)",
+    )
     t.add_argument("--adjoint", action="store_true", help="adjoint-method gradients (O(1) memory in ODE steps)")
     t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
     t.add_argument(
@@ -301,19 +517,76 @@ def main(argv: list[str] | None = None) -> int:
     )
     t.add_argument("--max-minutes", type=float, help="stop after this much training time (validates first)")
     t.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
+    t.add_argument(
+        "--require-improvement",
+        action="store_true",
+        help="save nothing and exit with status 3 when the validation loss never improved on the untrained network",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
-    from mpflow.training.evaluate import add_parser as add_evaluate_parser
+    return t
 
-    add_evaluate_parser(sub)
-    from mpflow.training.fit_sampler import add_parser as add_fit_sampler_parser
 
-    add_fit_sampler_parser(sub)
-    from mpflow.cli.serve import add_parser as add_serve_parser
+# ---------------------------------------------------------------------------------------------- the others
+def _add_evaluate(sub: Any) -> argparse.ArgumentParser:
+    from mpflow.training import evaluate
 
-    add_serve_parser(sub)
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return _from_module(sub, "evaluate", evaluate.add_parser, evaluate)
+
+
+def _add_fit_sampler(sub: Any) -> argparse.ArgumentParser:
+    from mpflow.training import fit_sampler
+
+    return _from_module(sub, "fit-sampler", fit_sampler.add_parser, fit_sampler)
+
+
+def _add_serve(sub: Any) -> argparse.ArgumentParser:
+    from mpflow.cli import serve
+
+    serve.add_parser(sub)
+    return sub.choices["serve"]
+
+
+def _from_module(sub: Any, command: str, add_parser: Callable[[Any], None], module: Any) -> argparse.ArgumentParser:
+    """The parser a module registers, with its docstring's first paragraph as the description (the rest, the
+    method in full, is for ``python -m pydoc``)."""
+    add_parser(sub)
+    p = sub.choices[command]
+    p.description = _first_paragraph(module.__doc__)
+    p.epilog = f"In full: python -m pydoc {module.__name__}"
+    return p
+
+
+_BUILDERS: dict[str, Callable[[Any], argparse.ArgumentParser]] = {
+    "info": _add_info,
+    "filter": _add_filter,
+    "train": _add_train,
+    "evaluate": _add_evaluate,
+    "fit-sampler": _add_fit_sampler,
+    "serve": _add_serve,
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``mpflow`` parser with ``command``'s options in full; the other commands are listed by name and help
+    only, so nothing they need is imported."""
+    parser = argparse.ArgumentParser(
+        prog="mpflow", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, line in COMMANDS.items():
+        if name == command:
+            _finish(_BUILDERS[name](sub), name)
+        else:
+            sub.add_parser(name, help=line)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no options but --help
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ValueError as exc:

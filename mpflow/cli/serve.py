@@ -1,9 +1,12 @@
 """``mpflow serve`` (and ``python -m mpflow serve``): run the HTTP service under uvicorn.
 
-``add_parser(subparsers)`` registers the subcommand on the ``mpflow`` CLI; ``main(argv)`` is the stand-alone
-entry point of ``python -m mpflow serve``. Every other setting comes from ``MPFLOW_*`` (see
-:mod:`mpflow.service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for the worker processes. Without it the
-embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
+``add_parser(subparsers)`` registers the subcommand on the ``mpflow`` CLI; ``main(argv)`` is the stand-alone entry
+point of ``python -m mpflow serve``. Worker processes: ``--workers``, else ``MPFLOW_WORKERS``, else
+:func:`default_workers` — one per CPU core this process may use, at most ``MAX_DEFAULT_WORKERS`` (each worker has
+its own event loop, engine and GIL; measured on 2 cores, 64 streams of ``mpf``: 634 updates/s with one worker, 1029
+with two). Workers on the embedded store share its one redis-server (:mod:`mpflow.service.embedded`). Every other
+setting comes from ``MPFLOW_*`` (see :mod:`mpflow.service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for
+the worker processes. Without it the embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
 """
 
 from __future__ import annotations
@@ -17,9 +20,48 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from mpflow.service.auth import RedactSecrets
+
+#: the most workers the default starts: each loads torch and the operators (a few hundred MB) and micro-batches
+#: only its own requests, so past a handful of cores more replicas serve better than more workers
+MAX_DEFAULT_WORKERS = 8
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may use: its CPU affinity, bounded by a cgroup v2 CPU quota (a container's
+    ``--cpus``, a Kubernetes CPU limit) rounded up; at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def default_workers() -> int:
+    """``MPFLOW_WORKERS`` when set, else one worker per usable core, at most ``MAX_DEFAULT_WORKERS``."""
+    env = os.environ.get("MPFLOW_WORKERS", "").strip()
+    if env:
+        return _positive_workers(env)
+    return min(usable_cpus(), MAX_DEFAULT_WORKERS)
+
+
+def _positive_workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"workers: expected a whole number >= 1, got {text!r}")
+    return n
 
 
 class JsonFormatter(logging.Formatter):
@@ -67,7 +109,12 @@ def log_config(level: str) -> dict[str, Any]:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=os.environ.get("MPFLOW_HOST", "127.0.0.1"), help="bind address (127.0.0.1)")
     p.add_argument("--port", type=int, default=int(os.environ.get("MPFLOW_PORT", "8000")), help="port (8000)")
-    p.add_argument("--workers", type=int, default=int(os.environ.get("MPFLOW_WORKERS", "1")), help="processes (1)")
+    p.add_argument(
+        "--workers",
+        type=_positive_workers,
+        default=None,
+        help=f"worker processes (MPFLOW_WORKERS; default: one per CPU core, at most {MAX_DEFAULT_WORKERS})",
+    )
     p.add_argument("--redis-url", default=None, help="state store URL (default: embedded Redis under ./data)")
     p.add_argument("--log-level", default=None, help="CRITICAL/ERROR/WARNING/INFO/DEBUG (MPFLOW_LOG_LEVEL)")
 
@@ -116,13 +163,17 @@ def serve(args: argparse.Namespace) -> int:
     if args.log_level:
         os.environ["MPFLOW_LOG_LEVEL"] = args.log_level
     settings = Settings()  # fail here, with the field named, on a bad MPFLOW_* value
-    with shared_metrics_dir(args.workers):
+    try:
+        workers = args.workers or default_workers()
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"MPFLOW_WORKERS: {e}") from None
+    with shared_metrics_dir(workers):
         uvicorn.run(
             "mpflow.service.app:create_app",
             factory=True,
             host=args.host,
             port=args.port,
-            workers=args.workers,
+            workers=workers,
             access_log=False,  # mpflow.access logs one JSON line per request
             log_config=log_config(settings.log_level),
             ws_max_size=settings.max_body_bytes,

@@ -1,11 +1,14 @@
 """Model families, by the names of docs/API.md. ``FAMILIES`` is the registry; ``make_model`` validates
 the API's parameters for one stream.
 
-A family is one module here: its :class:`ModelFamily` subclass carries the likelihood and dynamics and everything
-else the project knows about it (catalogue text, task distribution, evaluation and benchmark defaults; see
-:mod:`mpflow.operators.models.base`). Listing the class in ``FAMILIES`` below (the order is the order of
-``mpflow info``, the meta-training families and the benchmarks) makes the service, ``mpflow filter``/``train``/
-``evaluate`` and the benchmarks run it."""
+A family is a :class:`ModelFamily` subclass carrying the likelihood and dynamics and everything else the project
+knows about it (catalogue text, task distribution, evaluation and benchmark defaults; see
+:mod:`mpflow.operators.models.base`), registered under the entry-point group ``mpflow.families``: the built-ins by
+this package's own ``pyproject.toml``, any other family by the distribution that ships it
+(:mod:`mpflow.operators.models.plugins`; ``examples/plugin_family/``). ``FAMILIES`` holds every family that loaded
+and passed its admission check (built-ins first, in catalogue order: the order of ``mpflow info``, the
+meta-training families and the benchmarks); the service, ``mpflow filter``/``train``/``evaluate`` and the
+benchmarks run every family in it. ``FAMILY_ERRORS`` names each plugin left out and why."""
 
 from __future__ import annotations
 
@@ -13,22 +16,20 @@ from typing import Any
 
 import torch
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.models.gmm import GMM
-from mpflow.operators.models.lds import LDS
-from mpflow.operators.models.linear_gaussian import LinearGaussian
-from mpflow.operators.models.logistic import Logistic
-from mpflow.operators.models.stochastic_volatility import StochasticVolatility
+from mpflow.operators.models.plugins import load_families
 
-FAMILIES: dict[str, type[ModelFamily]] = {
-    cls.name: cls for cls in (LinearGaussian, LDS, GMM, Logistic, StochasticVolatility)
-}
+FAMILIES: dict[str, type[ModelFamily]]
+#: plugin name → why it was left out (import error, failed admission check)
+FAMILY_ERRORS: dict[str, str]
+FAMILIES, FAMILY_ERRORS = load_families()
 
 
 def family(name: str) -> type[ModelFamily]:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise ValueError(f"model.family: unknown family {name!r}; choose one of {sorted(FAMILIES)}") from None
+        why = f" (the plugin of that name was left out: {FAMILY_ERRORS[name]})" if name in FAMILY_ERRORS else ""
+        raise ValueError(f"model.family: unknown family {name!r}; choose one of {sorted(FAMILIES)}{why}") from None
 
 
 def make_model(
@@ -38,4 +39,4 @@ def make_model(
     return family(name).from_params(params, state_dim, dtype)
 
 
-__all__ = ["FAMILIES", "ModelFamily", "family", "make_model"]
+__all__ = ["FAMILIES", "FAMILY_ERRORS", "ModelFamily", "family", "make_model"]

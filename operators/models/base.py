@@ -7,13 +7,23 @@ x [B, N, d]; one step's observation is obs [B, *obs_shape]; a sequence is [B, T,
 Subclasses declare ``name``, ``dynamic``, ``param_specs`` (how to validate each parameter from JSON) and
 implement ``log_likelihood``; they may override ``score`` with a closed form (the default differentiates
 ``log_likelihood`` with autograd), and dynamic families give their transition as
-x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine``.
+x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine`` — or, nonlinear (``affine_transition = False``), as
+x_m = f(x_{m-1}) + N(0, Q) through ``transition`` and ``transition_mean``. Families with an observation
+o = h(x) + N(0, R) (``gaussian_observation``) give h and R (``observation_function``, ``observation_noise``) for the
+ensemble and unscented Kalman filters, and every residual o − h(x) goes through ``observation_residual``.
+
+Gaps, time and inputs: :meth:`ModelFamily.read_observation` reads JSON observations with ``null`` (none, or
+entries not observed: NaN in the tensor), :meth:`ModelFamily.observed_part` conditions on the observed entries of a
+partial observation (families with ``partial_observations``), :meth:`ModelFamily.at_step` is the model of a step of
+duration dt with inputs u, and :meth:`ModelFamily.observation_draws` draws observations for forecasts.
 
 Everything else the project knows about a family lives on its class too, so a new family is one file (plus
-its entry in :data:`mpflow.operators.models.FAMILIES`):
+its entry point in the group ``mpflow.families``, which puts it in :data:`mpflow.operators.models.FAMILIES`;
+:mod:`mpflow.operators.models.plugins`):
 
 * the catalogue (``GET /v1/models``): ``description``, ``observation_format`` and the parameters' kinds
-  (the ``kind`` of each parser, :func:`param_kind`), assembled by :meth:`ModelFamily.catalogue_entry`;
+  (the ``kind`` of each parser, :func:`param_kind`), assembled by :meth:`ModelFamily.catalogue_entry`; the names
+  of the state's dimensions (:meth:`ModelFamily.state_names`, the stream document's ``state_names``);
 * the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
   and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
   experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
@@ -25,6 +35,7 @@ its entry in :data:`mpflow.operators.models.FAMILIES`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -46,6 +57,17 @@ class ModelFamily:
     param_specs: ClassVar[tuple[ParamSpec, ...]] = ()
     #: fixed state dimension, when the family has one (gmm: 2)
     fixed_state_dim: ClassVar[int | None] = None
+    #: the likelihood can condition on some entries of an observation alone (``null`` entries: not observed)
+    partial_observations: ClassVar[bool] = False
+    #: the smallest state dimension the family is defined for (lorenz96: 4)
+    min_state_dim: ClassVar[int] = 1
+    #: a dynamic family's transition is x_m = F x_{m-1} + c + N(0, Q) (:meth:`transition_affine`); False: it is
+    #: x_m = f(x_{m-1}) + N(0, Q) with a nonlinear f (:meth:`transition_mean`), and only the methods that read the
+    #: transition through :meth:`transition` / :meth:`transition_mean` run it (``Updater.nonlinear_transition``)
+    affine_transition: ClassVar[bool] = True
+    #: the observation is o = h(x) + N(0, R) with an explicit h (:meth:`observation_function`) and R
+    #: (:meth:`observation_noise`): what the ensemble and unscented Kalman filters (``enkf``, ``ukf``) need
+    gaussian_observation: ClassVar[bool] = False
 
     # catalogue (``GET /v1/models``)
     #: the model in one line
@@ -85,6 +107,10 @@ class ModelFamily:
             raise ValueError(
                 f"prior: the {cls.name} family has a {cls.fixed_state_dim}-dimensional state, got {state_dim}"
             )
+        if state_dim < cls.min_state_dim:
+            raise ValueError(
+                f"prior: the {cls.name} family needs at least {cls.min_state_dim} dimensions, got {state_dim}"
+            )
         validation.unknown_keys("model.params", params, [n for n, _, _ in cls.param_specs])
         parsed = {}
         for name, parse, default in cls.param_specs:
@@ -92,7 +118,9 @@ class ModelFamily:
             if name in params:
                 parsed[name] = parse(field, params[name], state_dim, dtype)
             elif default is not None:
-                parsed[name] = default(state_dim, dtype)
+                value = default(state_dim, dtype)
+                if value is not None:  # None: an optional parameter without a default (``absent``)
+                    parsed[name] = value
             else:
                 raise ValueError(f"{field}: required for the {cls.name} family")
         model = cls({k: v[None] for k, v in parsed.items()}, state_dim)
@@ -136,6 +164,50 @@ class ModelFamily:
         """Validate one step's observation from JSON → tensor of ``obs_shape``."""
         return validation.check_shape(field, validation.as_tensor(field, value, dtype), list(self.obs_shape))
 
+    def missing_observation(self, dtype=torch.float32) -> torch.Tensor:
+        """The observation of a step without a measurement: NaN everywhere, in the family's observation shape (one
+        row where the shape is free). An updater given it predicts only (:meth:`Updater._predict`)."""
+        return torch.full([1 if n < 0 else n for n in self.obs_shape], float("nan"), dtype=dtype)
+
+    def read_observation(self, value: Any, field: str = "observation", dtype=torch.float32) -> torch.Tensor:
+        """One step's observation from JSON, gaps included: ``None`` is a step without a measurement
+        (:meth:`missing_observation`), an array with ``None`` entries a partial observation — NaN at the gaps,
+        for families whose likelihood can condition on the observed entries alone (``partial_observations``;
+        ValueError naming ``field`` for the others). Everything else is :meth:`parse_observation`'s."""
+        if value is None:
+            return self.missing_observation(dtype)
+        if not _has_gaps(value):
+            return self.parse_observation(value, field, dtype)
+        whole = isinstance(value, list) and not any(v is not None for v in _leaves(value))
+        if not (self.partial_observations or whole):
+            raise ValueError(self._no_partial(field))
+        t = self.parse_observation(_filled(value, 0.0), field, dtype)  # the shape, checked as for any observation
+        if whole:
+            return self.missing_observation(dtype)
+        gaps = torch.as_tensor(_gap_mask(value), dtype=torch.bool).reshape(t.shape)
+        return t.masked_fill(gaps, float("nan"))
+
+    def observed_part(self, obs: torch.Tensor) -> tuple[ModelFamily, torch.Tensor]:
+        """(model, obs) conditioning on the observed entries of obs [B, *obs_shape] only (NaN: not observed), for
+        families with ``partial_observations``: a model of batch B whose log-likelihood of the returned obs (gaps
+        filled) is log p(o_S | x), S the observed entries, exactly."""
+        raise ValueError(self._no_partial("observations"))
+
+    def _no_partial(self, field: str) -> str:
+        return (
+            f"{field}: the {self.name} family cannot condition on part of an observation; send all of it, or null "
+            "for a step without a measurement"
+        )
+
+    def observation_log_offset(self) -> torch.Tensor:
+        """[B]: the constant a partial observation's model (:meth:`observed_part`) adds to its Gaussian
+        observation density so that it is the observed entries' (0 for a full observation)."""
+        return torch.zeros(self.batch_size)
+
+    def expanded(self, batch: int) -> dict[str, torch.Tensor]:
+        """The parameters with the batch dimension ``batch`` (a shared B = 1 model's repeated)."""
+        return {k: v.expand(batch, *v.shape[1:]) if v.shape[0] != batch else v for k, v in self.params.items()}
+
     # ----------------------------------------------------------------- likelihood
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """log p(o | x) for obs [B, *obs_shape], x [B, N, d] → [B, N]."""
@@ -149,19 +221,77 @@ class ModelFamily:
         if torch.is_grad_enabled() and x.requires_grad:
             (g,) = torch.autograd.grad(self.log_likelihood(obs, x).sum(), x, create_graph=True)
             return g
-        with torch.enable_grad():
-            xg = x.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(self.log_likelihood(obs, xg).sum(), xg)
+        # an autograd-free step (``Updater.autograd_free``) runs in inference mode, whose tensors autograd cannot
+        # save: differentiate normal copies of them
+        with torch.inference_mode(False), torch.enable_grad():
+            model = self
+            if any(torch.is_inference(v) for v in self.params.values()):
+                model = type(self)({k: v.clone() for k, v in self.params.items()}, self.state_dim)
+            xg = x.detach().clone().requires_grad_(True)
+            obs = obs.clone() if torch.is_inference(obs) else obs
+            (g,) = torch.autograd.grad(model.log_likelihood(obs, xg).sum(), xg)
         return g
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         """Draw o ~ p(o | x) for true states x [B, d] → [B, *obs_shape]."""
         raise NotImplementedError
 
+    # ----------------------------------------------------------------- time and inputs
+    def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
+        """The model of one step that lasts ``dt`` (> 0) time units and carries the inputs ``u`` (a vector, or
+        None): the model itself for a step of 1 without inputs. A static family's state does not move with time, so
+        ``dt`` only has to be positive, and it takes no inputs; dynamic families override this with their
+        transition over ``dt``. ValueError naming ``field``.dt or ``field``.u otherwise."""
+        check_dt(dt, field)
+        if u is not None:
+            raise ValueError(f"{subfield(field, 'u')}: the {self.name} family takes no inputs")
+        return self
+
+    def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+        """One draw o_i ~ p(o | x_i) for each of the states x [N, d] of one stream (a B = 1 model) → [N, *obs_shape],
+        all from ``gen`` (forecasts); None for a family whose observation has no predictive of its own (the
+        default: ``logistic``, whose features are the caller's)."""
+        return None
+
     # ----------------------------------------------------------------- dynamics
     def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(F [B,d,d], c [B,d], Q [B,d,d]) with x_m = F x_{m-1} + c + N(0, Q)."""
         raise TypeError(f"the {self.name} family is static: it has no transition")
+
+    def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x) of x_m = f(x_{m-1}) + N(0, Q) for x [B, N, d] → [B, N, d]: F x + c for an affine transition."""
+        F, c, _ = self.transition_affine()
+        return x @ F.transpose(-1, -2) + c[:, None]
+
+    def transition_noise(self) -> torch.Tensor:
+        """Q [B, d, d] of x_m = f(x_{m-1}) + N(0, Q)."""
+        return self.transition_affine()[2]
+
+    # ----------------------------------------------------------------- additive Gaussian observations
+    def observation_function(self, x: torch.Tensor) -> torch.Tensor:
+        """h(x) of o = h(x) + N(0, R) for x [B, N, d] → [B, N, k] (families with ``gaussian_observation``)."""
+        raise TypeError(f"the {self.name} family has no explicit observation function h(x) with additive noise")
+
+    def observation_noise(self) -> torch.Tensor:
+        """R [B, k, k] of o = h(x) + N(0, R) (families with ``gaussian_observation``)."""
+        raise TypeError(f"the {self.name} family has no additive Gaussian observation noise")
+
+    def observation_residual(self, obs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """o − y for obs [B, k] and predicted observations y [B, N, k] → [B, N, k]: the one place a residual is
+        formed, so that families with angles wrap it (range_bearing: the bearing's into [−π, π))."""
+        return obs[:, None] - y
+
+    def localisation_distances(self) -> torch.Tensor | None:
+        """[B, d, k]: the distance between each state variable and each observed entry, for families where
+        covariance localisation has a meaning (lorenz96: the distance around the ring); None (the default)."""
+        return None
+
+    def per_dimension(self, streams: int) -> ModelFamily | None:
+        """This model for ``streams`` streams (B) as d one-dimensional models, batch B·d (row b·d + j: dimension j
+        of stream b), when its transition and likelihood factorise over the dimensions — p(x' | x) = Π_j p(x'_j | x_j)
+        and p(o | x) = Π_j p(o_j | x_j), o_j the j-th entry — so that with a factorised prior the posterior is the
+        product of d one-dimensional ones; None (the default) when they do not."""
+        return None
 
     def transition(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         """Sample x_m ~ p(x_m | x_{m-1}) for x [B, N, d] (identity for static families)."""
@@ -262,6 +392,13 @@ class ModelFamily:
 
     # ----------------------------------------------------------------- description
     @classmethod
+    def state_names(cls, d: int) -> list[str] | None:
+        """The names of the ``d`` state dimensions where the family gives them a meaning (``range_bearing``: px, py,
+        vx, vy); ``None`` where it does not (a state is any d-vector, e.g. ``lds``): readers then call them
+        x[0] … x[d-1]. The stream document's ``state_names``."""
+        return None
+
+    @classmethod
     def catalogue_entry(cls, max_state_dim: int) -> dict[str, Any]:
         """The family's ``GET /v1/models`` entry, without "methods" (the service adds those)."""
         fixed = cls.fixed_state_dim
@@ -270,7 +407,7 @@ class ModelFamily:
             "dynamic": cls.dynamic,
             "linear_gaussian": cls.linear_gaussian,
             "description": cls.description,
-            "state_dim": {"fixed": fixed, "min": fixed or 1, "max": fixed or max_state_dim},
+            "state_dim": {"fixed": fixed, "min": fixed or cls.min_state_dim, "max": fixed or max_state_dim},
             "observation": cls.observation_format,
             "parameters": [
                 {
@@ -295,6 +432,32 @@ class ModelFamily:
         }
 
 
+def _has_gaps(value: Any) -> bool:
+    """Whether a JSON array holds ``null`` entries (at any depth)."""
+    if isinstance(value, dict):
+        return any(v is None or _has_gaps(v) for v in value.values())
+    return isinstance(value, list) and any(v is None or _has_gaps(v) for v in value)
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The entries of a JSON array, flattened."""
+    return [leaf for v in value for leaf in _leaves(v)] if isinstance(value, list) else [value]
+
+
+def _filled(value: Any, fill: Any) -> Any:
+    """The JSON array with each ``null`` replaced by ``fill``."""
+    if value is None:
+        return fill
+    return [_filled(v, fill) for v in value] if isinstance(value, list) else value
+
+
+def _gap_mask(value: Any) -> Any:
+    """The JSON array's shape with True at its ``null`` entries, False elsewhere."""
+    if isinstance(value, list):
+        return [_gap_mask(v) for v in value]
+    return value is None
+
+
 def param_kind(parse: Callable[..., torch.Tensor]) -> str:
     """What a parameter parser accepts, in words (its ``kind`` attribute; "value" when it has none)."""
     return getattr(parse, "kind", "value")
@@ -305,6 +468,8 @@ def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None)
     if default is None:
         return None
     t = default(2, torch.float64)
+    if t is None:  # optional, no default
+        return None
     if t.dim() == 2 and torch.equal(t, t[0, 0] * torch.eye(2, dtype=t.dtype)):
         return f"{t[0, 0].item():g}·I"
     if t.dim() == 1 and bool((t == t[0]).all()):
@@ -333,6 +498,36 @@ def span(t: torch.Tensor) -> tuple[float, float]:
     return float(t.min()), float(t.max())
 
 
+def subfield(field: str, name: str) -> str:
+    """The path of ``name`` inside ``field`` (``observations[0].dt``), or ``name`` alone when ``field`` is empty (a
+    query parameter)."""
+    return f"{field}.{name}" if field else name
+
+
+def check_dt(dt: float, field: str) -> float:
+    """A step's duration: a positive finite number (ValueError naming ``field``.dt)."""
+    if isinstance(dt, bool) or not isinstance(dt, int | float) or not math.isfinite(dt) or dt <= 0:
+        name = subfield(field, "dt")
+        raise ValueError(f"{name}: the time since the previous step must be a positive number, got {dt!r}")
+    return float(dt)
+
+
+def scaled_step(model: ModelFamily, name: str, dt: float, u: torch.Tensor | None, field: str) -> ModelFamily:
+    """The model of a step lasting ``dt`` of the model's own steps, for a family whose step duration is its
+    parameter ``name`` (that times dt) and that takes no inputs (ValueError naming ``field``.dt or ``field``.u)."""
+    dt = check_dt(dt, field)
+    if u is not None:
+        raise ValueError(f"{subfield(field, 'u')}: the {model.name} family takes no inputs")
+    if dt == 1.0:
+        return model
+    return type(model)({**model.params, name: model.params[name] * dt}, model.state_dim)
+
+
+def absent(d: int, dtype: torch.dtype) -> None:
+    """The "default" of an optional parameter that has none: the model simply does not have it."""
+    return None
+
+
 def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:
     return lambda d, dtype: scale * torch.eye(d, dtype=dtype)
 
@@ -349,6 +544,18 @@ def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
 @_kind("covariance matrix (symmetric positive definite)")
 def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.covariance(name, value, None, dtype)
+
+
+@_kind("covariance matrix (symmetric positive semi-definite)")
+def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A symmetric positive semi-definite matrix (a diffusion may drive only some coordinates)."""
+    c = validation.matrix(name, value, None, None, torch.float64)
+    if c.shape[0] != c.shape[1] or not torch.allclose(c, c.T, atol=1e-8 * float(c.abs().max().clamp_min(1.0))):
+        raise ValueError(f"{name}: must be a symmetric square matrix, got {list(c.shape)}")
+    eig_min = float(torch.linalg.eigvalsh(c).min())
+    if eig_min < -1e-10 * float(c.abs().max().clamp_min(1.0)):
+        raise ValueError(f"{name}: must be positive semi-definite (smallest eigenvalue {eig_min:.3g})")
+    return c.to(dtype)
 
 
 @_kind("number or vector of length d")

@@ -97,6 +97,14 @@ class GMM(ModelFamily):
         w2 = torch.sigmoid((d1 + d2) * x2 * (0.5 * inv_s2[..., 0]))
         return torch.stack([torch.addcmul(d1, w2, x2, value=-1.0), w2 * d2], -1) * inv_s2
 
+    def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """o_i = x_i1 (+ x_i2 with probability ½) + s ξ_i."""
+        pick = torch.rand(x.shape[0], generator=gen, dtype=x.dtype) < 0.5
+        centre = torch.where(pick, x[:, 0], x[:, 0] + x[:, 1])
+        return (centre + self.params["s"][0].to(x.dtype) * torch.randn(x.shape[0], generator=gen, dtype=x.dtype))[
+            :, None
+        ]
+
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         pick = rand(gens, [1], x.dtype)[:, 0] < 0.5
         centre = torch.where(pick, x[:, 0], x[:, 0] + x[:, 1])

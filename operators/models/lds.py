@@ -1,8 +1,13 @@
-"""``lds``: the linear dynamical system of the MPF paper (§5 LDS)
+"""``lds``: the linear dynamical system of the MPF paper (§5 LDS), with optional inputs and continuous time
 
-    x_m = A x_{m-1} + N(0, Q),    o_m = B x_m + N(0, R),     Q = I, R = I by default.
+    x_m = A x_{m-1} + C u_m + N(0, Q),    o_m = B x_m + N(0, R),     Q = I, R = I by default.
 
-A and B are required. Exact filtering: the Kalman filter (:mod:`mpflow.operators.references.kalman`).
+B is required, and either the discrete transition A (with Q) or the continuous-time drift F and diffusion Qc of
+dx = (F x + C u) dt + dW, Cov[dW] = Qc dt (Qc = I by default), discretised exactly over each step's duration Δ
+(:func:`mpflow.operators.models.continuous_time.van_loan`: A = e^{FΔ}, Q = ∫₀^Δ e^{Fs} Qc e^{Fᵀs} ds, and the input
+enters through Γ C u, Γ = ∫₀^Δ e^{Fs} ds). A discrete transition has no Δ but 1. The optional input matrix C
+[d, m] takes each step's inputs u ∈ R^m (0 when a step gives none). Exact filtering: the Kalman filter
+(:mod:`mpflow.operators.references.kalman`).
 """
 
 from __future__ import annotations
@@ -10,7 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import ModelFamily, identity, parse_cov, parse_matrix, span
+from mpflow.operators.models.base import (
+    ModelFamily,
+    absent,
+    check_dt,
+    identity,
+    parse_cov,
+    parse_matrix,
+    parse_psd,
+    span,
+    subfield,
+)
+from mpflow.operators.models.continuous_time import van_loan
 from mpflow.operators.models.linear_observation import LinearObservationFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import task_prior, uniform
@@ -26,13 +42,22 @@ class LDS(LinearObservationFamily):
     obs_matrix_name = "B"
     obs_cov_name = "R"
     param_specs = (
-        ("A", parse_matrix, None),
+        ("A", parse_matrix, absent),
         ("Q", parse_cov, identity()),
+        ("F", parse_matrix, absent),
+        ("Qc", parse_psd, identity()),
         ("B", parse_matrix, None),
         ("R", parse_cov, identity()),
+        ("C", parse_matrix, absent),
     )
+    #: the parameters of each way to give the transition (docstring); the other way's are refused
+    DISCRETE = ("A", "Q")
+    CONTINUOUS = ("F", "Qc")
 
-    description = "x_m = A x_{m-1} + N(0, Q); o_m = B x_m + N(0, R)"
+    description = (
+        "x_m = A x_{m-1} + C u_m + N(0, Q) (or continuous time: dx = (F x + C u) dt + dW, Cov dW = Qc dt); "
+        "o_m = B x_m + N(0, R)"
+    )
     observation_format = "vector of length k (the rows of B)"
     task_options = ("rho_range",)
     eval_steps = 25  # MPF §5 LDS
@@ -65,7 +90,8 @@ class LDS(LinearObservationFamily):
         }
 
     def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
-        p = {k: self.params[k][0].to(torch.float64) for k in ("A", "Q", "R")}
+        A, _, Q = self.transition_affine()
+        p = {"A": A[0].to(torch.float64), "Q": Q[0].to(torch.float64), "R": self.params["R"][0].to(torch.float64)}
         return {
             "A singular values": span(torch.linalg.svdvals(p["A"])),
             "Q variance": span(torch.linalg.eigvalsh(p["Q"])),
@@ -86,18 +112,93 @@ class LDS(LinearObservationFamily):
         B = torch.randn(d, d, generator=gen, dtype=torch.float64)
         return {"A": (EXAMPLE_A_SCALE * U).tolist(), "B": B.tolist()}
 
+    @classmethod
+    def from_params(cls, params, state_dim: int, dtype: torch.dtype = torch.float32) -> ModelFamily:
+        """As for every family, plus: exactly one of the discrete (A, Q) and continuous (F, Qc) transitions."""
+        given = set(params or {})
+        discrete, continuous = given & set(cls.DISCRETE), given & set(cls.CONTINUOUS)
+        if discrete and continuous:
+            raise ValueError(
+                f"model.params.{sorted(continuous)[0]}: give the discrete transition (A, Q) or the continuous-time "
+                f"one (F, Qc), not both (got {sorted(discrete | continuous)})"
+            )
+        if "A" not in given and "F" not in given:
+            raise ValueError("model.params.A: required for the lds family (or F, with Qc, for continuous time)")
+        model = super().from_params(params, state_dim, dtype)
+        for name in cls.CONTINUOUS if "A" in given else cls.DISCRETE:  # the other way's defaults
+            model.params.pop(name, None)
+        return model
+
+    @property
+    def continuous(self) -> bool:
+        return "F" in self.params
+
     def check(self) -> None:
         d = self.state_dim
-        if tuple(self.params["A"].shape[1:]) != (d, d):
+        for name in ("A", "Q", "F", "Qc"):
+            if name in self.params and tuple(self.params[name].shape[1:]) != (d, d):
+                raise ValueError(
+                    f"model.params.{name}: expected {d}x{d} (the prior's dimension), got "
+                    f"{list(self.params[name].shape[1:])}"
+                )
+        if "C" in self.params and self.params["C"].shape[1] != d:
             raise ValueError(
-                f"model.params.A: expected {d}x{d} (the prior's dimension), got {list(self.params['A'].shape[1:])}"
-            )
-        if tuple(self.params["Q"].shape[1:]) != (d, d):
-            raise ValueError(
-                f"model.params.Q: expected {d}x{d} (the prior's dimension), got {list(self.params['Q'].shape[1:])}"
+                f"model.params.C: expected {d} rows (the prior's dimension) and one column per input, got "
+                f"{list(self.params['C'].shape[1:])}"
             )
         super().check()
+        if self.continuous:
+            Q = self.transition_affine()[2].to(torch.float64)
+            if float(torch.linalg.eigvalsh(Q).min()) <= 1e-12 * float(Q.abs().max().clamp_min(1e-300)):
+                raise ValueError(
+                    "model.params.Qc: the noise it gives over a step, ∫ e^{Fs} Qc e^{Fᵀs} ds, is singular; let the "
+                    "diffusion reach every coordinate (through F)"
+                )
+
+    def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
+        """The step of duration ``dt`` with inputs ``u``: A, Q (and the input offset c = C u, or Γ C u in continuous
+        time) of that step; the model itself for dt = 1 without inputs in discrete time."""
+        dt = check_dt(dt, field)
+        C = self.params.get("C")
+        dt_field, u_field = subfield(field, "dt"), subfield(field, "u")
+        if u is not None:
+            if C is None:
+                raise ValueError(f"{u_field}: this lds model has no input matrix C (model.params.C); omit u")
+            if tuple(u.shape) != (C.shape[-1],):
+                raise ValueError(
+                    f"{u_field}: expected {C.shape[-1]} inputs (the columns of model.params.C), got {list(u.shape)}"
+                )
+        if not self.continuous:
+            if dt != 1.0:
+                raise ValueError(
+                    f"{dt_field}: a discrete-time lds (A, Q) moves in steps of 1; give the continuous-time F and Qc "
+                    f"for steps of other durations, got dt = {dt}"
+                )
+            if C is None:
+                return self
+            A, Q, gain = self.params["A"], self.params["Q"], None
+        else:
+            steps = torch.full((self.batch_size,), dt, dtype=torch.float64)
+            A, Q, gain = van_loan(self.params["F"], self.params["Qc"], steps)
+        params = {k: v for k, v in self.params.items() if k not in self.CONTINUOUS}
+        dtype = self.params["B"].dtype
+        params["A"], params["Q"] = A.to(dtype), Q.to(dtype)
+        if self.continuous and not (
+            bool(torch.isfinite(params["A"]).all()) and bool((torch.linalg.cholesky_ex(params["Q"]).info == 0).all())
+        ):
+            raise ValueError(
+                f"{dt_field}: over dt = {dt:g} this model's transition is not representable (its noise covariance "
+                "is no longer positive definite in float32, or it overflows); use a step of another length"
+            )
+        if C is not None:
+            Cu = C.to(torch.float64) @ (u if u is not None else torch.zeros(C.shape[-1])).to(torch.float64)
+            params["c"] = (Cu if gain is None else (gain @ Cu[..., None])[..., 0]).to(dtype)
+        return type(self)(params, self.state_dim)
 
     def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(A, c, Q) of a step of 1 (of this step, for a model made by :meth:`at_step`)."""
+        if self.continuous:
+            return self.at_step(1.0).transition_affine()
         A = self.params["A"]
-        return A, torch.zeros(A.shape[:2], dtype=A.dtype), self.params["Q"]
+        c = self.params.get("c")
+        return A, (c if c is not None else torch.zeros(A.shape[:2], dtype=A.dtype)), self.params["Q"]

@@ -1,11 +1,19 @@
 """The linear-Gaussian observation o ~ N(H x, R) shared by ``linear_gaussian`` and ``lds``.
 
 log p(o|x) = −½ (o − Hx)ᵀ R⁻¹ (o − Hx) − ½ log|2πR|,   ∇x log p(o|x) = Hᵀ R⁻¹ (o − Hx).
+
+Partial observations. With only the entries S of o observed, o_S ~ N(H_S x, R_SS) (a Gaussian's marginal: the rows
+S of H, the block S×S of R). :meth:`LinearObservationFamily.observed_part` expresses it at the full shape, so streams
+with different gaps still batch: H' = H with the unobserved rows zeroed, R' = R_SS on S and the identity on the
+gaps (no correlation across), o' = o with 0 at the gaps. Then N(o'; H'x, R') = N(o_S; H_S x, R_SS) · N(0; 0, 1)^|gaps|,
+a constant factor in x — the posterior is exact, and ``obs_log_offset`` = ½ log(2π)·|gaps| removes it from the
+density (and from Kalman's evidence).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from mpflow.operators import gaussian
@@ -15,6 +23,7 @@ from mpflow.operators.rng import Generators, randn
 
 class LinearObservationFamily(ModelFamily):
     linear_gaussian = True
+    gaussian_observation = True
     #: the parameter names of the observation matrix and noise covariance
     obs_matrix_name = "H"
     obs_cov_name = "R"
@@ -65,14 +74,44 @@ class LinearObservationFamily(ModelFamily):
         """(H [B, k, d], R [B, k, k])."""
         return self.H, self.R
 
+    def observation_function(self, x: torch.Tensor) -> torch.Tensor:
+        """h(x) = H x (rows zeroed at a partial observation's gaps)."""
+        return x @ self.H.transpose(-1, -2).to(x.dtype)
+
+    def observation_noise(self) -> torch.Tensor:
+        return self.R
+
+    partial_observations = True
+
+    def observed_part(self, obs: torch.Tensor) -> tuple[ModelFamily, torch.Tensor]:
+        """The observed entries' likelihood N(o_S; H_S x, R_SS) at the full shape (module docstring)."""
+        seen = (~torch.isnan(obs)).to(self.H.dtype)  # [B, k]
+        params = self.expanded(obs.shape[0])
+        h, r = self.obs_matrix_name, self.obs_cov_name
+        params[h] = params[h] * seen[..., None]
+        params[r] = params[r] * (seen[..., :, None] * seen[..., None, :]) + torch.diag_embed(1 - seen)
+        params["obs_log_offset"] = 0.5 * math.log(2 * math.pi) * (1 - seen).sum(-1)
+        return type(self)(params, self.state_dim), obs.nan_to_num(0.0)
+
+    def observation_log_offset(self) -> torch.Tensor:
+        offset = self.params.get("obs_log_offset")
+        return offset if offset is not None else super().observation_log_offset()
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         pred = x @ self.H.transpose(-1, -2)  # [B, N, k]
         # log N(o; Hx, R) = log N(Hx; o, R)
-        return gaussian.log_prob(pred, obs, self.R_chol)
+        ll = gaussian.log_prob(pred, obs, self.R_chol)
+        offset = self.params.get("obs_log_offset")
+        return ll if offset is None else ll + offset[:, None].to(ll.dtype)
 
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         resid = obs[:, None, :] - x @ self.H.transpose(-1, -2)  # [B, N, k]
         return gaussian.precision_times(resid, self.R_chol) @ self.H
+
+    def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """o_i = H x_i + L ξ_i, L Lᵀ = R."""
+        H, L = self.H[0].to(x.dtype), self.R_chol[0].to(x.dtype)
+        return x @ H.T + torch.randn(x.shape[0], H.shape[0], generator=gen, dtype=x.dtype) @ L.T
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         L = torch.linalg.cholesky(self.R)

@@ -46,6 +46,11 @@ class Logistic(ModelFamily):
         self._batch = batch
 
     @classmethod
+    def state_names(cls, d: int) -> list[str]:
+        """x is the weight vector w of y ~ Bernoulli(σ(wᵀa)): ``w[i]``."""
+        return [f"w[{i}]" for i in range(d)]
+
+    @classmethod
     def stack(cls, models):
         dims = {m.state_dim for m in models}
         if len(dims) != 1:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from mpflow.operators import gaussian, validation
-from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.rng import Generators, rand, randn, torch_generator
 from mpflow.operators.samplers.cached import CachedSampler, load_sampler
 
 
@@ -158,7 +158,7 @@ class SamplerPrior:
     def sample(self, n: int, gens: Generators) -> torch.Tensor:
         if len(gens) != self.batch:
             raise ValueError(f"gens: expected {self.batch} generators (one per stream), got {len(gens)}")
-        return torch.stack([self.sampler.sample(n, g, self.dtype) for g in gens])
+        return torch.stack([self.sampler.sample(n, torch_generator(g), self.dtype) for g in gens])
 
 
 Prior = GaussianMixture | ParticlePrior | SamplerPrior

@@ -4,7 +4,10 @@
     o_m ~ N(0, diag(exp(x_m))),
     log p(o|x) = Σ_d −½ (log 2π + x_d + o_d² e^{−x_d}),   ∇x log p(o|x) = −½ + ½ o² e^{−x}.
 
-μ = 0, φ = 0.95, σ = 0.3 by default; each may be a number or a vector of length d.
+μ = 0, φ = 0.95, σ = 0.3 by default; each may be a number or a vector of length d. A step of another duration Δ
+than 1 moves the log-volatility as the Ornstein–Uhlenbeck process of which (φ, σ) is the one-unit step
+(:meth:`StochasticVolatility.at_step`). A partial observation conditions on its observed dimensions (the
+likelihood factorises per dimension).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import math
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim, span
+from mpflow.operators.models.base import ModelFamily, check_dt, filled, parse_per_dim, span, subfield
+from mpflow.operators.models.continuous_time import ou_step
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 from mpflow.operators.rng import Generators, randn
@@ -32,6 +36,11 @@ class StochasticVolatility(ModelFamily):
     observation_format = "vector of length d"
     eval_steps = 50
     benchmark_model = "mu = 0, phi = 0.95, sigma = 0.3"
+
+    @classmethod
+    def state_names(cls, d: int) -> list[str]:
+        """x_i is the log-variance of o_i (o_i ~ N(0, exp(x_i))): ``log-vol[i]``."""
+        return [f"log-vol[{i}]" for i in range(d)]
 
     @classmethod
     def sample_task_models(
@@ -88,16 +97,62 @@ class StochasticVolatility(ModelFamily):
     def obs_shape(self) -> tuple[int, ...]:
         return (self.state_dim,)
 
+    def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
+        """A step of duration ``dt``: the log-volatility is the Ornstein–Uhlenbeck process whose one-unit step is
+        (φ, σ), so over Δ it is exactly φ^Δ and σ √((1 − φ^{2Δ}) / (1 − φ²))
+        (:func:`mpflow.operators.models.continuous_time.ou_step`); φ must lie in (0, 1) for Δ ≠ 1."""
+        dt = check_dt(dt, field)
+        if u is not None:
+            raise ValueError(f"{subfield(field, 'u')}: the {self.name} family takes no inputs")
+        if dt == 1.0:
+            return self
+        phi = self.params["phi"]
+        if bool(((phi <= 0) | (phi >= 1)).any()):
+            raise ValueError(
+                f"{subfield(field, 'dt')}: steps of other durations than 1 need an Ornstein–Uhlenbeck log-volatility, "
+                "model.params.phi in (0, 1)"
+            )
+        phi_dt, sigma_dt = ou_step(phi, self.params["sigma"], torch.full((self.batch_size,), dt))
+        dtype = phi.dtype
+        if not bool((sigma_dt.to(dtype) > 0).all()):
+            raise ValueError(
+                f"{subfield(field, 'dt')}: dt = {dt:g} is too short for the log-volatility's noise to be represented"
+            )
+        return type(self)({**self.params, "phi": phi_dt.to(dtype), "sigma": sigma_dt.to(dtype)}, self.state_dim)
+
     def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mu, phi, sigma = (self.params[k] for k in ("mu", "phi", "sigma"))
         return torch.diag_embed(phi), (1 - phi) * mu, torch.diag_embed(sigma**2)
 
+    def per_dimension(self, streams: int) -> StochasticVolatility:
+        """The d independent univariate models (diagonal φ, σ; o_j ~ N(0, e^{x_j}))."""
+        return type(self)({k: v.expand(streams, -1).reshape(-1, 1) for k, v in self.params.items()}, 1)
+
+    partial_observations = True
+
+    def observed_part(self, obs: torch.Tensor) -> tuple[ModelFamily, torch.Tensor]:
+        """The likelihood factorises per dimension, so the observed entries S condition alone:
+        log p(o_S | x) = Σ_{d∈S} −½ (log 2π + x_d + o_d² e^{−x_d}); ``obs_mask`` [B, d] (1 on S) keeps the sum
+        to S."""
+        params = self.expanded(obs.shape[0])
+        params["obs_mask"] = (~torch.isnan(obs)).to(params["mu"].dtype)
+        return type(self)(params, self.state_dim), obs.nan_to_num(0.0)
+
+    def _masked(self, terms: torch.Tensor) -> torch.Tensor:
+        """Per-dimension terms [B, N, d] with the unobserved dimensions of a partial observation zeroed."""
+        mask = self.params.get("obs_mask")
+        return terms if mask is None else terms * mask[:, None].to(terms.dtype)
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         o2 = (obs**2)[:, None, :]
-        return -0.5 * (math.log(2 * math.pi) + x + o2 * torch.exp(-x)).sum(-1)
+        return self._masked(-0.5 * (math.log(2 * math.pi) + x + o2 * torch.exp(-x))).sum(-1)
 
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return -0.5 + 0.5 * (obs**2)[:, None, :] * torch.exp(-x)
+        return self._masked(-0.5 + 0.5 * (obs**2)[:, None, :] * torch.exp(-x))
+
+    def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """o_i = e^{x_i / 2} ⊙ ξ_i."""
+        return torch.exp(0.5 * x) * torch.randn(x.shape, generator=gen, dtype=x.dtype)
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         return torch.exp(0.5 * x) * randn(gens, [self.state_dim], x.dtype)

@@ -2,7 +2,10 @@
 
 A new method is one module here plus one line in ``UPDATERS``. ``mpf`` takes a trained operator
 (``get_updater("mpf", operator="lds-d2-v1")``, see :func:`mpflow.operators.updaters.mpf.find_operator`); without one
-it is the exact Daum–Huang filter (the operator's untrained base flow).
+it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf`` and ``ukf`` are the ensemble and
+unscented Kalman filters, the baselines of families with an explicit observation function and additive Gaussian
+noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
+(``Updater.nonlinear_transition``).
 """
 
 from __future__ import annotations
@@ -10,15 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from mpflow.operators.updaters.base import NonFiniteError, Updater
+from mpflow.operators.updaters.enkf import EnKFUpdater
 from mpflow.operators.updaters.gpf import GPFUpdater
 from mpflow.operators.updaters.kalman import KalmanUpdater
 from mpflow.operators.updaters.mpf import MPFUpdater
 from mpflow.operators.updaters.nvgd import NVGDUpdater
 from mpflow.operators.updaters.smc import SMCUpdater
 from mpflow.operators.updaters.svgd import SVGDUpdater
+from mpflow.operators.updaters.ukf import UKFUpdater
 
 UPDATERS: dict[str, type[Updater]] = {
-    cls.name: cls for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater, NVGDUpdater, MPFUpdater)
+    cls.name: cls
+    for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater, NVGDUpdater, MPFUpdater, EnKFUpdater, UKFUpdater)
 }
 
 

@@ -141,6 +141,17 @@ class AssumedDensityUpdater(Updater):
             prior = prior.push(*(t.to(torch.float64) for t in model.transition_affine()))
         return prior.to(state.particles.dtype)
 
+    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
+        """No measurement: the particles move as :meth:`Updater._predict` moves them, and an exact step-0 prior
+        still held (a step without a measurement came first) is pushed through the transition exactly, so the next
+        step's target starts from it."""
+        new, info = super()._predict(state, model, gens)
+        prior = prior_from_extras(state.extras)
+        if prior is not None and model.dynamic:
+            pushed = prior.to(torch.float64).push(*(t.to(torch.float64) for t in model.transition_affine()))
+            new = new.replace(extras={**state.extras, **prior_extras(pushed.to(state.particles.dtype))})
+        return new, info
+
     def solver_options(self) -> dict:
         """The options that are the solver's keyword arguments (all but ``evidence``)."""
         return {k: v for k, v in self.options.items() if k != "evidence"}

@@ -5,6 +5,13 @@
 and a :class:`~mpflow.operators.state.StepInfo` (log p(o_m | o_<m) estimate, ESS, iterations).
 
 Shapes: state.particles [B, N, d], obs [B, *obs_shape], a model with batch size B (or 1, broadcast).
+
+Gaps. NaN in obs marks what was not observed: a stream whose observation is NaN everywhere takes a predict-only
+step (:meth:`Updater._predict`: transition, no conditioning, evidence increment 0); one with some NaN entries
+conditions on the others (:meth:`~mpflow.operators.models.base.ModelFamily.observed_part`). A batch may mix the
+two kinds; each group runs its own way and the rows are rejoined. A step's duration and inputs are in its model
+(:meth:`~mpflow.operators.models.base.ModelFamily.at_step`). :meth:`Updater.forecast` gives the k-step-ahead
+predictive (:mod:`mpflow.operators.updaters.predictive`) without changing the state.
 Subclasses implement ``_update``; the base class restores each stream's generator, checks shapes and
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
@@ -30,10 +37,12 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
-from mpflow.operators.rng import Generators, generator, generators_from_state, generators_state
-from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
+from mpflow.operators.state import ParticleState, StepInfo, ess, scatter_info
+from mpflow.operators.updaters.predictive import Predictive, particle_predictive
 
 
 class NonFiniteError(FloatingPointError):
@@ -46,6 +55,12 @@ class Updater:
     weighted: ClassVar[bool] = False
     #: only for linear-Gaussian families (Kalman)
     needs_linear_gaussian: ClassVar[bool] = False
+    #: only for families with an explicit observation function and additive Gaussian noise (``enkf``, ``ukf``:
+    #: ``ModelFamily.gaussian_observation``)
+    needs_gaussian_observation: ClassVar[bool] = False
+    #: runs dynamic families whose transition is not affine (``ModelFamily.affine_transition`` False): the method
+    #: moves its particles only through ``ModelFamily.transition`` / ``transition_mean`` (``smc``, ``enkf``, ``ukf``)
+    nonlinear_transition: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
     #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
@@ -62,13 +77,32 @@ class Updater:
         self.options = {**self.defaults, **options}
 
     # ------------------------------------------------------------------ compatibility
+    @classmethod
+    def refusal(cls, family: type[ModelFamily]) -> str | None:
+        """Why this method cannot run the family (a message starting with "method:"), or None when it can; the
+        catalogue's methods of a family (``GET /v1/models``) and the fall-backs read it too."""
+        if cls.needs_linear_gaussian and not family.linear_gaussian:
+            return (
+                f"method: {cls.name} is exact only for linear-Gaussian families "
+                f"(linear_gaussian, lds), not {family.name}; use smc, gpf or svgd"
+            )
+        if cls.needs_gaussian_observation and not family.gaussian_observation:
+            return (
+                f"method: {cls.name} needs an observation o = h(x) + N(0, R) with an explicit h, which the "
+                f"{family.name} family does not have; use smc, gpf or mpf"
+            )
+        if family.dynamic and not family.affine_transition and not cls.nonlinear_transition:
+            return (
+                f"method: {cls.name} pushes Gaussian moments through an affine transition x' = F x + c + N(0, Q), and "
+                f"the {family.name} family's transition is nonlinear; use smc, enkf or ukf"
+            )
+        return None
+
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         """Raise ValueError (→ 422) if this method cannot run this model/prior."""
-        if self.needs_linear_gaussian and not model.linear_gaussian:
-            raise ValueError(
-                f"method: {self.name} is exact only for linear-Gaussian families "
-                f"(linear_gaussian, lds), not {model.name}; use smc, gpf or svgd"
-            )
+        reason = self.refusal(type(model))
+        if reason is not None:
+            raise ValueError(reason)
 
     # ------------------------------------------------------------------ init
     def init(
@@ -80,7 +114,7 @@ class Updater:
         seeds = [seed] * B if isinstance(seed, int) else list(seed)
         if len(seeds) != B:
             raise ValueError(f"seed: expected {B} seeds, got {len(seeds)}")
-        gens = [generator(s) for s in seeds]
+        gens = StreamRNG.from_seeds(seeds)
         if prior.dim != model.state_dim:
             raise ValueError(
                 f"prior: dimension {prior.dim} does not match the model's state dimension {model.state_dim}"
@@ -126,10 +160,28 @@ class Updater:
             raise ValueError(f"observations: expected a batch of {B}, got {obs.shape[0]}")
         if model.batch_size not in (1, B):
             raise ValueError(f"model: batch of {model.batch_size} does not match {B} streams")
-        if not bool(torch.isfinite(obs).all()):
-            raise ValueError("observations: contain NaN or infinite values")
+        if bool(torch.isinf(obs).any()):
+            raise ValueError("observations: contain infinite values")
         gens = generators_from_state(state.rng)
-        new, info = self._update(state, obs.to(state.particles.dtype), model, gens)
+        obs = obs.to(state.particles.dtype)
+        absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
+        if not bool(absent.any()):
+            new, info = self._observed_update(state, obs, model, gens)
+        elif bool(absent.all()):
+            new, info = self._predict(state, model, gens)
+        else:  # a batch mixing steps with and without a measurement: each group its own way, then rejoined
+            seen, unseen = (~absent).nonzero().flatten(), absent.nonzero().flatten()
+            parts = []
+            for rows, observed in ((seen, True), (unseen, False)):
+                sub_state, sub_model = state.select(rows), model.select(rows)
+                sub_gens = [gens[b] for b in rows.tolist()]
+                if observed:
+                    part = self._observed_update(sub_state, obs[rows], sub_model, sub_gens)
+                else:
+                    part = self._predict(sub_state, sub_model, sub_gens)
+                parts.append((rows, part))
+            new = ParticleState.scatter([(rows, s) for rows, (s, _) in parts], B)
+            info = scatter_info([(rows, i) for rows, (_, i) in parts], B)
         finite = (
             torch.isfinite(new.particles).all()
             & torch.isfinite(info.log_evidence_increment).all()
@@ -145,10 +197,49 @@ class Updater:
         )
         return new, info
 
+    def _observed_update(
+        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[ParticleState, StepInfo]:
+        """The Bayes step of streams that each observed something; a stream with missing entries (NaN) conditions
+        on the entries it observed, through the family's :meth:`~ModelFamily.observed_part`."""
+        if bool(torch.isnan(obs).any()):
+            model, obs = model.observed_part(obs)
+        return self._update(state, obs, model, gens)
+
+    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
+        """A step without a measurement: p(x_m | o_<m) = ∫ p(x_m | x_{m−1}) p(x_{m−1} | o_<m) dx_{m−1}, so a dynamic
+        family moves the particles through the transition x' = F x + c + N(0, Q) and a static one keeps them;
+        weights stay; the evidence increment is log 1 = 0. An unweighted cloud (N > d) is then mapped affinely onto
+        the pushed moments F m + c, F C Fᵀ + Q of the cloud it came from (as ``mpf``'s predict does), so the
+        moments carry no Monte Carlo noise; a tracked log-density becomes that Gaussian's. A nonlinear transition
+        (``ModelFamily.affine_transition`` False) has no moments to push: its particles are moved and nothing else."""
+        x, log_q = state.particles, state.log_density
+        if model.dynamic and not model.affine_transition:  # no moments to push: the particles are the predictive
+            x = model.transition(x, gens)
+            log_q = None
+        elif model.dynamic:
+            mean, cov = gaussian.moments(x.double(), state.log_weights)
+            mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
+            x = model.transition(x, gens)
+            if not self.weighted:
+                x = gaussian.moment_matched(x, mean, cov)
+            if log_q is not None:
+                log_q = gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(log_q.dtype)
+        info = StepInfo(torch.zeros(state.batch_size, dtype=torch.float64), ess(state.log_weights).to(torch.float64))
+        return state.replace(particles=x, log_density=log_q), info
+
     def _update(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ forecasts
+    def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
+        """The 1..``steps``-step-ahead predictive of one stream (B = 1; ``model``: the model of each step) by
+        propagating its particles with draws from ``gen`` (:mod:`mpflow.operators.updaters.predictive`); the state
+        is not changed. Methods that keep an exact density override it."""
+        shared = self.to_particles(state)
+        return particle_predictive(shared.particles, shared.log_weights, model, steps, gen)
 
     # ------------------------------------------------------------------ hand-over between methods
     def to_particles(self, state: ParticleState) -> ParticleState:

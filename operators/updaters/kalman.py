@@ -2,7 +2,9 @@
 
 The state keeps the exact filtering mean and covariance (float64, extras ``mean`` [B, d] and ``cov``
 [B, d, d]); particles are N fresh draws from N(mean, cov) after each step, so every summary the service
-computes from particles works the same. log p(o_m | o_<m) is exact: log N(o; H m⁻, H P⁻ Hᵀ + R).
+computes from particles works the same. log p(o_m | o_<m) is exact: log N(o; H m⁻, H P⁻ Hᵀ + R). A step without a
+measurement is the predict alone (increment 0); a partial one conditions on the observed entries o_S only — H_S,
+R_SS — exactly (:meth:`~mpflow.operators.models.linear_observation.LinearObservationFamily.observed_part`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from mpflow.operators.references.kalman import kalman_predict
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.predictive import Predictive, gaussian_predictive
 
 
 class KalmanUpdater(Updater):
@@ -48,8 +51,29 @@ class KalmanUpdater(Updater):
         H, R = model.observation_affine()
         m, P = kalman_predict(state.extras["mean"], state.extras["cov"], model)
         m, P, log_pred = conjugate_update(m, P, H, R, obs)
+        # a partial observation's model carries the constant that makes log N(o; H m, S) that of the observed entries
+        log_pred = log_pred + model.observation_log_offset().to(torch.float64)
+        n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
+        return self._drawn(state, m, P, gens), StepInfo(log_pred, n)
+
+    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators):
+        """No measurement: the Kalman predict m⁻ = F m + c, P⁻ = F P Fᵀ + Q (a static family keeps its state);
+        the evidence increment is 0."""
+        if not model.dynamic:
+            return super()._predict(state, model, gens)
+        m, P = kalman_predict(state.extras["mean"], state.extras["cov"], model)
+        zero = torch.zeros(state.batch_size, dtype=torch.float64)
+        n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
+        return self._drawn(state, m, P, gens), StepInfo(zero, n)
+
+    def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
+        """The exact predictive: the Kalman predict ``steps`` times, and N(H m_j, H P_j Hᵀ + R)."""
+        return gaussian_predictive(state.extras["mean"], state.extras["cov"], model, steps)
+
+    @staticmethod
+    def _drawn(state: ParticleState, m: torch.Tensor, P: torch.Tensor, gens: Generators) -> ParticleState:
+        """The state of the Gaussian N(m, P): its moments as extras and N fresh draws as particles."""
         L = gaussian.cholesky(P)
         xi = randn(gens, [state.num_particles, state.dim], torch.float64)
         particles = (m[:, None] + xi @ L.transpose(-1, -2)).to(state.particles.dtype)
-        n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
-        return state.replace(particles=particles, extras={"mean": m, "cov": P}), StepInfo(log_pred, n)
+        return state.replace(particles=particles, extras={"mean": m, "cov": P})

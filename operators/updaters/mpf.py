@@ -38,12 +38,18 @@ from mpflow.operators.models import family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
+from mpflow.operators.mpf import correction
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
-from mpflow.operators.rng import Generators
+from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.smc import systematic_resample
+
+#: the Liu–West shrinkage of a corrected static step's resampled copies (smc's default)
+LIU_WEST = gaussian.LIU_WEST_SHRINKAGE
 
 
 def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
@@ -93,7 +99,7 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 
 class MPFUpdater(Updater):
     name = "mpf"
-    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold"})
+    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold", "correct"})
     defaults = {
         "operator": None,
         "network": None,
@@ -103,6 +109,7 @@ class MPFUpdater(Updater):
         "max_substeps": None,
         "ess_threshold": 0.5,
         "track_density": False,
+        "correct": False,
     }
 
     def __init__(self, **options):
@@ -130,6 +137,13 @@ class MPFUpdater(Updater):
             raise ValueError(f"options.max_substeps: at least substeps ({o['substeps']}), got {o['max_substeps']}")
         if not isinstance(o["ess_threshold"], int | float) or not 0 <= o["ess_threshold"] <= 1:
             raise ValueError(f"options.ess_threshold: a fraction of N in [0, 1], got {o['ess_threshold']!r}")
+        if not isinstance(o["correct"], bool):
+            raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
+        if o["correct"] and (net is not None or o["track_density"]):
+            raise ValueError(
+                "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
+                "cancels); it does not run with an operator's learned residual or with track_density"
+            )
         self._untrained: dict[int, MPFVelocity] = {}
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
@@ -188,6 +202,9 @@ class MPFUpdater(Updater):
 
     def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
         """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
+        base = net is self._untrained.get(net.dim)
+        if base and net.dim == 1 and not track and not model.linear_gaussian:
+            return scalar_base_flow(model, obs, x, stages), None  # the same flow, element-wise
         stage_model = tempered(model, stages)
         x1, log_q1 = x, log_q
         for stage in range(stages):
@@ -201,11 +218,13 @@ class MPFUpdater(Updater):
                 steps=self.options["steps"],
                 divergence="auto" if track else "none",
                 whitened=white if stage == 0 else None,
-                residual=net is not self._untrained.get(net.dim),
+                residual=not base,
             )
         return x1, log_q1
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        if self.options["correct"]:
+            return self._corrected_update(state, obs, model, gens)
         B, N, d = state.particles.shape
         o = self.options
         track = o["track_density"]
@@ -237,3 +256,38 @@ class MPFUpdater(Updater):
                 log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
                 n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+
+    def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in
+        ``substeps`` tempered stages, weight against the predictive's Gaussian fit and resample — per dimension where
+        the family factorises. A static family's resampled copies are then moved apart by the Liu–West kernel (it
+        keeps the cloud's mean and covariance), as ``smc`` does. The step's ``ess`` is the weights' (the smallest
+        over the dimensions)."""
+        B, N, d = state.particles.shape
+        x_prev = state.particles
+        x = model.transition(x_prev, gens)
+        inc = evidence.predictive(model.log_likelihood(obs, x))
+        split = model.per_dimension(B)
+        u = rand(gens, [d if split is not None else 1], torch.float64).reshape(-1)
+        if split is not None:
+            model, obs, x_prev, x = split, *(correction.to_dimensions(t) for t in (obs, x_prev, x))
+        if model.dynamic:
+            mean, cov = gaussian.moments(x_prev.double())
+            white = gaussian.matched(
+                x.double(), *gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
+            )
+            x = white.points().to(x_prev.dtype)
+        else:
+            white = gaussian.whiten(x.double())
+        x1, _ = self._flow(self.base_flow(model.state_dim), model, obs, x, None, white, self.options["substeps"], False)
+        log_w = correction.log_weights(model, obs, white, x, x1)
+        n_eff = 1.0 / torch.exp(2 * log_w).sum(-1)
+        log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N)
+        x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
+        if not model.dynamic:
+            mean, cov = gaussian.moments(x1.double())
+            xi = randn(gens, [N, d], x1.dtype)
+            x1 = gaussian.liu_west(x1, mean.to(x1.dtype), gaussian.cholesky(cov).to(x1.dtype), LIU_WEST, xi)
+        if split is not None:
+            x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
+        return state.replace(particles=x1), StepInfo(inc, n_eff)

@@ -36,6 +36,7 @@ def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Ten
 class SMCUpdater(Updater):
     name = "smc"
     weighted = True
+    nonlinear_transition = True
     stream_options = frozenset({"ess_threshold", "rejuvenate", "shrinkage"})
     defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
     #: resample at every step (ESS ≤ N < 2N), so the particles come back uniformly weighted

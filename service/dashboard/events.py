@@ -10,7 +10,9 @@ so no update falls in between, and then sends::
     event: error         {"error": {...}} when the store stops answering (the feed then ends)
     : keep-alive         a comment every KEEPALIVE_SECONDS without updates
 
-Each feed holds one Redis connection for its subscription, from a pool of its own (:class:`Feeds`, opened by the
+Each feed holds one Redis connection for its subscription (on a Redis Cluster an ``SSUBSCRIBE`` on the primary of
+the stream's slot, moved by redis-py when the slot moves: :class:`mpflow.service.redis_conn.Subscription`), from a
+pool of its own (:class:`Feeds`, opened by the
 app's lifespan) so that viewers can never take the connections the API's reads and writes need; at most
 ``MAX_FEEDS`` feeds per process, beyond which a feed is refused with 503 ``too_many_feeds`` and ``Retry-After``.
 A feed ends after ``MAX_FEED_SECONDS`` and the client reconnects: uvicorn waits for open responses before it
@@ -37,6 +39,7 @@ from fastapi.responses import StreamingResponse
 from mpflow.service.dashboard.publish import channel
 from mpflow.service.errors import ApiError, unavailable
 from mpflow.service.middleware import LOG_KEY
+from mpflow.service.redis_conn import Subscription
 from mpflow.service.routes import Tenant, error_responses
 from mpflow.service.store import StoreUnavailable, StreamStore
 from redis import exceptions as rexc
@@ -52,10 +55,10 @@ router = APIRouter()
 
 class Feeds:
     """The live feeds of one process: a Redis connection pool of their own (``MAX_FEEDS`` connections) and the
-    count of open feeds."""
+    count of open feeds. ``cluster``: the store's mode when known (``None``: asked, as :meth:`StreamStore.from_url`)."""
 
-    def __init__(self, url: str, max_feeds: int = MAX_FEEDS):
-        self.store = StreamStore.from_url(url, max_connections=max_feeds)
+    def __init__(self, url: str, max_feeds: int = MAX_FEEDS, cluster: bool | None = None):
+        self.store = StreamStore.from_url(url, max_connections=max_feeds, cluster=cluster)
         self.max_feeds = max_feeds
         self.open = 0
 
@@ -63,11 +66,12 @@ class Feeds:
         await self.store.aclose()
 
 
-async def _close(pubsub: Any, feeds: Feeds) -> None:
+async def _close(subscription: Subscription | None, feeds: Feeds) -> None:
     """Unsubscribe and return the connection to the pool, even when the feed's task is being cancelled (a
     client that went away): a cancelled close would lose the pool's slot for good."""
-    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-        await pubsub.aclose()
+    if subscription is not None:
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await subscription.aclose()
     feeds.open -= 1
 
 
@@ -90,11 +94,12 @@ _EVENTS_DOC = (
     response_class=StreamingResponse,
     responses={
         200: {"description": _EVENTS_DOC, "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-        **error_responses(401, 404, 503),
+        **error_responses(401, 404, 422, 503),
     },
 )
 async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> StreamingResponse:
-    """Server-Sent Events of one stream (module docstring)."""
+    """Follow a stream live: the stream document now, then one event per applied update (the dashboard's
+    feed). The feed ends after a while; reconnect to go on."""
     info = request.scope.get(LOG_KEY)
     if info is not None:
         info["stream"] = stream_id
@@ -108,15 +113,15 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
             {"Retry-After": "5"},
         )
     feeds.open += 1
-    pubsub = feeds.store.client.pubsub()
+    subscription: Subscription | None = None
     try:
-        await pubsub.subscribe(channel(service.store.prefix, tenant, stream_id))
+        subscription = await feeds.store.subscription(channel(service.store.prefix, tenant, stream_id))
         first = await service.get(tenant, stream_id)  # 404 for an unknown stream or one of another tenant
     except _STORE_DOWN as exc:
-        await _close(pubsub, feeds)
+        await _close(subscription, feeds)
         raise StoreUnavailable(f"live feed: {exc}") from exc  # 503 with Retry-After, counted as a store error
     except BaseException:
-        await _close(pubsub, feeds)
+        await _close(subscription, feeds)
         raise
 
     async def feed() -> AsyncIterator[bytes]:
@@ -124,10 +129,10 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
             yield _sse("stream", first)
             started = last_sent = time.monotonic()
             while time.monotonic() - started < MAX_FEED_SECONDS:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL_SECONDS)
-                if message is not None and message.get("type") == "message":
+                message = await subscription.next_message(timeout=_POLL_SECONDS)
+                if message is not None:
                     last_sent = time.monotonic()
-                    yield b"event: update\ndata: " + bytes(message["data"]) + b"\n\n"
+                    yield b"event: update\ndata: " + message + b"\n\n"
                 elif time.monotonic() - last_sent >= KEEPALIVE_SECONDS:
                     last_sent = time.monotonic()
                     yield b": keep-alive\n\n"
@@ -136,7 +141,7 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
         except _STORE_DOWN:
             yield _sse("error", unavailable().body())
         finally:
-            await _close(pubsub, feeds)
+            await _close(subscription, feeds)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(feed(), media_type="text/event-stream", headers=headers)

@@ -1,9 +1,11 @@
 """Publishing stream updates to live viewers (Redis publish/subscribe; read by :mod:`mpflow.service.dashboard.events`).
 
-An applied update is told to viewers as a compact event on the channel ``<prefix>:events:<tenant>:<stream_id>``,
-published only once the update is stored. :func:`update_event` builds that event as ``(channel, payload)`` for
-:meth:`~mpflow.service.store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right after its write
-and only if the write happened — atomically with it and without a second round trip
+An applied update is told to viewers as a compact event on the channel ``<prefix>:events:{<tenant>:<stream_id>}``,
+published only once the update is stored. The channel carries the stream keys' hash tag: on a Redis Cluster it is a
+sharded channel (SPUBLISH/SSUBSCRIBE) of the stream's own slot, so the CAS script stays single-slot.
+:func:`update_event` builds that event as ``(channel, payload)`` for
+:meth:`~mpflow.service.store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right after its
+write and only if the write happened — atomically with it and without a second round trip
 (:meth:`~mpflow.service.streams.StreamService.observe` passes it). Because the channel lives in the store, a viewer
 connected to one replica sees updates applied by any replica.
 
@@ -22,8 +24,8 @@ MAX_EVENT_NUMBERS = 20000
 
 
 def channel(prefix: str, tenant: str, stream_id: str) -> str:
-    """The pub/sub channel of one stream's updates."""
-    return f"{prefix}:events:{tenant}:{stream_id}"
+    """The pub/sub channel of one stream's updates (hash-tagged like the stream's keys)."""
+    return f"{prefix}:events:{{{tenant}:{stream_id}}}"
 
 
 def event_of(doc: dict[str, Any]) -> dict[str, Any]:

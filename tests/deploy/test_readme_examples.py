@@ -30,8 +30,11 @@ from tests.harness.server import serve_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 MARKER = re.compile(r"<!-- readme-test: (?P<name>[\w-]+) -->\s*\n```(?P<lang>\w+)\n(?P<code>.*?)\n```", re.S)
-EXPECTED_BLOCKS = {"tour-curl": "bash", "tour-seq": "bash", "tour-python": "python", "ops-curl": "bash"}
+EXPECTED_BLOCKS = {"tour-curl": "bash", "tour-seq": "bash", "tour-python": "python", "cli": "bash", "ops-curl": "bash"}
+#: blocks that need no server (they run the command line)
+OFFLINE_BLOCKS = {"cli"}
 START_TIMEOUT_S = 90
 
 
@@ -76,6 +79,8 @@ def test_readme_marks_the_tour_blocks() -> None:
     blocks = readme_blocks()
     assert {name: lang for name, (lang, _) in blocks.items()} == EXPECTED_BLOCKS
     for name, (_, code) in blocks.items():
+        if name in OFFLINE_BLOCKS:
+            continue
         assert re.search(r"(localhost|127\.0\.0\.1):8000", code), f"{name}: talks to the README's port 8000"
 
 
@@ -149,6 +154,20 @@ def test_python_tour_as_written(server: int) -> None:
         assert _close([*mean, inc], quoted[t], 0.005), f"README quotes {quoted[t]}, the service printed {line}"
 
 
+def test_command_line_block_as_written() -> None:
+    """cli: ``mpflow info`` (readable: families, operators, settings), ``mpflow filter --method mpf`` (naming the
+    operator it runs, then a table against the exact posterior), ``mpflow --help`` (every command)."""
+    lang, code = readme_blocks()["cli"]
+    done = subprocess.run(["bash", "-e", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for heading in ("Model families", "Trained operators", "Service settings in force"):
+        assert heading in out
+    assert "# mpf with the operator lds-d2-v1 (the newest for lds, d = 2)" in out
+    assert "log-evidence error vs Kalman" in out
+    assert all(command in out for command in ("info", "filter", "train", "evaluate", "fit-sampler", "serve"))
+
+
 def test_operations_block_as_written(server: int) -> None:
     """ops-curl: /healthz and /readyz bodies, and the two always-present metrics."""
     health, ready, *metrics = run_block("ops-curl", server).splitlines()
@@ -159,13 +178,15 @@ def test_operations_block_as_written(server: int) -> None:
     assert float(values["mpflow_store_errors_total"]) == 0.0 and float(values["mpflow_streams"]) >= 0
 
 
-def test_readme_configuration_table_lists_every_setting() -> None:
-    text = README.read_text()
+def test_configuration_table_lists_every_setting() -> None:
+    """The settings table (docs/operations.md, where the README links for configuration) names every setting with
+    its default."""
+    text = OPERATIONS.read_text()
     section = text[text.index("## Configuration") : text.index("\n## ", text.index("## Configuration") + 1)]
     rows = dict(re.findall(r"^\| `(MPFLOW_[A-Z_]+)` \| ([^|]+) \|", section, re.M))
     documented = set(rows)
     settings = {f"MPFLOW_{name.upper()}" for name in Settings.model_fields}
-    assert settings <= documented, f"settings missing from the README table: {sorted(settings - documented)}"
+    assert settings <= documented, f"settings missing from the table: {sorted(settings - documented)}"
     assert documented - settings <= {"MPFLOW_HOST", "MPFLOW_PORT", "MPFLOW_WORKERS"}
     for name, field in Settings.model_fields.items():
         default = field.default

@@ -16,8 +16,10 @@ spends per request is taken from the server being measured; measured, httpx cost
 aiohttp ≈ 0.2–0.37 ms (see ``benchmarks/service_load.py``).
 
 The server: :func:`server` starts ``python -m mpflow serve`` as a user does
-(:func:`~tests.harness.server.serve_as_user`) on the store :func:`choose_store` picks (the local Redis under a
-fresh key prefix, else the embedded one).
+(:func:`~tests.harness.server.serve_as_user`; ``workers=None``: without ``--workers``, the server's default, as
+``make serve`` starts it — :func:`started_workers` reads the number it started off its log) on the store
+:func:`choose_store` picks: the local Redis under a fresh key prefix, else the embedded one, or (``"cluster"``) a
+fresh local Redis Cluster of 3 primaries with a replica each (:class:`tests.harness.cluster.LocalCluster`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from mpflow.service.client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness.cluster import LocalCluster
 from tests.harness.server import drop_prefix, redis_answers, serve_as_user
 from tests.harness.specs import LDS_MODEL, PRIOR, STATE_DIM
 from tests.harness.traffic import percentile
@@ -75,6 +78,19 @@ class Store:
 
 @contextlib.contextmanager
 def choose_store(kind: str, redis_url: str) -> Iterator[Store]:
+    """``kind``: ``redis`` (the Redis at ``redis_url``), ``embedded``, ``auto`` (the first when it answers, else
+    the second) or ``cluster`` (a local Redis Cluster, 3 primaries + 3 replicas, started here and stopped after)."""
+    if kind == "cluster":
+        with tempfile.TemporaryDirectory(prefix="mpflowbench-cluster-") as base, LocalCluster(base) as cluster:
+            prefix = f"mpflowbench-{uuid.uuid4().hex[:12]}"
+            yield Store(
+                {"MPFLOW_REDIS_URL": cluster.url, "MPFLOW_REDIS_PREFIX": prefix},
+                f"local Redis Cluster, {cluster.primaries} primaries + {cluster.primaries * cluster.replicas} "
+                f"replicas on 127.0.0.1 (MPFLOW_REDIS_URL {cluster.url}; stopped afterwards)",
+                cluster.url,
+                prefix,
+            )
+        return
     if kind in ("auto", "redis") and asyncio.run(redis_answers(redis_url)):
         prefix = f"mpflowbench-{uuid.uuid4().hex[:12]}"
         try:
@@ -93,14 +109,25 @@ def choose_store(kind: str, redis_url: str) -> Iterator[Store]:
         yield Store({"MPFLOW_DATA_DIR": data_dir, "MPFLOW_REDIS_URL": ""}, f"embedded Redis (data dir {data_dir})")
 
 
+def server_log(log_dir: Path, batching: bool) -> Path:
+    """Where :func:`server` appends the server's output."""
+    return log_dir / f"server-{'batched' if batching else 'unbatched'}.log"
+
+
 @contextlib.contextmanager
-def server(store: Store, batching: bool, log_dir: Path, workers: int = 1) -> Iterator[str]:
-    """``python -m mpflow serve`` on a free port (:func:`tests.harness.server.serve_as_user`); yields its base URL
-    once ``/readyz`` answers 200."""
+def server(store: Store, batching: bool, log_dir: Path, workers: int | None = 1) -> Iterator[str]:
+    """``python -m mpflow serve`` on a free port (:func:`tests.harness.server.serve_as_user`) with ``--workers
+    workers`` (None: no ``--workers``, the server's default); yields its base URL once ``/readyz`` answers 200."""
     env = {**store.env, "MPFLOW_BATCHING": "true" if batching else "false"}
-    log_path = log_dir / f"server-{'batched' if batching else 'unbatched'}.log"
-    with serve_as_user(env, log_path, args=["--workers", str(workers)], inherit_mpflow_env=True) as srv:
+    args = [] if workers is None else ["--workers", str(workers)]
+    with serve_as_user(env, server_log(log_dir, batching), args=args, inherit_mpflow_env=True) as srv:
         yield srv.url
+
+
+def started_workers(log_path: Path) -> int:
+    """The worker processes a server started, from its log: uvicorn logs ``Started server process [pid]`` once
+    per worker (read it once they have all started, e.g. after a cell has run)."""
+    return log_path.read_text(errors="replace").count("Started server process")
 
 
 def scrape(url: str) -> dict[str, float]:

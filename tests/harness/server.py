@@ -168,10 +168,21 @@ class UserServer:
         return time.monotonic() - t0
 
     def kill(self) -> None:
-        """SIGKILL the server process alone (no shutdown; its embedded redis-server, a daemon, lives on)."""
+        """SIGKILL the server — its process and, with several workers, the worker processes it started — with no
+        shutdown, as a crash of its machine or container would; its embedded redis-server, a daemon, lives on."""
+        import psutil
+
         assert self.proc is not None, "the server was not started"
+        try:
+            workers = [c for c in psutil.Process(self.proc.pid).children(recursive=True) if "redis" not in c.name()]
+        except psutil.NoSuchProcess:
+            workers = []
         self.proc.kill()
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
         self.proc.wait()
+        psutil.wait_procs(workers, timeout=10)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (uvicorn runs the lifespan shutdown), SIGKILL after ``timeout`` seconds."""

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from mpflow.service.client import Retry
 from mpflow.service.embedded import running_server
 from mpflow.service.store import StreamStore
@@ -54,18 +53,18 @@ def expected_state_bytes(num_particles: int, dim: int, method: str) -> dict[str,
     safetensors lays out an 8-byte little-endian header length, a JSON header (``__metadata__`` and, per
     tensor, dtype, shape and byte offsets; padded with spaces to a multiple of 8) and the raw tensors. The
     tensors of a state: particles [1, N, d] f32, log_weights [1, N] f32, step [1] i64, log_evidence [1] f64,
-    rng [1, S] u8 (S: the size of torch's CPU generator state, 5056 bytes: Mersenne Twister), plus for
+    rng [1, 2] i64 (the stream's counter-based generator: key and counter), plus for
     ``kalman`` extras.mean [1, d] and extras.cov [1, d, d] f64. (``mpf`` with a trained operator keeps no
     ``log_density``.)"""
     from mpflow.operators.state import FORMAT
 
-    rng = int(torch.Generator().get_state().numel())
+    rng = 16
     tensors = {
         "particles": ("F32", [1, num_particles, dim], 4),
         "log_weights": ("F32", [1, num_particles], 4),
         "step": ("I64", [1], 8),
         "log_evidence": ("F64", [1], 8),
-        "rng": ("U8", [1, rng], 1),
+        "rng": ("I64", [1, 2], 8),
     }
     if method == "kalman":
         tensors |= {"extras.mean": ("F64", [1, dim], 8), "extras.cov": ("F64", [1, dim, dim], 8)}

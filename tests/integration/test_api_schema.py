@@ -9,7 +9,10 @@ configured limit (413) or invalid for its model family (422), which the schema c
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -17,7 +20,10 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
+from mpflow.service.app import create_app  # noqa: E402
 from mpflow.service.dashboard.events import NOT_FUZZED  # noqa: E402
+from mpflow.service.settings import Settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
@@ -64,3 +70,56 @@ def test_openapi_contract(api_schema):
                 check()
             except Unsatisfiable:  # nothing to make invalid (an operation without parameters or body)
                 assert mode is GenerationMode.NEGATIVE, op.label
+
+
+# ---------------------------------------------------------------------------------------------- examples
+def schema_examples(node: Any, path: str = "#") -> Iterator[tuple[str, dict, Any]]:
+    """Every example of an OpenAPI document: (where, the schema it illustrates, the example). Schema nodes carry
+    ``examples`` (a list, JSON Schema) or ``example``; a media type carries ``example`` or ``examples`` (a map of
+    ``{"value": ...}``) for its ``schema``."""
+    if isinstance(node, dict):
+        if "schema" in node and isinstance(node["schema"], dict):  # a media type or a parameter
+            if "example" in node:
+                yield f"{path}/example", node["schema"], node["example"]
+            for name, ex in (node.get("examples") or {}).items():
+                if isinstance(ex, dict) and "value" in ex:
+                    yield f"{path}/examples/{name}", node["schema"], ex["value"]
+        elif "type" in node or "properties" in node or "anyOf" in node or "$ref" in node or "allOf" in node:
+            for i, ex in enumerate(node.get("examples") or []):
+                yield f"{path}/examples/{i}", node, ex
+            if "example" in node:
+                yield f"{path}/example", node, node["example"]
+        for key, value in node.items():
+            yield from schema_examples(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from schema_examples(value, f"{path}/{i}")
+
+
+def example_errors(document: dict) -> list[str]:
+    """Each example of ``document`` that does not validate against its own schema (JSON Schema 2020-12, the
+    dialect of OpenAPI 3.1; ``$ref``s resolved in the document), as ``where: what``."""
+    errors = []
+    for where, schema, example in schema_examples(document):
+        root = {**schema, "components": document.get("components", {})}  # so "#/components/..." resolves
+        validator = Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        errors += [f"{where}: {e.message}" for e in validator.iter_errors(example)]
+    return errors
+
+
+def test_every_openapi_example_matches_its_schema():
+    document = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()
+    assert len(list(schema_examples(document))) >= 8
+    assert example_errors(document) == []
+
+
+def test_an_example_that_does_not_match_its_schema_is_found():
+    """The check above can fail: an example missing a required field, or with a field of the wrong type."""
+    document = create_app(Settings(redis_url="redis://127.0.0.1:1/0")).openapi()
+    broken = copy.deepcopy(document)
+    result = broken["components"]["schemas"]["ObservationResult"]
+    result["examples"] = [{k: v for k, v in result["examples"][0].items() if k != "per_step"}]
+    broken["components"]["schemas"]["ErrorResponse"]["examples"] = [{"error": {"code": 3, "message": "m"}}]
+    errors = example_errors(broken)
+    assert any("ObservationResult/examples/0: 'per_step' is a required property" in e for e in errors), errors
+    assert any("ErrorResponse/examples/0: 3 is not of type 'string'" in e for e in errors), errors

@@ -531,10 +531,12 @@ def test_metrics_openapi_catalogue(redis_url):
         assert "examples" in schemas["CreateStreamRequest"]
         models = (await c.get("/v1/models")).json()
         by_family = {f["family"]: f for f in models["families"]}
-        assert set(by_family) == set(FAMILIES)
+        assert set(by_family) == set(MODEL_FAMILIES)  # every family the server loaded, plugins included
+        assert by_family["lorenz96"]["methods"] == ["enkf", "smc", "ukf"]
         assert "kalman" in by_family["lds"]["methods"] and "kalman" not in by_family["gmm"]["methods"]
         lds_params = {p["name"]: p for p in by_family["lds"]["parameters"]}
-        assert lds_params["A"]["required"] and lds_params["Q"]["default"] == "1·I"
+        # A or, in continuous time, F: neither alone is required (issue 19); B is
+        assert not lds_params["A"]["required"] and lds_params["B"]["required"] and lds_params["Q"]["default"] == "1·I"
         ops = (await c.get("/v1/operators")).json()["operators"]
         assert [o["name"] for o in ops] == [r.name for r in app.state.operators.records]
         for o in ops:

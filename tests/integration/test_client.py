@@ -168,8 +168,9 @@ def test_errors_carry_status_and_code(server: str) -> None:
     # retries are bounded
     flaky = Flaky(httpx.HTTPTransport(), dict.fromkeys(range(1, 10), "refused"))
     with Client(server, retry=FAST_RETRY, transport=flaky) as client:
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(MpflowError) as err:  # the client's own error, the transport's as its cause
             client.stream(stream.stream_id).update(OBS[:1], seq=1)
+        assert err.value.code == "connection_failed" and isinstance(err.value.__cause__, httpx.ConnectError)
         assert len(flaky.posts) == FAST_RETRY.attempts
         assert client.stream(stream.stream_id).get()["step"] == 0
 

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from mpflow.operators.models import FAMILIES
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.registry import load_record, save_operator
 from mpflow.training import evaluate as ev
@@ -183,8 +184,9 @@ def test_mpf_base_is_the_operators_own_base_flow(tmp_path):
 
 def test_defaults_come_from_the_families():
     """The paper's sequence lengths (MPF §5) and particle counts, read off the family classes."""
-    steps = {"linear_gaussian": 100, "lds": 25, "gmm": 30, "logistic": 20, "stochastic_volatility": 50}
-    assert steps == ev.DEFAULT_STEPS
+    paper = {"linear_gaussian": 100, "lds": 25, "gmm": 30, "logistic": 20, "stochastic_volatility": 50}
+    assert {k: ev.DEFAULT_STEPS[k] for k in paper} == paper
+    assert ev.DEFAULT_STEPS.keys() == FAMILIES.keys()  # every family, the paper's and the others, says its own
     assert ev.DEFAULT_PARTICLES["lds"] == (64, 256, 1024) and ev.DEFAULT_PARTICLES["gmm"] == (256,)
 
 

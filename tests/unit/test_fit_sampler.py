@@ -108,7 +108,7 @@ def test_sampler_prior_starts_a_stream(fitted, monkeypatch, method):
     updater = get_updater(method)
     state = updater.init(prior, model, 64, seed=3)
     # the step-0 cloud is the sampler's draws from the stream's own generator
-    expected = load_sampler(record.path).sample(64, rng.generator(3))
+    expected = load_sampler(record.path).sample(64, rng.torch_generator(rng.StreamRNG.from_seeds([3])[0]))
     assert torch.equal(state.particles[0], expected)
     assert not torch.equal(updater.init(prior, model, 64, seed=4).particles, state.particles)
     new, info = updater.update(state, torch.tensor([[1.5, 0.5]]), model)

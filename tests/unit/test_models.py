@@ -31,6 +31,8 @@ FAMILY_CASES: dict[str, tuple[int, dict]] = {
     "gmm": (2, {}),
     "logistic": (3, {}),
     "stochastic_volatility": (2, {}),
+    "range_bearing": (4, {"sensor": [1.0, -0.5], "range_sd": 0.5, "bearing_sd": 0.1}),
+    "lorenz96": (6, {"obs_every": 2, "R": 0.5, "arctan": True}),
 }
 
 #: the API's JSON form of one observation for the FAMILY_CASES models
@@ -40,6 +42,8 @@ JSON_OBS: dict[str, object] = {
     "gmm": 0.7,
     "logistic": {"x": [[0.1, -0.2, 0.3], [1.0, 0.0, -1.0]], "y": [0, 1]},
     "stochastic_volatility": [0.5, -0.25],
+    "range_bearing": [3.0, -3.1],
+    "lorenz96": [0.1, 0.5, -0.2],
 }
 
 
@@ -117,6 +121,14 @@ def _closed_form_loglik(name: str, model: ModelFamily, obs: np.ndarray, x: np.nd
         return (y * np.log(prob) + (1 - y) * np.log1p(-prob)).sum(-1)
     if name == "stochastic_volatility":
         return stats.norm(0.0, np.exp(0.5 * x)).logpdf(obs[None]).sum(-1)
+    if name == "range_bearing":
+        rel = x[:, :2] - p["sensor"]
+        bearing_residual = (obs[1] - np.arctan2(rel[:, 1], rel[:, 0]) + math.pi) % (2 * math.pi) - math.pi
+        return stats.norm(np.hypot(rel[:, 0], rel[:, 1]), p["range_sd"]).logpdf(obs[0]) + stats.norm(
+            0.0, p["bearing_sd"]
+        ).logpdf(bearing_residual)
+    if name == "lorenz96":
+        return stats.norm(np.arctan(x[:, ::2]), math.sqrt(p["R"])).logpdf(obs[None]).sum(-1)
     raise AssertionError(name)
 
 
@@ -180,8 +192,12 @@ DYNAMIC_CASES = {
 }
 
 
+#: dynamic families whose transitions are tested in a file of their own
+OWN_TRANSITION_TESTS = {"range_bearing": "test_range_bearing.py", "lorenz96": "test_lorenz96.py"}
+
+
 def test_dynamic_cases_cover_every_dynamic_family():
-    assert set(DYNAMIC_CASES) == {n for n, c in FAMILIES.items() if c.dynamic}
+    assert set(DYNAMIC_CASES) == {n for n, c in FAMILIES.items() if c.dynamic} - set(OWN_TRANSITION_TESTS)
 
 
 @pytest.mark.parametrize("name", sorted(DYNAMIC_CASES))
@@ -548,7 +564,7 @@ def test_every_family_describes_itself(name):
     assert entry["family"] == name and entry["description"] == cls.description
     assert all(p["kind"] != "value" for p in entry["parameters"])  # every shipped parser says what it accepts
     assert cls.eval_steps >= 1 and all(n >= 1 for n in cls.eval_particles)
-    d = cls.fixed_state_dim or 3
+    d = cls.fixed_state_dim or max(3, cls.min_state_dim)
     model, prior = cls.sample_task_models([generator(0), generator(1)], d, torch.float32, {})
     assert isinstance(model, cls) and model.batch_size == 2 and prior.batch_size == 2 and prior.dim == d
     benchmark = make_model(name, cls.benchmark_params(d, generator(2)), d)

@@ -61,7 +61,7 @@ def test_a_recorded_domain_is_used_as_written() -> None:
 
 def test_every_family_describes_its_domain_with_measures_it_computes() -> None:
     for name, cls in FAMILIES.items():
-        d = 2
+        d = cls.fixed_state_dim or max(2, cls.min_state_dim)
         params = {"A": [[0.9, 0], [0, 0.9]], "B": [[1, 0], [0, 1]]} if name == "lds" else {}
         model = make_model(name, params, d)
         domain = cls.task_domain({})

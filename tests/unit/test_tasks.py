@@ -9,7 +9,7 @@ import torch
 from mpflow.operators.rng import generator
 from mpflow.training.tasks import TASK_FAMILIES, sample_tasks
 
-DIMS = {"gmm": 2, "logistic": 4}
+DIMS = {"gmm": 2, "logistic": 4, "range_bearing": 4}
 
 
 @pytest.mark.parametrize("family", TASK_FAMILIES)

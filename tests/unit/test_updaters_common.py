@@ -4,8 +4,9 @@
 * the same seed gives identical particles (every draw goes through the stream's generator);
 * batch independence: a stream's result does not depend on the batch it runs in (allclose 1e-5) — the
   service micro-batches streams and relies on this;
-* bad observations (wrong batch, NaN) raise ValueError; extreme observations (±1e6) never give a silent
-  NaN: the state stays finite or the update raises NonFiniteError (SMC must stay finite).
+* bad observations (wrong batch, ±inf) raise ValueError (NaN marks an entry not observed:
+  test_missing_observations); extreme observations (±1e6) never give a silent NaN: the state stays finite or the
+  update raises NonFiniteError (SMC must stay finite).
 
 Tiny clouds (N = 64) and capped iteration counts keep this quick; accuracy is tested elsewhere.
 """
@@ -36,7 +37,7 @@ def make_updater(name: str) -> Updater:
 
 # ------------------------------------------------------------------------------------------ the cases
 def model_for(family: str, informative: bool = True) -> ModelFamily:
-    """A d = 2 model (logistic d = 3); ``informative=False`` gives a much flatter likelihood where the family
+    """A d = 2 model (the others of ``DIMS``); ``informative=False`` gives a much flatter likelihood where the family
     has a noise parameter, so batched streams can differ in whether SMC resamples."""
     noise = 0.3 if informative else 30.0
     if family == "linear_gaussian":
@@ -50,11 +51,20 @@ def model_for(family: str, informative: bool = True) -> ModelFamily:
         return make_model(family, {}, 3)
     if family == "stochastic_volatility":
         return make_model(family, {"sigma": 0.3 if informative else 0.1}, 2)
+    if family == "range_bearing":
+        sd = {"range_sd": noise, "bearing_sd": 0.05 if informative else 3.0}
+        return make_model(family, {"sensor": [-5.0, 0.0], **sd}, DIMS[family])
+    if family == "lorenz96":
+        return make_model(family, {"R": noise, "obs_every": 2}, DIMS[family])
     raise AssertionError(f"no test case for family {family}")
 
 
+#: the state dimension of each family's case (2 where not named)
+DIMS = {"logistic": 3, "range_bearing": 4, "lorenz96": 5}
+
+
 def prior_for(family: str, shift: float = 0.0) -> GaussianMixture:
-    d = 3 if family == "logistic" else 2
+    d = DIMS.get(family, 2)
     mean = [shift] * d
     cov = [[1.0 if i == j else 0.2 for j in range(d)] for i in range(d)]
     return prior_from_spec({"type": "gaussian", "mean": mean, "cov": cov}, d)
@@ -105,7 +115,7 @@ def assert_finite_state(state: ParticleState) -> None:
 
 
 # ------------------------------------------------------------------------------------------ compatibility
-@pytest.mark.parametrize("family", ["gmm", "logistic", "stochastic_volatility"])
+@pytest.mark.parametrize("family", ["gmm", "logistic", "stochastic_volatility", "range_bearing", "lorenz96"])
 def test_kalman_rejects_nonlinear_families(family):
     u = make_updater("kalman")
     model, prior = model_for(family), prior_for(family)
@@ -236,7 +246,7 @@ def test_wrong_observation_batch_raises(method, family):
 @pytest.mark.parametrize("method,family", COMBOS)
 def test_nan_observation_raises(method, family):
     u, model, state, obs = _bad_obs_setup(method, family)
-    for bad in (math.nan, math.inf):
+    for bad in (math.inf, -math.inf):
         o = obs.clone()
         o.view(-1)[0] = bad
         with pytest.raises(ValueError, match=r"^observations"):

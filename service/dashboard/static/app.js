@@ -3,6 +3,8 @@
 // Every piece of data comes from the authenticated API of this origin:
 //   GET /v1/streams                  the stream list (refreshed every LIST_REFRESH_MS)
 //   GET /v1/streams/{id}/particles   the particle cloud (re-read after each update)
+//   GET /v1/streams/{id}/history     the steps the stream keeps, with their observations (read when the page
+//                                    opens, so the traces start at the first kept step, then after each update)
 //   GET /v1/streams/{id}/events      Server-Sent Events: the stream document, then one event per update
 //                                    (read with fetch(), so the key travels in a header, never in the URL)
 // When the API answers 401 the page asks for an API key and keeps it in sessionStorage (this tab only).
@@ -13,6 +15,9 @@ const LIST_REFRESH_MS = 3000;
 const MAX_POINTS = 5000; // particles drawn at most (an even subsample of larger clouds)
 const MAX_HISTORY = 5000; // steps kept for the traces
 const MAX_BAND_DIMS = 6; // all dimensions get a band up to this many; else only the selected x and y
+const OBSERVATION_ROWS = 12; // observations listed, the latest first
+const OBSERVATION_CHARS = 160; // an observation's JSON is cut to this many characters in the list
+const OBSERVED_COLOR = "#111827"; // the observed values drawn on the traces
 const WEIGHTED = new Set(["smc"]); // methods whose particles carry non-uniform weights (ESS < N)
 const CHI2_2D_95 = 5.991; // 95% quantile of chi-square with 2 degrees of freedom (the ellipse radius²)
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2"];
@@ -149,7 +154,7 @@ async function runListView() {
       link.textContent = s.stream_id;
       cell(row, "").appendChild(link);
       cell(row, s.model ? s.model.family : "");
-      cell(row, s.operator ? `${s.method} (${s.operator})` : s.method);
+      cell(row, methodLabel(s));
       cell(row, String(s.step), "num");
       cell(row, s.updated_at || "");
     }
@@ -164,11 +169,35 @@ const view = {
   id: null,
   doc: null, // the latest stream document (summary without cov after updates)
   dim: 0,
-  history: [], // {step, mean, std, lei, ess} sorted by step, one per step seen
+  history: [], // {step, mean, std, lei, ess, obs?: {value, dt, omitted}} sorted by step, one per step seen
   cloud: null, // {step, points: [[..]], logWeights: [..]}
-  fetching: false, // a particle read in flight
-  stale: false, // an update arrived while it was in flight
+  kept: null, // the most steps the stream keeps (MPFLOW_HISTORY_STEPS), once the history was read
+  historyStep: 0, // the stream's step at the last history read: the steps up to it are read
 };
+
+// `read` (async) made into a refresh that never runs twice at once: a call while it runs causes one more run when
+// it is done (however many calls came). A failure other than 401 is shown with `what`.
+function coalesced(what, read) {
+  let running = false;
+  let again = false;
+  return async () => {
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      do {
+        again = false;
+        await read();
+      } while (again);
+    } catch (err) {
+      if (!(err instanceof Unauthorized)) setStatus(`Could not read ${what}: ${err.message}`);
+    } finally {
+      running = false;
+    }
+  };
+}
 
 // Add a per-step entry (or replace the one of the same step) keeping history sorted by step.
 function remember(entry) {
@@ -176,18 +205,31 @@ function remember(entry) {
   let i = h.length;
   while (i > 0 && h[i - 1].step > entry.step) i--;
   if (i > 0 && h[i - 1].step === entry.step) {
-    // keep a known increment when the new entry (from a stream document) has none
-    h[i - 1] = { ...entry, lei: entry.lei ?? h[i - 1].lei };
+    // keep a known increment and observation when the new entry (a stream document, a live event) has none
+    const old = h[i - 1];
+    h[i - 1] = { ...entry, lei: entry.lei ?? old.lei, obs: entry.obs ?? old.obs };
   } else {
     h.splice(i, 0, entry);
   }
   if (h.length > MAX_HISTORY) h.splice(0, h.length - MAX_HISTORY);
 }
 
+// How a stream's method reads: with its trained operator, or — mpf without one — as the untrained base flow.
+function methodLabel(doc) {
+  if (doc.operator) return `${doc.method} (${doc.operator})`;
+  return doc.method === "mpf" ? "mpf (base flow, no operator)" : doc.method;
+}
+
+// The name of state dimension j: the stream's state_names where it has them, else x[j].
+function dimName(j) {
+  const names = view.doc && view.doc.state_names;
+  return Array.isArray(names) && names.length === view.dim ? String(names[j]) : `x[${j}]`;
+}
+
 function fillSelect(select, dim, chosen) {
   if (select.options.length === dim) return;
   select.replaceChildren();
-  for (let j = 0; j < dim; j++) select.add(new Option(`x[${j}]`, String(j)));
+  for (let j = 0; j < dim; j++) select.add(new Option(dimName(j), String(j)));
   select.value = String(Math.min(chosen, dim - 1));
 }
 
@@ -196,13 +238,40 @@ function onDocument(doc) {
   view.doc = doc;
   view.dim = doc.state_dim || doc.summary.mean.length;
   $("family").textContent = doc.model.family;
-  $("method").textContent = doc.operator ? `${doc.method} (${doc.operator})` : doc.method;
+  $("method").textContent = methodLabel(doc);
   $("particles").textContent = String(doc.num_particles);
   fillSelect($("dim-x"), view.dim, 0);
   fillSelect($("dim-y"), view.dim, 1);
   const s = doc.summary;
   remember({ step: doc.step, mean: s.mean, std: s.std, lei: null, ess: s.ess });
   onStep(doc);
+}
+
+// A step of GET .../history as a history entry, with the observation that was applied.
+function fromHistory(e) {
+  const obs = { value: e.observation, dt: e.dt ?? null, omitted: Boolean(e.observation_omitted) };
+  return { step: e.step, mean: e.mean, std: e.std, lei: e.log_evidence_increment, ess: e.ess, obs };
+}
+
+// Read the steps not read yet from the stream's history: all it keeps the first time (the page opened late starts
+// at the first kept step), then those of the updates since (the live feed carries no observations).
+const refreshHistory = coalesced("the history", async () => {
+  const missing = view.doc.step - view.historyStep;
+  if (missing <= 0) return;
+  const query = view.kept ? `?limit=${Math.min(missing, view.kept)}` : "";
+  const got = await api(`/v1/streams/${encodeURIComponent(view.id)}/history${query}`);
+  view.kept = got.history_steps;
+  for (const e of got.steps) remember(fromHistory(e));
+  view.historyStep = Math.max(view.historyStep, got.step);
+  showCounts();
+  drawTraces();
+  drawObservations();
+  if (view.cloud) drawCloud();
+});
+
+function showCounts() {
+  $("history-count").textContent = String(view.history.length);
+  $("history-kept").textContent = view.kept ? String(view.kept) : "–";
 }
 
 // An update event: every per-step entry it carries goes into the history.
@@ -219,32 +288,20 @@ function onStep(doc) {
   $("step").textContent = String(doc.step);
   $("updated").textContent = doc.updated_at;
   $("log-evidence").textContent = doc.summary.log_evidence.toFixed(3);
-  $("history-count").textContent = String(view.history.length);
+  showCounts();
   refreshCloud();
+  refreshHistory();
   drawTraces();
+  drawObservations();
 }
 
-// Re-read the particles; updates that arrive meanwhile cause one more read when it is done.
-async function refreshCloud() {
-  if (view.fetching) {
-    view.stale = true;
-    return;
-  }
-  view.fetching = true;
-  try {
-    do {
-      view.stale = false;
-      const step = view.doc.step;
-      const got = await api(`/v1/streams/${encodeURIComponent(view.id)}/particles`);
-      view.cloud = { step, points: got.particles, logWeights: got.log_weights };
-      drawCloud();
-    } while (view.stale);
-  } catch (err) {
-    if (!(err instanceof Unauthorized)) setStatus(`Could not read the particles: ${err.message}`);
-  } finally {
-    view.fetching = false;
-  }
-}
+// Re-read the particles (after each update).
+const refreshCloud = coalesced("the particles", async () => {
+  const step = view.doc.step;
+  const got = await api(`/v1/streams/${encodeURIComponent(view.id)}/particles`);
+  view.cloud = { step, points: got.particles, logWeights: got.log_weights };
+  drawCloud();
+});
 
 // Follow the stream's feed for as long as the page is open, reconnecting after each feed ends.
 async function runStreamView(id) {
@@ -464,7 +521,7 @@ function drawCloud() {
   const xr = extent(points.map((p) => p[jx]).concat(fitted.map((p) => p[0])));
   const yr = extent(points.map((p) => p[jy]).concat(fitted.map((p) => p[1])));
   const { ctx, w, h } = surface(canvas);
-  const { px, py, box } = axes(ctx, w, h, xr, yr, `x[${jx}]`, `x[${jy}]`);
+  const { px, py, box } = axes(ctx, w, h, xr, yr, dimName(jx), dimName(jy));
   ctx.save();
   ctx.beginPath();
   ctx.rect(box.left, box.top, box.right - box.left, box.bottom - box.top);
@@ -559,11 +616,11 @@ function drawTrace(canvas, steps, series, yLabel, bandOf) {
   for (const s of series) {
     ctx.strokeStyle = s.color;
     ctx.lineWidth = 1.6;
-    polyline(ctx, steps, steps, s.ys, px, py);
+    if (s.line !== false) polyline(ctx, steps, steps, s.ys, px, py);
     if (s.dots) {
       ctx.fillStyle = s.color;
       for (let i = 0; i < steps.length; i++) {
-        if (s.ys[i] === null) continue;
+        if (s.ys[i] === null || !Number.isFinite(s.ys[i])) continue;
         ctx.beginPath();
         ctx.arc(px(steps[i]), py(s.ys[i]), 2, 0, 2 * Math.PI);
         ctx.fill();
@@ -588,13 +645,21 @@ function drawTraces() {
     holder.replaceChildren(...dims.map(() => document.createElement("canvas")));
     holder.dataset.dims = dims.join(",");
   }
+  const observed = h.map((e) => observedVector(e.obs));
   dims.forEach((j, k) => {
     const color = COLORS[k % COLORS.length];
     const mean = h.map((e) => e.mean[j]);
     const lo = h.map((e) => e.mean[j] - 1.96 * e.std[j]);
     const hi = h.map((e) => e.mean[j] + 1.96 * e.std[j]);
-    drawTrace(holder.children[k], steps, [{ ys: mean, color }], `x[${j}]`, { lo, hi, color: `${color}33` });
+    const ys = observed.map((o) => (o === null ? null : o[j]));
+    const series = [{ ys: mean, color }];
+    const seen = ys.filter((y) => y !== null).length;
+    if (seen) series.push({ ys, color: OBSERVED_COLOR, dots: true, line: false });
+    const canvas = holder.children[k];
+    drawTrace(canvas, steps, series, dimName(j), { lo, hi, color: `${color}33` });
+    canvas.dataset.observed = String(seen); // what a test can read off the element
   });
+  $("observed-legend").hidden = !observed.some((o) => o !== null);
 
   const lei = h.map((e) => e.lei);
   drawTrace($("evidence"), steps, [{ ys: lei, color: "#7c3aed", dots: true }], "log p(o_m | past)");
@@ -608,6 +673,34 @@ function drawTraces() {
     drawTrace($("ess"), steps, [{ ys: ess, color: "#059669", dots: true }], `ESS (of ${view.doc.num_particles})`);
     $("ess-note").textContent = `latest ${ess[ess.length - 1].toFixed(1)} of ${view.doc.num_particles}`;
   }
+}
+
+// An observation that is a vector of the state's size (a number when d = 1), drawn on the traces; else null.
+function observedVector(obs) {
+  if (!obs || obs.omitted) return null;
+  const v = typeof obs.value === "number" && view.dim === 1 ? [obs.value] : obs.value;
+  if (!Array.isArray(v) || v.length !== view.dim) return null;
+  return v.every((x) => x === null || typeof x === "number") ? v : null;
+}
+
+// The latest observations, newest first: step, dt and the value as posted.
+function drawObservations() {
+  const withObs = view.history.filter((e) => e.obs);
+  $("observations-figure").hidden = withObs.length === 0;
+  const body = $("observations").tBodies[0];
+  body.replaceChildren();
+  for (const e of withObs.slice(-OBSERVATION_ROWS).reverse()) {
+    const row = body.insertRow();
+    row.dataset.step = String(e.step);
+    cell(row, String(e.step), "num");
+    cell(row, e.obs.dt === null ? "" : String(e.obs.dt), "num");
+    let text;
+    if (e.obs.omitted) text = "(too large to keep)";
+    else if (e.obs.value === null) text = "none (prediction only)";
+    else text = JSON.stringify(e.obs.value);
+    cell(row, text.length > OBSERVATION_CHARS ? `${text.slice(0, OBSERVATION_CHARS - 1)}…` : text, "obs");
+  }
+  $("observations-note").textContent = `latest ${Math.min(OBSERVATION_ROWS, withObs.length)} of ${withObs.length}`;
 }
 
 // ----------------------------------------------------------------------------------------- start

@@ -1,0 +1,34 @@
+"""``poisson_counts``: a static state x ∈ R^d of log-rates seen through counts, o_j ~ Poisson(exp(x_j + b_j)).
+
+log p(o | x) = Σ_j [ o_j η_j − e^{η_j} − log o_j! ],   η = x + b   (b: ``offset``, 0 by default).
+"""
+
+from __future__ import annotations
+
+import torch
+from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim
+from mpflow.operators.rng import Generators, rand
+from scipy import stats
+
+
+class PoissonCounts(ModelFamily):
+    name = "poisson_counts"  # the entry point's name
+    param_specs = (("offset", parse_per_dim, filled(0.0)),)
+    description = "counts o_j ~ Poisson(exp(x_j + offset_j)); static"
+    observation_format = "vector of d counts"
+    latency_benchmark = False  # not one of mpflow's own benchmarks
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return (self.state_dim,)
+
+    def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        eta = x + self.params["offset"][:, None].to(x.dtype)
+        o = obs[:, None].to(x.dtype)
+        return (o * eta - torch.exp(eta) - torch.lgamma(o + 1)).sum(-1)
+
+    def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """Each stream's counts from its own generator: the Poisson quantiles of uniform draws."""
+        rate = torch.exp(x + self.params["offset"].to(x.dtype)).double()
+        u = rand(gens, [self.state_dim], torch.float64)
+        return torch.as_tensor(stats.poisson.ppf(u.numpy(), rate.detach().numpy()), dtype=x.dtype)

@@ -1,0 +1,160 @@
+"""``lorenz96``: the Lorenz-96 model (Lorenz 1996; Lorenz & Emanuel 1998), the data-assimilation community's test bed.
+
+d variables on a ring (indices mod d) with forcing F:
+
+    dx_i/dt = (x_{i+1} − x_{i−2}) x_{i−1} − x_i + F.
+
+Between two observations, Δ (``delta``) time units apart, the ODE is integrated by classical RK4 in n = ⌈Δ / h⌉ equal
+steps of at most h (``rk4_step``), and an optional additive model noise N(0, Q I) is added (``Q``, a variance per
+observation interval; 0 by default: a perfect model). So x_m = f(x_{m-1}) + N(0, Q I) with a nonlinear f
+(:meth:`Lorenz96.transition_mean`): the transition is not affine, and only the methods that move particles through
+it (``smc``, ``enkf``, ``ukf``) run this family. The variables 0, k, 2k, … are observed (k = ``obs_every``), each
+o_j = x_{jk} + N(0, R) — or o_j = arctan(x_{jk}) + N(0, R) with ``arctan`` (a bounded, nonlinear sensor).
+Independent entries, so a partial observation conditions on its observed entries alone
+(:mod:`mpflow.operators.models.diagonal_observation`). Defaults: DAPPER's ``Lorenz96/sakov2008`` (F = 8,
+Δ = h = 0.05, every variable observed with R = 1; d = 40 there, any d ≥ 4 here). Covariance localisation reads the
+distance around the ring (:meth:`Lorenz96.localisation_distances`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from mpflow.operators import validation
+from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step
+from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
+from mpflow.operators.rng import Generators, randn
+
+
+def _number(value: float):
+    return lambda d, dtype: torch.tensor(value, dtype=dtype)
+
+
+def parse_number(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.scalar(name, value, dtype)
+
+
+def parse_variance(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A non-negative number (0: no noise)."""
+    t = validation.scalar(name, value, dtype)
+    if not float(t) >= 0:
+        raise ValueError(f"{name}: must be a non-negative number, got {value!r}")
+    return t
+
+
+def parse_count(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A positive integer, at most d."""
+    k = validation.positive_int(name, value, d)
+    return torch.tensor(float(k), dtype=dtype)
+
+
+def parse_flag(name: str, value, d: int, dtype) -> torch.Tensor:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: must be true or false, got {value!r}")
+    return torch.tensor(float(value), dtype=dtype)
+
+
+parse_number.kind = "number"  # type: ignore[attr-defined]
+parse_variance.kind = "non-negative number"  # type: ignore[attr-defined]
+parse_count.kind = "positive integer ≤ d"  # type: ignore[attr-defined]
+parse_flag.kind = "true or false (1 or 0)"  # type: ignore[attr-defined]
+
+
+def tendency(x: torch.Tensor, forcing: torch.Tensor) -> torch.Tensor:
+    """dx/dt = (x_{i+1} − x_{i−2}) x_{i−1} − x_i + F for x [..., d] (ring indices), forcing broadcast against x."""
+    return (torch.roll(x, -1, -1) - torch.roll(x, 2, -1)) * torch.roll(x, 1, -1) - x + forcing
+
+
+def rk4(x: torch.Tensor, forcing: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """One classical Runge–Kutta step of size h."""
+    k1 = tendency(x, forcing)
+    k2 = tendency(x + 0.5 * h * k1, forcing)
+    k3 = tendency(x + 0.5 * h * k2, forcing)
+    k4 = tendency(x + h * k3, forcing)
+    return x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
+class Lorenz96(DiagonalGaussianObservation):
+    name = "lorenz96"
+    dynamic = True
+    affine_transition = False
+    min_state_dim = 4
+    param_specs = (
+        ("F", parse_number, _number(8.0)),
+        ("delta", parse_positive, _number(0.05)),
+        ("rk4_step", parse_positive, _number(0.05)),
+        ("Q", parse_variance, _number(0.0)),
+        ("obs_every", parse_count, _number(1.0)),
+        ("R", parse_positive, _number(1.0)),
+        ("arctan", parse_flag, _number(0.0)),
+    )
+
+    description = (
+        "Lorenz-96 ring dx_i/dt = (x_{i+1} − x_{i−2}) x_{i−1} − x_i + F, RK4 over Δ = delta in steps ≤ rk4_step, "
+        "model noise N(0, Q I); o = x_{0, k, 2k, …} (or arctan of them) + N(0, R I), k = obs_every"
+    )
+    observation_format = "vector of length ⌈d / obs_every⌉ (variables 0, k, 2k, …); null for an entry not observed"
+    benchmark_model = "DAPPER sakov2008: F = 8, Δ = 0.05, every variable observed, R = 1"
+    latency_benchmark = False
+    eval_steps = 100
+
+    @classmethod
+    def from_params(cls, params, state_dim: int, dtype: torch.dtype = torch.float32) -> ModelFamily:
+        """As for every family, plus the observed indices 0, k, 2k, … (``obs_index``, from ``obs_every``)."""
+        model = super().from_params(params, state_dim, dtype)
+        k = int(model.params["obs_every"][0])
+        model.params["obs_index"] = torch.arange(0, state_dim, k, dtype=dtype)[None]
+        return model
+
+    # ----------------------------------------------------------------- dynamics
+    def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
+        """A step lasting ``dt`` observation intervals: Δ·dt time units."""
+        return scaled_step(self, "delta", dt, u, field)
+
+    def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise TypeError("the lorenz96 family's transition is nonlinear: it has no (F, c, Q) form")
+
+    def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x): RK4 over Δ in n_b = ⌈Δ_b / h_b⌉ equal steps per stream b; a stream whose n_b is reached stops while
+        the others go on, so each stream's result is the one it gets alone."""
+        p = self.expanded(x.shape[0])
+        delta, h, forcing = (p[k].to(x.dtype)[:, None, None] for k in ("delta", "rk4_step", "F"))
+        steps = torch.ceil(delta / h - 1e-6).clamp_min(1)
+        size = delta / steps
+        for i in range(int(steps.max())):
+            x = torch.where(steps > i, rk4(x, forcing, size), x)
+        return x
+
+    def transition_noise(self) -> torch.Tensor:
+        return self.params["Q"][:, None, None] * torch.eye(self.state_dim, dtype=self.params["Q"].dtype)
+
+    def transition(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """f(x) + √Q ξ (ξ drawn even where Q = 0, so a stream's draws do not depend on its batch)."""
+        sd = torch.sqrt(self.expanded(x.shape[0])["Q"]).to(x.dtype)[:, None, None]
+        return self.transition_mean(x) + sd * randn(gens, list(x.shape[1:]), x.dtype)
+
+    # ----------------------------------------------------------------- observation
+    def observed_mean(self, x: torch.Tensor) -> torch.Tensor:
+        idx = self.params["obs_index"].long()
+        idx = idx.expand(x.shape[0], -1)[:, None].expand(-1, x.shape[1], -1)
+        seen = torch.gather(x, -1, idx)
+        arctan = self.params["arctan"].to(x.dtype)[:, None, None] > 0
+        return torch.where(arctan, torch.atan(seen), seen)
+
+    def observation_sd(self) -> torch.Tensor:
+        R, idx = self.params["R"], self.params["obs_index"]
+        return torch.sqrt(R)[:, None].expand(R.shape[0], idx.shape[-1]).to(R.dtype)
+
+    def localisation_distances(self) -> torch.Tensor:
+        """[B, d, k]: min(|i − j|, d − |i − j|) between variable i and the observed variable j."""
+        d = self.state_dim
+        idx = self.params["obs_index"].to(torch.float64)
+        i = torch.arange(d, dtype=torch.float64)[None, :, None]
+        gap = (i - idx[:, None, :]).abs()
+        return torch.minimum(gap, d - gap)
+
+    @classmethod
+    def example_params(cls, d: int) -> dict[str, Any]:
+        """The defaults (DAPPER sakov2008)."""
+        return {}

@@ -1,0 +1,146 @@
+"""Model families as plugins: the entry-point group ``mpflow.families``.
+
+A family is a :class:`~mpflow.operators.models.base.ModelFamily` subclass named by an entry point of the group
+``mpflow.families`` — ``name = "package.module:Class"``, the entry point's name equal to the class's ``name``. mpflow
+registers its built-in families the same way (``pyproject.toml``); any installed distribution adds its own::
+
+    [project.entry-points."mpflow.families"]
+    poisson_counts = "mpflow_example_family:PoissonCounts"
+
+:func:`load_families` reads the group through :func:`importlib.metadata.entry_points` and checks each class before
+it is admitted (:func:`family_problem`): a subclass of ModelFamily under its own name, the methods a family must
+give implemented, and one small model of its demonstration parameters (:meth:`ModelFamily.example_params`)
+evaluated — a drawn observation of ``obs_shape``, ``log_likelihood`` [B, N], ``score`` [B, N, d] and, for a dynamic
+family, ``transition`` [B, N, d]. A plugin that fails to import or to pass is left out with a message naming it
+and what is wrong (:data:`mpflow.operators.models.FAMILY_ERRORS`; the service logs each at start), and everything
+else is served as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import EntryPoint, entry_points
+
+import torch
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.rng import generator, randn
+
+GROUP = "mpflow.families"
+#: the distribution whose entry points are the built-in families
+OWN_DISTRIBUTION = "mpflow"
+#: the built-in families in catalogue order (the order of ``mpflow info``, the meta-training families and the
+#: benchmarks), as their entry points in pyproject.toml name them; read directly when the package's metadata is
+#: missing (a source tree on the path without an install)
+BUILTIN: dict[str, str] = {
+    "linear_gaussian": "mpflow.operators.models.linear_gaussian:LinearGaussian",
+    "lds": "mpflow.operators.models.lds:LDS",
+    "gmm": "mpflow.operators.models.gmm:GMM",
+    "logistic": "mpflow.operators.models.logistic:Logistic",
+    "stochastic_volatility": "mpflow.operators.models.stochastic_volatility:StochasticVolatility",
+    "range_bearing": "mpflow.operators.models.range_bearing:RangeBearing",
+    "lorenz96": "mpflow.operators.models.lorenz96:Lorenz96",
+}
+#: what every family must implement itself (the base class only raises)
+REQUIRED = ("log_likelihood", "sample_observation", "obs_shape")
+#: particles of the admission check
+CHECK_PARTICLES = 5
+
+
+def load_families() -> tuple[dict[str, type[ModelFamily]], dict[str, str]]:
+    """(families by name, problems by plugin name): the built-ins first in :data:`BUILTIN`'s order, then the other
+    distributions' families by name. A plugin named like a family already loaded is refused (a built-in cannot be
+    replaced)."""
+    points = list(entry_points(group=GROUP))
+    own = {ep.name: ep for ep in points if _distribution(ep) == OWN_DISTRIBUTION}
+    families: dict[str, type[ModelFamily]] = {}
+    problems: dict[str, str] = {}
+    for name, value in BUILTIN.items():
+        ep = own.get(name) or EntryPoint(name, value, GROUP)
+        _admit(ep, families, problems)
+    others = sorted((ep for ep in points if _distribution(ep) != OWN_DISTRIBUTION), key=lambda ep: ep.name)
+    for ep in others:
+        if ep.name in families:
+            problems[ep.name] = (
+                f"{describe(ep)}: a family named {ep.name!r} is already loaded ({families[ep.name].__module__}); "
+                "rename the plugin's family"
+            )
+            continue
+        _admit(ep, families, problems)
+    return families, problems
+
+
+def _admit(ep: EntryPoint, families: dict[str, type[ModelFamily]], problems: dict[str, str]) -> None:
+    try:
+        cls = ep.load() if ep.dist is not None else _import(ep.value)
+    except Exception as exc:  # a plugin's import may fail in any way; it must not stop the others
+        problems[ep.name] = f"{describe(ep)}: cannot be imported ({type(exc).__name__}: {exc})"
+        return
+    problem = family_problem(ep.name, cls)
+    if problem is not None:
+        problems[ep.name] = f"{describe(ep)}: {problem}"
+        return
+    families[ep.name] = cls
+
+
+def _import(value: str) -> object:
+    module, _, attr = value.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def family_problem(name: str, cls: object) -> str | None:
+    """What is wrong with the class ``cls`` registered as family ``name`` (module docstring), or None."""
+    if not (isinstance(cls, type) and issubclass(cls, ModelFamily)):
+        return f"{cls!r} is not a subclass of mpflow.operators.models.base.ModelFamily"
+    if getattr(cls, "name", None) != name:
+        return f"the class's name is {getattr(cls, 'name', None)!r}, not the entry point's name {name!r}"
+    missing = [m for m in REQUIRED if getattr(cls, m) is getattr(ModelFamily, m)]
+    if (
+        cls.dynamic
+        and cls.transition_affine is ModelFamily.transition_affine
+        and cls.transition is ModelFamily.transition
+    ):
+        missing.append("transition_affine (or transition)")
+    if missing:
+        return f"does not implement {', '.join(missing)}"
+    d = cls.fixed_state_dim or max(2, cls.min_state_dim)
+    try:
+        return _shape_problem(cls, d)
+    except Exception as exc:  # whatever a broken plugin raises is its problem, reported as such
+        return f"fails on its demonstration model (d = {d}): {type(exc).__name__}: {exc}"
+
+
+def _shape_problem(cls: type[ModelFamily], d: int) -> str | None:
+    model = cls.from_params(cls.example_params(d), d)
+    gens = [generator(0)]
+    x = randn(gens, [CHECK_PARTICLES, d])
+    obs = model.sample_observation(x[:, 0], gens)
+    expected = [1, *model.obs_shape]
+    if obs.dim() != len(expected) or any(e >= 0 and e != n for e, n in zip(expected, obs.shape, strict=True)):
+        return f"sample_observation gives shape {list(obs.shape)}, expected {expected} (B = 1, obs_shape)"
+    checks = [("log_likelihood", model.log_likelihood(obs, x), [1, CHECK_PARTICLES])]
+    checks.append(("score", model.score(obs, x), [1, CHECK_PARTICLES, d]))
+    if cls.dynamic:
+        checks.append(("transition", model.transition(x, gens), [1, CHECK_PARTICLES, d]))
+    for what, got, shape in checks:
+        if not isinstance(got, torch.Tensor) or list(got.shape) != shape:
+            found = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return f"{what} gives {found}, expected a tensor of shape {shape} (B = 1, N = {CHECK_PARTICLES}, d = {d})"
+        if bool(torch.isnan(got).any()):
+            return f"{what} gives NaN on its demonstration model"
+    return None
+
+
+def _distribution(ep: EntryPoint) -> str | None:
+    return ep.dist.name if ep.dist is not None else None
+
+
+def describe(ep: EntryPoint) -> str:
+    """The plugin in words: its name, value and distribution."""
+    dist = f" from {ep.dist.name} {ep.dist.version}" if ep.dist is not None else ""
+    return f"model family plugin {ep.name!r} ({ep.value}{dist})"
+
+
+__all__ = ["BUILTIN", "GROUP", "family_problem", "load_families"]

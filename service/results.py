@@ -1,0 +1,149 @@
+"""What the Python client (:mod:`mpflow.service.client`) sends and gets, in numpy's terms.
+
+* :func:`jsonable` — a request body or query with numpy arrays and scalars (or torch tensors: anything with
+  ``tolist()``) anywhere in it, as plain JSON values;
+* :class:`Posterior` — a stream document or an observation answer: the ``dict`` the API sends, plus numpy views of
+  its summary (``mean``, ``std``, ``cov``, ``quantiles``, ...), its per-step summaries (:attr:`Posterior.steps`)
+  and a per-dimension table (:meth:`Posterior.to_pandas`);
+* :class:`StepTable` — per-step summaries (the ``per_step`` of one answer, or of many: :meth:`StepTable.of`) as
+  numpy arrays, and as a pandas ``DataFrame`` where pandas is installed (it is optional: nothing else needs it).
+
+Dimensions are named by the stream's ``state_names`` where the document carries them, else ``x0, x1, ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with every numpy array or scalar (anything with ``tolist()``) turned into lists and Python
+    numbers, and tuples into lists; dicts and lists are copied, other values kept."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return value.tolist()
+    return value
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_pandas() needs pandas, which mpflow does not install: pip install pandas") from None
+    return pandas
+
+
+def state_names(document: dict[str, Any], dim: int) -> list[str]:
+    """The names of the state's dimensions: the document's ``state_names`` when it has ``dim`` of them, else
+    ``x0 .. x{dim-1}``."""
+    names = document.get("state_names")
+    if isinstance(names, list) and len(names) == dim:
+        return [str(n) for n in names]
+    return [f"x{i}" for i in range(dim)]
+
+
+class StepTable:
+    """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n],
+    ``log_evidence_increment`` [n] (NaN where a step did not report one), and ``names`` of the d dimensions."""
+
+    def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
+        dim = len(per_step[0]["mean"]) if per_step else len(names or [])
+        self.names = list(names) if names is not None else [f"x{i}" for i in range(dim)]
+        self.step = np.array([s["step"] for s in per_step], dtype=np.int64)
+        self.mean = np.array([s["mean"] for s in per_step], dtype=np.float64).reshape(len(per_step), dim)
+        self.std = np.array([s["std"] for s in per_step], dtype=np.float64).reshape(len(per_step), dim)
+        self.ess = np.array([s.get("ess", np.nan) for s in per_step], dtype=np.float64)
+        increments = [s.get("log_evidence_increment", np.nan) for s in per_step]
+        self.log_evidence_increment = np.array(increments, dtype=np.float64)
+
+    @classmethod
+    def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
+        """The steps of several observation answers in order (e.g. everything ``Stream.filter`` yielded)."""
+        answers = list(answers)
+        per_step = [s for a in answers for s in a.get("per_step") or []]
+        dim = len(per_step[0]["mean"]) if per_step else 0
+        return cls(per_step, state_names(answers[-1], dim) if answers and per_step else None)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def __repr__(self) -> str:
+        return f"StepTable({len(self)} steps, dimensions {self.names})"
+
+    def to_pandas(self) -> Any:
+        """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess`` and
+        ``log_evidence_increment`` (needs pandas)."""
+        pd = _pandas()
+        columns: dict[str, Any] = {}
+        for i, name in enumerate(self.names):
+            columns[f"mean_{name}"] = self.mean[:, i]
+            columns[f"std_{name}"] = self.std[:, i]
+        columns["ess"] = self.ess
+        columns["log_evidence_increment"] = self.log_evidence_increment
+        return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
+
+
+class Posterior(dict):
+    """A stream document or an observation answer, as the API sent it (a ``dict``: ``posterior["summary"]`` works
+    as ever), with numpy views of the current posterior."""
+
+    @property
+    def step(self) -> int:
+        return int(self["step"])
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the state's dimensions (``state_names``, else ``x0, x1, ...``)."""
+        return state_names(self, len(self["summary"]["mean"]))
+
+    @property
+    def mean(self) -> np.ndarray:
+        return np.asarray(self["summary"]["mean"], dtype=np.float64)
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.asarray(self["summary"]["std"], dtype=np.float64)
+
+    @property
+    def cov(self) -> np.ndarray:
+        return np.asarray(self["summary"]["cov"], dtype=np.float64)
+
+    @property
+    def quantiles(self) -> dict[float, np.ndarray]:
+        """Marginal quantiles per level: ``{0.05: array, 0.5: array, 0.95: array}``."""
+        return {float(q): np.asarray(v, dtype=np.float64) for q, v in self["summary"]["quantiles"].items()}
+
+    @property
+    def ess(self) -> float:
+        return float(self["summary"]["ess"])
+
+    @property
+    def log_evidence(self) -> float:
+        return float(self["summary"]["log_evidence"])
+
+    @property
+    def samples(self) -> np.ndarray | None:
+        """The draws asked for with ``return_samples`` [n, d], else None."""
+        draws = self.get("samples")
+        return None if draws is None else np.asarray(draws, dtype=np.float64)
+
+    @property
+    def steps(self) -> StepTable:
+        """The per-step summaries of this answer (empty for a stream document or a duplicate)."""
+        return StepTable(self.get("per_step") or [], self.names)
+
+    def to_pandas(self) -> Any:
+        """A ``DataFrame`` with one row per dimension: ``mean``, ``std`` and each quantile (needs pandas)."""
+        pd = _pandas()
+        columns = {"mean": self.mean, "std": self.std}
+        columns |= {f"q{q:g}": v for q, v in self.quantiles.items()}
+        return pd.DataFrame(columns, index=pd.Index(self.names, name="dimension"))
+
+
+__all__ = ["Posterior", "StepTable", "jsonable", "state_names"]

@@ -1,0 +1,81 @@
+"""The worked plugin example (``examples/plugin_family``) as a user runs it: installed next to mpflow (``pip install
+--target``, offline), an operator trained for it with ``mpflow train --family poisson_counts``, and ``mpflow serve``
+listing it in ``/v1/models`` and running streams of it — by ``smc`` and by ``mpf`` with that operator — while a
+broken plugin installed beside it is left out, named in the server's log with what is wrong."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.harness.server import serve_as_user
+from tests.unit.test_family_plugins import install_fake
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "plugin_family"
+PRIOR = {"type": "gaussian", "mean": [0.0, 0.5], "cov": [[1.0, 0.0], [0.0, 1.0]]}
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_path: Path) -> None:
+    src, site, ops = tmp_path / "src", tmp_path / "site", tmp_path / "operators"
+    shutil.copytree(EXAMPLE, src)  # pip builds in the source folder: keep the repository clean
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--target", str(site)]
+    run([*pip, str(src)], {**_base_env()}, tmp_path)
+    install_fake(site)
+    env = {**_base_env(), "PYTHONPATH": str(site)}
+    train = ["train", "--family", "poisson_counts", "--dim", "2", "--iterations", "2", "--batch", "2"]
+    train += ["--particles", "16", "--steps-per-seq", "2", "--out", str(ops)]
+    run([sys.executable, "-m", "mpflow", *train], env, ROOT)
+    assert (ops / "poisson_counts-d2-v1" / "weights.safetensors").is_file()
+
+    server_env = {
+        "PYTHONPATH": str(site),
+        "MPFLOW_DATA_DIR": str(tmp_path / "data"),
+        "MPFLOW_OPERATOR_DIRS": str(ops),
+        "MPFLOW_WORKERS": "1",
+        "MPFLOW_LOG_LEVEL": "WARNING",
+    }
+    log = tmp_path / "server.log"
+    with serve_as_user(server_env, log, start_timeout=90) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        listed = c.get("/v1/models").json()
+        families = {f["family"]: f for f in listed["families"]}
+        assert "poisson_counts" in families and "lds" in families
+        assert {"smc", "mpf", "gpf"} <= set(families["poisson_counts"]["methods"])
+        assert families["poisson_counts"]["parameters"][0]["name"] == "offset"
+        assert "counts" in families  # the good plugin of the broken package is admitted
+        assert "wrong_score" not in families and "no_likelihood" not in families
+        for method in ("smc", "mpf"):
+            body = {
+                "model": {"family": "poisson_counts", "params": {"offset": 1.0}},
+                "prior": PRIOR,
+                "method": method,
+                "num_particles": 64,
+                "seed": 3,
+            }
+            r = c.post("/v1/streams", json=body)
+            assert r.status_code == 201, r.text
+            doc = r.json()
+            if method == "mpf":
+                assert doc["operator"] == "poisson_counts-d2-v1"
+            r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 1], [4, 0]]})
+            assert r.status_code == 200, r.text
+            assert r.json()["step"] == 2
+    text = log.read_text()
+    assert "model family plugin 'wrong_score' (fake_plugins:WrongScore from fake-plugins 0.1): score gives" in text
+    assert "model family plugin 'no_likelihood'" in text and "does not implement log_likelihood" in text
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("MPFLOW_") and k != "PYTHONPATH"}

@@ -1,0 +1,42 @@
+"""``python -m mpflow serve`` with its defaults, as a user runs it: one worker per usable core (capped), all of them
+on the one embedded redis-server of the data dir, which the last worker to stop shuts down."""
+
+from __future__ import annotations
+
+import httpx
+import psutil
+import redis
+from mpflow.service.embedded import running_server
+
+from mpflow.cli.serve import default_workers
+from tests.harness.server import serve_as_user
+from tests.integration.test_api_streams import new_stream
+
+
+def _workers(pid: int) -> list[psutil.Process]:
+    """uvicorn's worker processes under the server process ``pid`` (multiprocessing spawns them)."""
+    return [p for p in psutil.Process(pid).children() if "spawn_main" in " ".join(p.cmdline())]
+
+
+def test_default_workers_share_one_embedded_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MPFLOW_WORKERS", raising=False)
+    want = default_workers()
+    data = tmp_path / "data"
+    with serve_as_user({"MPFLOW_DATA_DIR": str(data)}, tmp_path / "serve.log") as server:
+        assert len(_workers(server.pid)) == want
+        found = running_server(data)
+        assert found is not None
+        redis_servers = [
+            p for p in psutil.process_iter(["name", "cmdline"]) if str(found[1]) in " ".join(p.info["cmdline"] or [])
+        ]
+        assert [p.pid for p in redis_servers] == [found[0]]  # one redis-server for the data dir
+        with redis.Redis(unix_socket_path=found[1]) as r:
+            assert r.info("clients")["connected_clients"] >= want  # every worker holds a connection to it
+        for i in range(8):  # new connections: any worker may answer; every one reads and writes the same store
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                body = new_stream("linear_gaussian", "kalman", stream_id=f"w{i}")
+                assert client.post("/v1/streams", json=body).status_code == 201
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            listed = client.get("/v1/streams", params={"limit": 100}).json()
+        assert sorted(s["stream_id"] for s in listed["streams"]) == [f"w{i}" for i in range(8)]
+    assert running_server(data) is None  # the last worker to stop shut it down
