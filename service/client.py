@@ -25,7 +25,8 @@ numpy. Arrays and scalars of numpy (anything with ``tolist()``) may stand anywhe
 model parameters, the prior, ``seq``, ``n``. Stream documents and observation answers come back as
 :class:`~mpflow.service.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
 ``.quantiles``, ``.samples`` as numpy arrays, ``.steps`` (the per-step summaries as a
-:class:`~mpflow.service.results.StepTable`) and ``.to_pandas()`` where pandas is installed.
+:class:`~mpflow.service.results.StepTable`) and ``.to_pandas()`` where pandas is installed; ``stream.history()``
+(the steps the server keeps, with their observations) as a :class:`~mpflow.service.results.History`.
 
 Retries and exactly-once. Requests that are safe to repeat are retried after a timeout, a connection error
 (refused, reset, closed mid-answer) or a 503 (the store was unreachable: nothing was applied, or — code
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 import httpx
-from mpflow.service.results import Posterior, jsonable
+from mpflow.service.results import History, Posterior, jsonable
 
 if TYPE_CHECKING:
     from mpflow.service.client_socket import AsyncStreamSocket, StreamSocket
@@ -270,6 +271,10 @@ def _forecast_params(steps: int, dt: float | None, samples: int) -> dict[str, An
     return {"steps": steps} | ({"dt": dt} if dt is not None else {}) | ({"samples": samples} if samples else {})
 
 
+def _limit(limit: int | None) -> dict[str, Any]:
+    return {} if limit is None else {"limit": jsonable(limit)}
+
+
 def _import_request(snapshot: bytes, stream_id: str | None) -> dict[str, Any]:
     """The keywords of an import request: the snapshot verbatim, its media type, the id asked for."""
     return {
@@ -462,6 +467,13 @@ class Stream(_StreamBase):
             "GET", f"{self.path}/forecast", safe=True, params=_forecast_params(steps, dt, samples)
         )
 
+    def history(self, limit: int | None = None) -> History:
+        """``GET .../history``: the latest ``limit`` steps the server keeps (all of them when None) as a
+        :class:`~mpflow.service.results.History`, its dimensions named by the stream's ``state_names`` (the stream
+        document is read first when this handle has none)."""
+        names = (self.document or self.get()).names
+        return History(self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit)), names)
+
     def export(self) -> bytes:
         """``GET .../export``: the stream's snapshot, for :meth:`Client.import_stream`."""
         return self.client.request("GET", f"{self.path}/export", safe=True)
@@ -606,6 +618,11 @@ class AsyncStream(_StreamBase):
     async def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
         params = _forecast_params(steps, dt, samples)
         return await self.client.request("GET", f"{self.path}/forecast", safe=True, params=params)
+
+    async def history(self, limit: int | None = None) -> History:
+        names = (self.document or await self.get()).names
+        answer = await self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit))
+        return History(answer, names)
 
     async def export(self) -> bytes:
         return await self.client.request("GET", f"{self.path}/export", safe=True)

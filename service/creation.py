@@ -20,7 +20,7 @@ from mpflow.service.documents import now
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.methods import Choice, Methods
 from mpflow.service.numerics import finite_json, finite_state
-from mpflow.service.schemas import CreateStreamRequest
+from mpflow.service.schemas import MAX_STATE_NAME_LENGTH, CreateStreamRequest
 from mpflow.service.settings import Settings
 
 #: particles of a stream whose request names no count, whose prior is not a particle set and whose method was named
@@ -46,6 +46,26 @@ def stored_prior(spec: dict[str, Any], n: int) -> dict[str, Any]:
     if spec["type"] == "particles":
         return {"type": "particles", "num_particles": n, "state_dim": len(spec["particles"][0])}
     return spec
+
+
+def check_state_names(names: object, d: int) -> list[str] | None:
+    """``names`` as a stream keeps them: None, or exactly ``d`` distinct non-empty strings of at most
+    :data:`MAX_STATE_NAME_LENGTH` characters; anything else is a ``ValueError`` naming ``state_names``."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"state_names: a list of {d} strings, one per state dimension, or null")
+    if len(names) != d:
+        raise ValueError(f"state_names: the state has {d} dimensions, give {d} names (got {len(names)})")
+    bad = [n for n in names if not 0 < len(n) <= MAX_STATE_NAME_LENGTH]
+    if bad:
+        raise ValueError(
+            f"state_names: each name must have 1 to {MAX_STATE_NAME_LENGTH} characters, got {bad[0][:80]!r}"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"state_names: the names must be distinct; {repeated[0]!r} is given more than once")
+    return list(names)
 
 
 def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
@@ -88,6 +108,7 @@ def prepare(
         n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)
         updater = methods.updater(choice.method, choice.operator, choice.options)
         updater.check_compatible(model, prior)
+        names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         state = updater.init(prior, model, n, seed)
@@ -112,6 +133,7 @@ def prepare(
         "operator_domain": domain,
         "num_particles": n,
         "state_dim": prior.dim,
+        "state_names": names,
         "seed": seed,
         "ttl_seconds": req.ttl_seconds or settings.default_ttl_seconds,
         "step": 0,
@@ -122,4 +144,4 @@ def prepare(
     return meta, state, summary
 
 
-__all__ = ["DEFAULT_PARTICLES", "check_limits", "prepare", "prior_dim_and_count", "stored_prior"]
+__all__ = ["DEFAULT_PARTICLES", "check_limits", "check_state_names", "prepare", "prior_dim_and_count", "stored_prior"]

@@ -18,10 +18,18 @@ def now() -> str:
 
 
 def state_names(meta: dict[str, Any]) -> list[str] | None:
-    """The names of the stream's state dimensions, as its family gives them (None: it gives none, or the server
-    does not know the stored family)."""
+    """The names of the stream's state dimensions: those its creation request gave, else its family's (None: the
+    family gives none, or the server does not know the stored family)."""
+    if meta.get("state_names") is not None:
+        return meta["state_names"]
     family = FAMILIES.get(meta["model"]["family"])
     return family.state_names(meta["state_dim"]) if family is not None else None
+
+
+def untrained(meta: dict[str, Any]) -> bool:
+    """Whether the stream runs the untrained flow: method ``mpf`` without a trained operator (the Daum–Huang base
+    flow, no learned correction)."""
+    return meta["method"] == "mpf" and meta.get("operator") is None
 
 
 def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +39,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "model": meta["model"],
         "method": meta["method"],
         "operator": meta.get("operator"),
+        "untrained": untrained(meta),
         "method_options": meta.get("method_options") or {},
         "method_reason": meta.get("method_reason"),
         "operator_domain": meta.get("operator_domain"),
@@ -73,4 +82,4 @@ def list_entry(item: dict[str, Any]) -> dict[str, Any]:
     return {k: item.get(k) for k in LIST_FIELDS}
 
 
-__all__ = ["LIST_FIELDS", "document", "list_entry", "now", "observation_document", "state_names"]
+__all__ = ["LIST_FIELDS", "document", "list_entry", "now", "observation_document", "state_names", "untrained"]

@@ -20,6 +20,7 @@ from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.service import views
+from mpflow.service.documents import state_names
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.methods import Methods
 from mpflow.service.numerics import finite_json
@@ -72,8 +73,10 @@ def _part(
     return out
 
 
-def document(stream_id: str, step: int, dt: float, pred: Predictive, n: int, g) -> dict[str, Any]:
-    """The forecast answer of docs/API.md."""
+def document(
+    stream_id: str, step: int, dt: float, pred: Predictive, n: int, g, names: list[str] | None = None
+) -> dict[str, Any]:
+    """The forecast answer of docs/API.md; ``names``: the stream's ``state_names`` (None: it has none)."""
     states = _part(pred.state_mean, pred.state_cov, pred.state_cloud, pred.log_weights, n, g)
     observations: list[dict[str, Any] | None] = [None] * len(states)
     if pred.observation_mean is not None and pred.observation_cov is not None:
@@ -84,7 +87,7 @@ def document(stream_id: str, step: int, dt: float, pred: Predictive, n: int, g) 
         {"step": step + j + 1, "t": (j + 1) * dt, "state": s, "observation": o}
         for j, (s, o) in enumerate(zip(states, observations, strict=True))
     ]
-    return {"stream_id": stream_id, "step": step, "forecast": horizons}
+    return {"stream_id": stream_id, "step": step, "state_names": names, "forecast": horizons}
 
 
 class Forecasts:
@@ -112,6 +115,8 @@ class Forecasts:
         except ValueError as exc:
             raise invalid(str(exc)) from None
 
+        names = state_names(meta)
+
         def compute() -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
             step = int(state.step[0])
@@ -119,7 +124,7 @@ class Forecasts:
             with torch.inference_mode():
                 try:
                     pred = updater.forecast(state, step_model, steps, g)
-                    doc = document(stream_id, step, dt, pred, samples, g) if finite(pred) else None
+                    doc = document(stream_id, step, dt, pred, samples, g, names) if finite(pred) else None
                 except (ValueError, RuntimeError):  # a covariance that is no longer one (overflow)
                     doc = None
             if doc is None or not finite_json(doc):

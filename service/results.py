@@ -6,7 +6,8 @@
   its summary (``mean``, ``std``, ``cov``, ``quantiles``, ...), its per-step summaries (:attr:`Posterior.steps`)
   and a per-dimension table (:meth:`Posterior.to_pandas`);
 * :class:`StepTable` — per-step summaries (the ``per_step`` of one answer, or of many: :meth:`StepTable.of`) as
-  numpy arrays, and as a pandas ``DataFrame`` where pandas is installed (it is optional: nothing else needs it).
+  numpy arrays, and as a pandas ``DataFrame`` where pandas is installed (it is optional: nothing else needs it);
+* :class:`History` — a stream's kept history (``GET .../history``): its steps' summaries and observations.
 
 Dimensions are named by the stream's ``state_names`` where the document carries them, else ``x0, x1, ...``.
 """
@@ -89,6 +90,37 @@ class StepTable:
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
+class History(StepTable):
+    """A stream's kept history (``GET /v1/streams/{id}/history``) as arrays: the :class:`StepTable` of its steps
+    (``steps`` [n] — also ``step`` —, ``mean`` and ``std`` [n, d], ``ess``, ``log_evidence_increment``), and
+    ``observations`` (the n observations as posted: lists, numbers or None), ``dt`` [n] (NaN where a step gave
+    none); ``stream_id``, ``current_step`` (the stream's step) and ``history_steps`` (the most steps kept)."""
+
+    def __init__(self, answer: dict[str, Any], names: Sequence[str] | None = None):
+        entries = answer["steps"]
+        dim = len(entries[0]["mean"]) if entries else len(names or [])
+        super().__init__(entries, names if names is not None and len(names) == dim else None)
+        self.stream_id = str(answer["stream_id"])
+        self.current_step = int(answer["step"])
+        self.history_steps = int(answer["history_steps"])
+        self.observations = [s.get("observation") for s in entries]
+        self.dt = np.array([s.get("dt", np.nan) for s in entries], dtype=np.float64)
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.step
+
+    def __repr__(self) -> str:
+        return f"History({self.stream_id!r}, {len(self)} steps, dimensions {self.names})"
+
+    def to_pandas(self) -> Any:
+        """The :meth:`StepTable.to_pandas` table with an ``observation`` column (as posted) and ``dt``."""
+        frame = super().to_pandas()
+        frame["observation"] = _pandas().Series(self.observations, index=frame.index, dtype=object)
+        frame["dt"] = self.dt
+        return frame
+
+
 class Posterior(dict):
     """A stream document or an observation answer, as the API sent it (a ``dict``: ``posterior["summary"]`` works
     as ever), with numpy views of the current posterior."""
@@ -146,4 +178,4 @@ class Posterior(dict):
         return pd.DataFrame(columns, index=pd.Index(self.names, name="dimension"))
 
 
-__all__ = ["Posterior", "StepTable", "jsonable", "state_names"]
+__all__ = ["History", "Posterior", "StepTable", "jsonable", "state_names"]

@@ -32,6 +32,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_TTL_SECONDS = 2**31 - 1
 #: components of a mixture prior (each is validated and factorised: 100k of them took seconds)
 MAX_MIXTURE_COMPONENTS = 1024
+#: the longest name of a state dimension (``state_names``)
+MAX_STATE_NAME_LENGTH = 64
 _OUT_OF_RANGE = f"beyond ±{FLOAT32_MAX:.4g}, the float32 range the service computes in; rescale the values"
 
 
@@ -276,6 +278,11 @@ class CreateStreamRequest(_Request):
     ttl_seconds: int | None = Field(
         default=None, ge=1, le=MAX_TTL_SECONDS, description="idle time after which the stream expires"
     )
+    state_names: list[Annotated[str, Field(min_length=1, max_length=MAX_STATE_NAME_LENGTH)]] | None = Field(
+        default=None,
+        description='names of the state\'s d dimensions (exactly d distinct names), e.g. ["x", "y", "vx", '
+        '"vy"]; default: the family\'s (GET /v1/models), else none',
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -290,6 +297,7 @@ class CreateStreamRequest(_Request):
                     "num_particles": 256,
                     "seed": 0,
                     "ttl_seconds": 86400,
+                    "state_names": ["position", "velocity"],
                 }
             ]
         },
@@ -378,10 +386,12 @@ STREAM_DOCUMENT_EXAMPLE: dict[str, Any] = {
     "model": {"family": "linear_gaussian", "params": {}},
     "method": "mpf",
     "operator": "linear_gaussian-d2-v2",
+    "untrained": False,
     "method_options": {},
     "operator_domain": {"inside": True, "outside": []},
     "num_particles": 256,
     "state_dim": 2,
+    "state_names": ["position", "velocity"],
     "seed": 0,
     "ttl_seconds": 86400,
     "step": 2,
@@ -412,6 +422,10 @@ class StreamDocument(BaseModel):
     model: dict[str, Any]
     method: str
     operator: str | None = Field(description="the trained operator (mpf), else null")
+    untrained: bool = Field(
+        description="true for an mpf stream without a trained operator (operator null): it runs the untrained "
+        "Daum–Huang base flow; false otherwise"
+    )
     method_options: dict[str, Any] = Field(
         default_factory=dict, description="the stream's own method options (mpf: substeps), chosen with the default"
     )
@@ -427,8 +441,8 @@ class StreamDocument(BaseModel):
     state_dim: int
     state_names: list[str] | None = Field(
         default=None,
-        description="the names of the state's dimensions where the model family gives them (range_bearing: px, py, "
-        "vx, vy); null where it does not (call them x[0] … x[d-1])",
+        description="the names of the state's dimensions: the creation request's state_names, else the model "
+        "family's (range_bearing: px, py, vx, vy); null where neither gives them (call them x[0] … x[d-1])",
     )
     seed: int
     ttl_seconds: int
@@ -514,6 +528,9 @@ class ForecastStep(BaseModel):
 class ForecastResponse(BaseModel):
     stream_id: str
     step: int = Field(description="the stream's step, unchanged by the forecast")
+    state_names: list[str] | None = Field(
+        default=None, description="the names of the state's dimensions, as in the stream document (null: none)"
+    )
     forecast: list[ForecastStep]
 
 

@@ -4,7 +4,8 @@ A snapshot is one safetensors file (Content-Type :data:`MEDIA_TYPE`; no pickle, 
 state tensors exactly as the store keeps them (particles, log-weights, step, log-evidence, the generator state,
 the method's extras) and, in the header's metadata, ``format`` (:data:`FORMAT`, the version), ``stream`` — the
 stream's description as canonical JSON: model, prior, method, its options, the trained operator and that
-operator's content hash, N, d, seed, TTL, step, log-evidence — and ``sha256``, the SHA-256 of
+operator's content hash, N, d, seed, TTL, step, log-evidence, the state's names (``state_names``; a snapshot of
+an older server lacks them: read as null) — and ``sha256``, the SHA-256 of
 ``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes``, so a truncated or altered snapshot is recognised.
 
 Import refuses, with a 4xx saying why and before anything is written: what is not such a file or is truncated,
@@ -28,7 +29,7 @@ from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service import summary as summaries
 from mpflow.service import views
-from mpflow.service.creation import check_limits
+from mpflow.service.creation import check_limits, check_state_names
 from mpflow.service.documents import document, now
 from mpflow.service.errors import invalid
 from mpflow.service.methods import Methods, check_stream_options
@@ -57,7 +58,10 @@ STREAM_FIELDS = (
     "ttl_seconds",
     "step",
     "log_evidence",
+    "state_names",
 )
+#: fields a snapshot's description may lack (written by an older server): read as null
+OPTIONAL_STREAM_FIELDS = frozenset({"state_names"})
 #: the dtype of each core field of a state (extras are the method's, checked by a dry step)
 CORE_DTYPES = {
     "particles": torch.float32,
@@ -110,9 +114,13 @@ def decode(body: bytes) -> tuple[dict[str, Any], ParticleState, bytes]:
         stream = json.loads(meta["stream"])
     except json.JSONDecodeError:
         raise _refuse("the stream description is not JSON") from None
-    if not isinstance(stream, dict) or set(stream) != set(STREAM_FIELDS):
-        raise _refuse(f"the stream description must have exactly the fields {list(STREAM_FIELDS)}")
-    return stream, state, data
+    required = set(STREAM_FIELDS) - OPTIONAL_STREAM_FIELDS
+    if not isinstance(stream, dict) or not required <= set(stream) <= set(STREAM_FIELDS):
+        raise _refuse(
+            f"the stream description must have the fields {list(STREAM_FIELDS)} "
+            f"({', '.join(sorted(OPTIONAL_STREAM_FIELDS))} optional) and no others"
+        )
+    return {k: stream.get(k) for k in STREAM_FIELDS}, state, data
 
 
 def _check_state(stream: dict[str, Any], state: ParticleState) -> None:
@@ -183,6 +191,10 @@ class Snapshots:
         if not isinstance(stream["log_evidence"], float | int) or not isinstance(stream["model"], dict):
             raise _refuse("log_evidence must be a number and model an object")
         check_limits(self.settings, n, d)
+        try:
+            check_state_names(stream["state_names"], d)
+        except ValueError as exc:
+            raise _refuse(str(exc)) from None
         operator = stream["operator"]
         if operator is not None:
             record = self.methods.operators.by_name(operator)
@@ -206,4 +218,4 @@ class Snapshots:
         return {**stream, "created_at": created, "updated_at": created}
 
 
-__all__ = ["FORMAT", "MEDIA_TYPE", "Snapshots", "checksum", "decode", "encode"]
+__all__ = ["FORMAT", "MEDIA_TYPE", "OPTIONAL_STREAM_FIELDS", "Snapshots", "checksum", "decode", "encode"]
