@@ -70,9 +70,7 @@ class StreamRNG:
         """Stream b's generator for its next draw (advances its counter)."""
         c = self.counters[b]
         self.counters[b] = c + 1
-        g = torch.Generator()
-        g.manual_seed(mix((self.keys[b] & _MASK64) ^ mix(c * _GOLDEN + 1)))
-        return g
+        return generator(mix((self.keys[b] & _MASK64) ^ mix(c * _GOLDEN + 1)))
 
     class Row:
         """Stream ``index`` of a :class:`StreamRNG` (what ``rng[b]`` gives): it draws as that stream."""

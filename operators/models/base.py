@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-from mpflow.operators import validation
+from mpflow.operators import gaussian, validation
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, task_prior
 from mpflow.operators.rng import Generators, randn
@@ -257,6 +257,14 @@ class ModelFamily:
     def transition_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(F [B,d,d], c [B,d], Q [B,d,d]) with x_m = F x_{m-1} + c + N(0, Q)."""
         raise TypeError(f"the {self.name} family is static: it has no transition")
+
+    def predicted_moments(
+        self, x: torch.Tensor, log_weights: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and covariance (float64) of the predictive of the cloud x [B, N, d] (``log_weights``: its weights):
+        the cloud's moments (m, C) pushed through the affine transition, F m + c and F C Fᵀ + Q."""
+        mean, cov = gaussian.moments(x.to(torch.float64), log_weights)
+        return gaussian.affine_push(mean, cov, *(t.to(torch.float64) for t in self.transition_affine()))
 
     def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
         """f(x) of x_m = f(x_{m-1}) + N(0, Q) for x [B, N, d] → [B, N, d]: F x + c for an affine transition."""

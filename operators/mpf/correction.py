@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators import gaussian
+from mpflow.operators import gaussian, state
 from mpflow.operators.models.base import ModelFamily
 
 #: weights whose ESS falls below this fraction of N are tempered up to it (:func:`tempered_to_ess`). At 0.1 the
@@ -71,7 +71,7 @@ def tempered_to_ess(log_w: torch.Tensor, min_ess: float, iterations: int = 20) -
     volatility models via adaptive sequential Monte Carlo", Scand. J. Stat. 38)."""
 
     def ess(alpha: torch.Tensor) -> torch.Tensor:
-        return 1.0 / torch.softmax(alpha[:, None] * log_w, -1).square().sum(-1)
+        return state.ess(alpha[:, None] * log_w)
 
     one = torch.ones(log_w.shape[0], dtype=log_w.dtype)
     if bool((ess(one) >= min_ess).all()):

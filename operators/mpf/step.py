@@ -37,8 +37,7 @@ def predict(
     static families return (x, None, None)."""
     if not model.dynamic:
         return x, None, None
-    mean, cov = gaussian.moments(x.detach().double(), log_weights)
-    mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
+    mean, cov = model.predicted_moments(x.detach(), log_weights)
     moved = model.transition(x, gens)
     white = None
     if x.shape[1] > x.shape[2]:  # no Monte Carlo noise in the moments

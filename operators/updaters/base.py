@@ -218,8 +218,7 @@ class Updater:
             x = model.transition(x, gens)
             log_q = None
         elif model.dynamic:
-            mean, cov = gaussian.moments(x.double(), state.log_weights)
-            mean, cov = gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
+            mean, cov = model.predicted_moments(x, state.log_weights)
             x = model.transition(x, gens)
             if not self.weighted:
                 x = gaussian.moment_matched(x, mean, cov)

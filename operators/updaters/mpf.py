@@ -43,13 +43,10 @@ from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
-from mpflow.operators.rng import Generators, rand, randn
-from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.rng import Generators, rand
+from mpflow.operators.state import ParticleState, StepInfo, ess
 from mpflow.operators.updaters.base import Updater
-from mpflow.operators.updaters.smc import systematic_resample
-
-#: the Liu–West shrinkage of a corrected static step's resampled copies (smc's default)
-LIU_WEST = gaussian.LIU_WEST_SHRINKAGE
+from mpflow.operators.updaters.smc import liu_west_moves, systematic_resample
 
 
 def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
@@ -272,22 +269,17 @@ class MPFUpdater(Updater):
         if split is not None:
             model, obs, x_prev, x = split, *(correction.to_dimensions(t) for t in (obs, x_prev, x))
         if model.dynamic:
-            mean, cov = gaussian.moments(x_prev.double())
-            white = gaussian.matched(
-                x.double(), *gaussian.affine_push(mean, cov, *(t.double() for t in model.transition_affine()))
-            )
+            white = gaussian.matched(x.double(), *model.predicted_moments(x_prev))
             x = white.points().to(x_prev.dtype)
         else:
             white = gaussian.whiten(x.double())
         x1, _ = self._flow(self.base_flow(model.state_dim), model, obs, x, None, white, self.options["substeps"], False)
         log_w = correction.log_weights(model, obs, white, x, x1)
-        n_eff = 1.0 / torch.exp(2 * log_w).sum(-1)
+        n_eff = ess(log_w)
         log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N)
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
         if not model.dynamic:
-            mean, cov = gaussian.moments(x1.double())
-            xi = randn(gens, [N, d], x1.dtype)
-            x1 = gaussian.liu_west(x1, mean.to(x1.dtype), gaussian.cholesky(cov).to(x1.dtype), LIU_WEST, xi)
+            x1 = liu_west_moves(x1, x1, None, gens, gaussian.LIU_WEST_SHRINKAGE)
         if split is not None:
             x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
         return state.replace(particles=x1), StepInfo(inc, n_eff)

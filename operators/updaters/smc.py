@@ -33,6 +33,18 @@ def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Ten
     return torch.searchsorted(cdf, points).clamp_max(N - 1)
 
 
+def liu_west_moves(
+    resampled: torch.Tensor, cloud: torch.Tensor, log_weights: torch.Tensor | None, gens: Generators, a: float
+) -> torch.Tensor:
+    """The resampled copies [B, N, d] moved apart by the Liu–West kernel with shrinkage ``a``, about the mean and
+    covariance of ``cloud`` (weighted by ``log_weights``; None: uniform), which the moves keep
+    (:func:`mpflow.operators.gaussian.liu_west`)."""
+    mean, cov = gaussian.moments(cloud.to(torch.float64), log_weights)
+    L = gaussian.cholesky(cov).to(cloud.dtype)
+    xi = randn(gens, list(resampled.shape[1:]), cloud.dtype)
+    return gaussian.liu_west(resampled, mean.to(cloud.dtype), L, a, xi)
+
+
 class SMCUpdater(Updater):
     name = "smc"
     weighted = True
@@ -90,7 +102,4 @@ class SMCUpdater(Updater):
         return mode == "always" or (mode == "auto" and not model.dynamic)
 
     def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
-        a = float(self.options["shrinkage"])
-        mean, cov = gaussian.moments(x.to(torch.float64), lw)
-        L = gaussian.cholesky(cov).to(x.dtype)
-        return gaussian.liu_west(xr, mean.to(x.dtype), L, a, randn(gens, list(xr.shape[1:]), x.dtype))
+        return liu_west_moves(xr, x, lw, gens, float(self.options["shrinkage"]))
