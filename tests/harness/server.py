@@ -62,6 +62,22 @@ async def serve_in_process(
         yield app, client
 
 
+#: the API keys of :func:`serve_tenants`: tenant alpha's ``key-a`` and tenant beta's ``key-b``
+TENANT_KEYS = "alpha:key-a,beta:key-b"
+
+
+@asynccontextmanager
+async def serve_tenants(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, ...]]:
+    """Clients of the app (``settings`` with ``api_keys=TENANT_KEYS``) as tenant alpha, tenant beta and a caller
+    with no key, over one store."""
+    async with (
+        serve_in_process(settings, "key-a") as (_, alpha),
+        serve_in_process(settings, "key-b") as (_, beta),
+        serve_in_process(settings) as (_, anonymous),
+    ):
+        yield alpha, beta, anonymous
+
+
 @contextmanager
 def serve_in_thread(settings: Settings, start_timeout: float = 30.0) -> Iterator[str]:
     """Serve a new app with uvicorn on 127.0.0.1:<free port> in a daemon thread; yields the base URL."""

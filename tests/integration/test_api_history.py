@@ -9,7 +9,7 @@ import asyncio
 import uuid
 
 from tests.harness.cluster import LocalCluster
-from tests.harness.server import drop_prefix, serve_in_process
+from tests.harness.server import TENANT_KEYS, drop_prefix, serve_tenants
 from tests.integration import test_store_history as store_history
 from tests.integration.test_api_documented import _undocumented
 from tests.integration.test_api_streams import GAUSS2, new_stream, run, settings
@@ -72,15 +72,11 @@ def test_history_keeps_the_configured_number_of_steps_and_refuses_a_limit_beyond
 
 def test_history_is_scoped_by_tenant_and_goes_with_the_stream(redis_url):
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
-    s = settings(redis_url, prefix, api_keys="alpha:key-a,beta:key-b")
+    s = settings(redis_url, prefix, api_keys=TENANT_KEYS)
 
     async def main():
         try:
-            async with (
-                serve_in_process(s, "key-a") as (_, a),
-                serve_in_process(s, "key-b") as (_, b),
-                serve_in_process(s) as (_, anon),
-            ):
+            async with serve_tenants(s) as (a, b, anon):
                 body = {**new_stream("linear_gaussian", "smc"), "stream_id": "shared-id"}
                 assert (await a.post("/v1/streams", json=body)).status_code == 201
                 await a.post("/v1/streams/shared-id/observations", json={"observations": [[1.0, 2.0]]})

@@ -23,7 +23,7 @@ from mpflow.service.catalogue import methods_for
 from mpflow.service.default_methods import default_method
 from mpflow.service.settings import Settings
 
-from tests.harness.server import drop_prefix, serve_in_process
+from tests.harness.server import TENANT_KEYS, drop_prefix, serve_in_process, serve_tenants
 
 Body = Callable[[FastAPI, httpx.AsyncClient], Awaitable[Any]]
 
@@ -364,17 +364,12 @@ def test_limits_answer_413(redis_url):
 
 
 def test_tenants_are_isolated_and_listing_is_scoped(redis_url):
-    keys = "alpha:key-a,beta:key-b"
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
-    s = settings(redis_url, prefix, api_keys=keys)
+    s = settings(redis_url, prefix, api_keys=TENANT_KEYS)
 
     async def main():
         try:
-            async with (
-                serve_in_process(s, "key-a") as (_, a),
-                serve_in_process(s, "key-b") as (_, b),
-                serve_in_process(s) as (_, anon),
-            ):
+            async with serve_tenants(s) as (a, b, anon):
                 sid = (await a.post("/v1/streams", json=new_stream("linear_gaussian", "smc"))).json()["stream_id"]
                 for _ in range(3):
                     await a.post("/v1/streams", json=new_stream("linear_gaussian", "smc"))
