@@ -406,6 +406,22 @@ def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def write_defaults(entries: list[dict[str, Any]], meta: dict[str, Any], path: Path = DEFAULTS_FILE) -> None:
+    """Put ``entries`` in the service's table: they replace every entry of their families, the other families'
+    entries (written by another benchmark: ``range_bearing``, ``lorenz96``) stay; ``meta`` is recorded under its
+    benchmark's name and each entry names the benchmark that measured it."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    families = {e["family"] for e in entries}
+    kept = [e for e in old.get("defaults", []) if e["family"] not in families]
+    sources = old.get("meta", {})
+    if "benchmark" in sources:  # the earlier layout: one benchmark's meta
+        sources = {sources["benchmark"]: sources}
+    entries = [{**e, "benchmark": meta["benchmark"]} for e in entries]
+    table_ = sorted(kept + entries, key=lambda e: (e["family"], e["state_dim"]))
+    report.write_json(_strict({"meta": {**sources, meta["benchmark"]: meta}, "defaults": table_}), path, indent=1)
+    print(f"wrote {path.relative_to(ROOT)} (the service's default methods: {', '.join(sorted(families))})")
+
+
 # ------------------------------------------------------------------------------------------------ report
 def table(results: list[dict[str, Any]]) -> str:
     """Every row, then the equal-compute comparisons: markdown."""
@@ -573,8 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         indent=1,
     )
     if not args.quick and not args.scenarios and args.out is None:
-        report.write_json(_strict({"meta": meta, "defaults": defaults}), DEFAULTS_FILE, indent=1)
-        print(f"wrote {DEFAULTS_FILE.relative_to(ROOT)} (the service's default methods)")
+        write_defaults(defaults, meta)
     return 0
 
 

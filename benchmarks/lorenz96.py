@@ -15,8 +15,13 @@ RK4 step of 0.05 between them, a perfect model (no model noise):
   (``ess_threshold``) with Liu–West jitter after each resampling (``rejuvenate="always"``, over a few shrinkages a;
   the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), and ``enkf``.
 
-``mpf`` (and ``gpf``, ``svgd``, ``nvgd``, ``kalman``) cannot run Lorenz-96 — they push Gaussian moments through an
-affine transition — and are reported as refused, with the refusal's message.
+``mpf`` runs both (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.predicted_moments``): the base flow
+at N = 48 and 64 (it needs N > d), and on ``bocquet2010`` the importance-corrected flow with Liu–West moves after
+each resampling (a perfect model never separates copies). Each ``mpf`` row is compared at equal compute with the
+setting's reference method (``enkf``, ``smc``: the lowest RMSE among its rows costing no more per step). ``gpf``,
+``kalman`` (and ``svgd``, ``nvgd``) cannot run Lorenz-96 — they push Gaussian moments through an affine transition —
+and are reported as refused, with the refusal's message. A full run writes the service's default for ``lorenz96``
+at d = 40 and d = 10 (:func:`default_entry`) into ``service/default_methods.json``.
 
 Each setting runs B independent twin experiments as one batch of streams (B = 4; 2 with ``--quick``): a truth spun up
 for 1000 steps onto the attractor, its observations, and a prior N(x₀ + ξ, I), ξ ~ N(0, I). The analysis RMSE of a
@@ -42,6 +47,7 @@ from mpflow.operators.rng import generator
 from mpflow.operators.updaters import UPDATERS, get_updater
 
 from benchmarks import report
+from benchmarks.equal_compute import MAX_COST_RATIO, write_defaults
 
 SPIN_UP = 1000
 
@@ -55,6 +61,9 @@ class Setting:
     runs: list[tuple[str, int, dict[str, Any], float | None, str]] = field(default_factory=list)
 
 
+#: the particle filter's options on ``bocquet2010`` (a shrinkage a is added per row)
+BOCQUET_SMC = {"ess_threshold": 0.2, "rejuvenate": "always"}
+
 SETTINGS = [
     Setting(
         "sakov2008",
@@ -63,7 +72,10 @@ SETTINGS = [
         [
             *[("enkf", 40, {"inflation": rho}, 0.18, "Sakov & Oke 2008 Table 1") for rho in (1.005, 1.01, 1.02)],
             ("enkf", 40, {"variant": "perturbed", "inflation": 1.06}, 0.22, "DAPPER sakov2008 PertObs"),
+            ("enkf", 80, {"inflation": 1.01}, 0.18, "Sakov & Oke 2008 Table 1"),
             ("ukf", 40, {}, None, ""),
+            ("mpf", 48, {}, 0.18, "Sakov & Oke 2008 Table 1"),
+            ("mpf", 64, {}, 0.18, "Sakov & Oke 2008 Table 1"),
         ],
     ),
     Setting(
@@ -75,18 +87,23 @@ SETTINGS = [
                 (
                     "smc",
                     800,
-                    {"ess_threshold": 0.2, "rejuvenate": "always", "shrinkage": a},
+                    {**BOCQUET_SMC, "shrinkage": a},
                     0.29,
                     "Bocquet 2010 Fig. 1; DAPPER's regularised PartFilt: 0.25",
                 )
                 for a in (0.8, 0.85, 0.9)
             ],
+            *[("smc", n, {**BOCQUET_SMC, "shrinkage": 0.85}, 0.29, "") for n in (1600, 3200)],
             ("enkf", 10, {"inflation": 1.04}, None, ""),
+            ("mpf", 64, {}, 0.29, ""),
+            *[("mpf", n, {"correct": True, "rejuvenate": "always", "shrinkage": 0.9}, 0.29, "") for n in (256, 800)],
         ],
     ),
 ]
 #: the methods that refuse a nonlinear transition, reported with their message
-REFUSED = ("mpf", "gpf", "kalman")
+REFUSED = ("gpf", "kalman")
+#: the methods an ``mpf`` row is compared with at equal compute, per setting (the one with a published number)
+REFERENCE_METHOD = {"sakov2008": "enkf", "bocquet2010": "smc"}
 
 
 def twin(setting: Setting, streams: int, steps: int, seed: int) -> tuple[ModelFamily, torch.Tensor, torch.Tensor, Any]:
@@ -146,7 +163,80 @@ def run_setting(setting: Setting, streams: int, steps: int, burn_in: int) -> dic
         )
         print(f"  {setting.name} {method} N={n} {options}: RMSE {out['rmse']:.3f} ({out['ms_per_step']} ms/step)")
     refused = {method: UPDATERS[method].refusal(type(model)) for method in REFUSED}
-    return {"setting": setting.name, "d": setting.d, "params": setting.params, "rows": rows, "refused": refused}
+    result = {"setting": setting.name, "d": setting.d, "params": setting.params, "rows": rows, "refused": refused}
+    result["equal_compute"] = equal_compute(result)
+    return result
+
+
+def equal_compute(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each ``mpf`` row against the setting's reference method (``REFERENCE_METHOD``) given at most the same
+    compute: the reference's lowest RMSE among its rows that cost no more per step (None when even its cheapest
+    costs more)."""
+    ref = REFERENCE_METHOD[result["setting"]]
+    out = []
+    for row in (r for r in result["rows"] if r["method"] == "mpf"):
+        within = [r for r in result["rows"] if r["method"] == ref and r["ms_per_step"] <= row["ms_per_step"]]
+        best = min(within, key=lambda r: r["rmse"]) if within else None
+        out.append(
+            {
+                "mpf": f"N={row['N']} " + (", ".join(f"{k}={v}" for k, v in row["options"].items()) or "base flow"),
+                "mpf_rmse": row["rmse"],
+                "mpf_ms": row["ms_per_step"],
+                "reference": ref,
+                "reference_rmse": best["rmse"] if best else None,
+                "reference_N": best["N"] if best else None,
+                "reference_ms": best["ms_per_step"] if best else None,
+                "mpf_over_reference": row["rmse"] / best["rmse"] if best else None,
+            }
+        )
+    return out
+
+
+def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
+    """The service's default for ``lorenz96`` at the setting's d, by the rule of the other families
+    (:func:`benchmarks.equal_compute.default_choice`): the lowest analysis RMSE (to the published precision, two
+    decimals; the cheaper wins a tie) among the rows costing at most ``MAX_COST_RATIO`` × the cheapest ``mpf`` row,
+    per update (a step of the batch over its streams)."""
+    per_update = {id(r): r["ms_per_step"] / streams for r in result["rows"]}
+    budget = min(per_update[id(r)] for r in result["rows"] if r["method"] == "mpf")
+    cap = MAX_COST_RATIO * budget
+    candidates = [r for r in result["rows"] if per_update[id(r)] <= cap]
+    best = min(candidates, key=lambda r: (round(r["rmse"], 2), r["ms_per_step"]))
+    others = sorted(f"{r['method']} N={r['N']} {r['rmse']:.3f}" for r in candidates if r is not best)
+    return {
+        "family": "lorenz96",
+        "state_dim": result["d"],
+        "method": best["method"],
+        "num_particles": best["N"],
+        "options": best["options"],
+        "analysis_rmse": round(best["rmse"], 4),
+        "ms_batched": round(per_update[id(best)], 3),
+        "budget_ms": round(budget, 3),
+        "reason": (
+            f"measured most accurate within {MAX_COST_RATIO:.0f}x mpf's cost ({budget:.2f} ms per update, "
+            f"{streams} streams batched) on Lorenz-96 {result['setting']} (params {result['params']}): "
+            f"{best['method']} N={best['N']} analysis RMSE {best['rmse']:.3f}; others {', '.join(others)}"
+        ),
+    }
+
+
+def equal_compute_table(results: list[dict[str, Any]]) -> str:
+    body = [
+        [
+            r["setting"],
+            e["mpf"],
+            f"{e['mpf_rmse']:.3f}",
+            e["mpf_ms"],
+            f"{e['reference']} N={e['reference_N']}" if e["reference_N"] else f"{e['reference']}: none as cheap",
+            "—" if e["reference_rmse"] is None else f"{e['reference_rmse']:.3f}",
+            "—" if e["reference_ms"] is None else e["reference_ms"],
+            "—" if e["mpf_over_reference"] is None else f"{e['mpf_over_reference']:.2f}",
+        ]
+        for r in results
+        for e in r["equal_compute"]
+    ]
+    header = ["setting", "mpf", "RMSE", "ms/step", "reference at ≤ its compute", "RMSE", "ms/step", "mpf / ref"]
+    return report.markdown_table(header, body, "llrrlrrr")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -206,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = [run_setting(s, streams, steps, burn_in) for s in SETTINGS]
     print(table(results))
+    print("\n" + equal_compute_table(results))
+    defaults = [default_entry(r, streams) for r in results]
     meta = {
         "benchmark": "lorenz96",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -218,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         **report.machine_meta(load),
     }
     report.write_outputs(
-        {"meta": meta, "results": results},
+        {"meta": meta, "results": results, "defaults": defaults},
         report.out_stem(args, "lorenz96"),
         lambda path: plot(results, burn_in, path),
         indent=1,
     )
+    if not args.quick and args.out is None and args.steps is None and args.streams is None:
+        write_defaults(defaults, meta)
     return 0
 
 

@@ -40,7 +40,9 @@ corrected row (~40 s; the full run ~30 min on 2 cores, most of it the reference)
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -54,7 +56,7 @@ from mpflow.operators.updaters import get_updater
 from mpflow.operators.updaters.mpf import find_operator
 from tqdm import tqdm
 
-from benchmarks import report
+from benchmarks import equal_compute, report
 from benchmarks.equal_compute import (
     CORRECTED,
     MPF_PARTICLES,
@@ -226,13 +228,50 @@ def rmse_table(results: list[dict[str, Any]]) -> str:
     return report.markdown_table(("scenario", "method", "N", "ms/stream batched", "RMSE to truth"), rows, "llrrr")
 
 
+def default_entry(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The service's default for ``range_bearing`` (d = 4) by the rule of
+    :func:`benchmarks.equal_compute.default_choice`, each configuration scored by its mean error and batched cost
+    averaged over the scenarios (a tracking stream meets both geometries)."""
+    pooled: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        for row in r["rows"]:
+            pooled.setdefault((row["label"], row["particles"]), []).append(row)
+    rows = []
+    for same in pooled.values():
+        ok = [row for row in same if not row["failed"]]
+        failed = len(ok) < len(results)
+        rows.append(
+            {
+                **same[0],
+                "failed": same[0]["failed"] if failed else None,
+                "mean_err": statistics.fmean(row["mean_err"] for row in ok) if not failed else None,
+                "ms_batched": statistics.fmean(row["ms_batched"] for row in ok) if not failed else None,
+            }
+        )
+    merged = {"scenario": {**results[0]["scenario"], "dim": 4}, "streams": results[0]["streams"], "rows": rows}
+    entry = equal_compute.default_choice(merged)
+    entry["reason"] += f" (mean over the scenarios {', '.join(r['scenario']['name'] for r in results)})"
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     p = report.parser("range_bearing", __doc__, "8 streams, a 20 000-particle reference, a shorter ladder")
+    p.add_argument(
+        "--write-defaults",
+        action="store_true",
+        help="only write the service's default for range_bearing from the stored full run's results",
+    )
     p.add_argument("--streams", type=int, default=None, help="sequences per scenario (64; 8 with --quick)")
     p.add_argument("--reference-particles", type=int, default=None, help="the reference's M (10⁶; 20 000 quick)")
     p.add_argument("--steps", type=int, default=None, help="only the first T steps of every scenario")
     args = p.parse_args(argv)
     stem = report.out_stem(args, "range_bearing")
+    if args.write_defaults:
+        stored = json.loads(stem.with_suffix(".json").read_text())
+        if stored["meta"]["quick"]:
+            raise SystemExit(f"{stem}.json is a --quick run; the default is taken from a full run")
+        equal_compute.write_defaults([default_entry(stored["results"])], stored["meta"])
+        return 0
     budget = QUICK if args.quick else FULL
     if args.streams is not None:
         budget = replace(budget, streams=args.streams)
@@ -256,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         **report.machine_meta(load),
     }
     report.write_outputs(_strict({"meta": meta, "results": results}), stem, lambda path: plot(results, path), indent=1)
+    if not args.quick and args.out is None and args.steps is None:
+        equal_compute.write_defaults([default_entry(results)], meta)
     return 0
 
 

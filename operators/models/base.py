@@ -262,7 +262,13 @@ class ModelFamily:
         self, x: torch.Tensor, log_weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and covariance (float64) of the predictive of the cloud x [B, N, d] (``log_weights``: its weights):
-        the cloud's moments (m, C) pushed through the affine transition, F m + c and F C Fᵀ + Q."""
+        the cloud's moments (m, C) pushed through the affine transition, F m + c and F C Fᵀ + Q. A nonlinear
+        transition x' = f(x) + N(0, Q) (``affine_transition`` False) has no closed form: the moments are those of
+        the mapped cloud f(xᵢ), weighted, plus Q — the noise enters exactly, only the propagation of the cloud's
+        spread through f is Monte Carlo (the ensemble forecast of an EnKF, Evensen 2003 eq. 20–21)."""
+        if self.dynamic and not self.affine_transition:
+            mean, cov = gaussian.moments(self.transition_mean(x).to(torch.float64), log_weights)
+            return mean, cov + self.transition_noise().to(torch.float64)
         mean, cov = gaussian.moments(x.to(torch.float64), log_weights)
         return gaussian.affine_push(mean, cov, *(t.to(torch.float64) for t in self.transition_affine()))
 

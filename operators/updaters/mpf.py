@@ -46,7 +46,7 @@ from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess
 from mpflow.operators.updaters.base import Updater
-from mpflow.operators.updaters.smc import liu_west_moves, systematic_resample
+from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, systematic_resample
 
 
 def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
@@ -96,7 +96,9 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 
 class MPFUpdater(Updater):
     name = "mpf"
-    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold", "correct"})
+    #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
+    nonlinear_transition = True
+    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold", "correct", "rejuvenate", "shrinkage"})
     defaults = {
         "operator": None,
         "network": None,
@@ -107,6 +109,9 @@ class MPFUpdater(Updater):
         "ess_threshold": 0.5,
         "track_density": False,
         "correct": False,
+        # the corrected flow's Liu–West moves after resampling (as smc's): auto = static families only
+        "rejuvenate": "auto",
+        "shrinkage": gaussian.LIU_WEST_SHRINKAGE,
     }
 
     def __init__(self, **options):
@@ -136,6 +141,7 @@ class MPFUpdater(Updater):
             raise ValueError(f"options.ess_threshold: a fraction of N in [0, 1], got {o['ess_threshold']!r}")
         if not isinstance(o["correct"], bool):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
+        check_rejuvenation(o)
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -278,8 +284,8 @@ class MPFUpdater(Updater):
         n_eff = ess(log_w)
         log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N)
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
-        if not model.dynamic:
-            x1 = liu_west_moves(x1, x1, None, gens, gaussian.LIU_WEST_SHRINKAGE)
+        if rejuvenates(self.options["rejuvenate"], model):
+            x1 = liu_west_moves(x1, x1, None, gens, float(self.options["shrinkage"]))
         if split is not None:
             x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
         return state.replace(particles=x1), StepInfo(inc, n_eff)

@@ -45,6 +45,27 @@ def liu_west_moves(
     return gaussian.liu_west(resampled, mean.to(cloud.dtype), L, a, xi)
 
 
+REJUVENATE_MODES = ("auto", "always", "never")
+
+
+def check_rejuvenation(options: dict) -> None:
+    """ValueError unless ``options`` has a valid ``rejuvenate`` mode and Liu–West ``shrinkage``."""
+    if options["rejuvenate"] not in REJUVENATE_MODES:
+        raise ValueError(f"options.rejuvenate: expected auto, always or never, got {options['rejuvenate']!r}")
+    a = options["shrinkage"]
+    if not isinstance(a, int | float) or isinstance(a, bool) or not 0 < a <= 1:
+        raise ValueError(f"options.shrinkage: a Liu–West shrinkage a in (0, 1], got {a!r}")
+
+
+def rejuvenates(mode: str, model: ModelFamily) -> bool:
+    """Whether resampled copies get Liu–West moves: ``always``, or ``auto`` for a static family (its copies would
+    otherwise stay copies forever); a dynamic family's transition noise moves them apart by itself, except a
+    perfect model (``lorenz96`` with Q = 0), which asks for ``always``."""
+    if mode not in REJUVENATE_MODES:
+        raise ValueError(f"options.rejuvenate: expected auto, always or never, got {mode!r}")
+    return mode == "always" or (mode == "auto" and not model.dynamic)
+
+
 class SMCUpdater(Updater):
     name = "smc"
     weighted = True
@@ -63,10 +84,7 @@ class SMCUpdater(Updater):
             or o["ess_threshold"] < 0
         ):
             raise ValueError(f"options.ess_threshold: a non-negative fraction of N, got {o['ess_threshold']!r}")
-        if o["rejuvenate"] not in ("auto", "always", "never"):
-            raise ValueError(f"options.rejuvenate: expected auto, always or never, got {o['rejuvenate']!r}")
-        if not isinstance(o["shrinkage"], int | float) or not 0 < o["shrinkage"] <= 1:
-            raise ValueError(f"options.shrinkage: a Liu–West shrinkage a in (0, 1], got {o['shrinkage']!r}")
+        check_rejuvenation(o)
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape
@@ -89,17 +107,11 @@ class SMCUpdater(Updater):
             x_rs, lw_rs = x[rs], lw[rs]
             idx = systematic_resample(lw_rs, rand(sub_gens, [1], torch.float64)[:, 0])
             xr = torch.gather(x_rs, 1, idx[..., None].expand(len(rs), N, d))
-            if self._rejuvenates(model):
+            if rejuvenates(self.options["rejuvenate"], model):
                 xr = self._liu_west(xr, x_rs, lw_rs, sub_gens)
             x = x.index_copy(0, rs, xr)
             lw = lw.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
         return state.replace(particles=x, log_weights=lw), StepInfo(log_pred, ess_now.to(torch.float64))
-
-    def _rejuvenates(self, model: ModelFamily) -> bool:
-        mode = self.options["rejuvenate"]
-        if mode not in ("auto", "always", "never"):
-            raise ValueError(f"options.rejuvenate: expected auto, always or never, got {mode!r}")
-        return mode == "always" or (mode == "auto" and not model.dynamic)
 
     def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
         return liu_west_moves(xr, x, lw, gens, float(self.options["shrinkage"]))

@@ -308,6 +308,10 @@ class ServiceProcess(UserServer):
             if self.proc is not None:
                 _STARTED.add(self.proc)
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the server's log."""
+        return _tail(self.log_path, chars)
+
     def warnings(self, limit: int = 20) -> dict[str, int]:
         """The server's WARNING/ERROR log lines (JSON lines: logger and message, cut at 200 characters) and how
         often each occurred, the most frequent first."""

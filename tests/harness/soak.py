@@ -45,6 +45,9 @@ SOAK_METHOD = "mpf"
 SOAK_PARTICLES = 64
 WARMUP_FRACTION = 0.1
 TARGETS = {"rss_growth": 0.10, "p99_ratio": 1.5}
+#: a run that takes longer than this (seconds: a base plus per update, ~20× the measured pace on 2 cores) has
+#: stalled, and fails with what the server logged instead of hanging
+STALL_BASE_S, STALL_PER_UPDATE_S = 60.0, 0.15
 
 
 def expected_state_bytes(num_particles: int, dim: int, method: str) -> dict[str, int]:
@@ -114,6 +117,18 @@ async def _redis_memory(store_url: str, prefix: str, stream_ids: Sequence[str]) 
         await store.aclose()
 
 
+def tree_rss(proc) -> int:
+    """Resident memory of ``proc`` and every process under it: the uvicorn supervisor and its workers (a server
+    with several workers grows in its workers, not in the supervisor)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
 async def _soak_run(
     service: ServiceProcess, store_url: str, streams: int, steps: int, show_progress: bool, sample_s: float
 ) -> dict[str, Any]:
@@ -144,7 +159,7 @@ async def _soak_run(
                     {
                         "t": round(time.monotonic() - t_start, 3),
                         "updates": done[0],
-                        "rss": proc.memory_info().rss,
+                        "rss": tree_rss(proc),
                         "redis_used_memory": mem["used_memory"],
                         "redis_dataset": mem["used_memory_dataset"],
                         "redis_clients": mem["mem_clients_normal"],
@@ -154,7 +169,16 @@ async def _soak_run(
                 await asyncio.sleep(sample_s)
 
         sampler = asyncio.create_task(sample())
-        await asyncio.gather(*(drive(s, r, 1, on_steps, keep_means=False) for s, r in pairs))
+        budget = STALL_BASE_S + STALL_PER_UPDATE_S * streams * steps
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(drive(s, r, 1, on_steps, keep_means=False) for s, r in pairs)), budget
+            )
+        except TimeoutError:
+            raise RuntimeError(
+                f"{done[0]} of {streams * steps} updates in {budget:.0f} s; per stream acknowledged: "
+                f"{[len(r.acked) for r in runs]}, errors: {[dict(r.errors) for r in runs if r.errors]}"
+            ) from None
         wall = time.monotonic() - t_start
         await asyncio.sleep(sample_s)  # one sample after the end
         sampler.cancel()
@@ -271,7 +295,10 @@ def soak(streams: int = 100, steps: int = 1000, progress: bool = False, sample_s
                 service.start()
                 found = running_server(data_dir)
                 assert found is not None, "the server started no embedded redis-server"
-                run = asyncio.run(_soak_run(service, f"unix://{found[1]}", streams, steps, progress, sample_s))
+                try:
+                    run = asyncio.run(_soak_run(service, f"unix://{found[1]}", streams, steps, progress, sample_s))
+                except Exception as exc:  # a stalled or failed run: say what the server said
+                    raise AssertionError(f"the soak stopped: {exc!r}\nserver log:\n{service.log_tail()}") from exc
                 aof = sum(f.stat().st_size for f in data_dir.glob("appendonly*"))
                 redis_log = redis_log_warnings(Path(found[1]).parent / "redis.log")
             warnings = service.warnings()

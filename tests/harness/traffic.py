@@ -163,12 +163,23 @@ async def create_streams(
     return list(await asyncio.gather(*(one(i, c) for i, c in enumerate(cs))))
 
 
-async def stored_step(stream: AsyncStream) -> int:
-    """The stream's step, read until an answer comes (the client retries; this outlasts its attempts)."""
+#: how long :func:`stored_step` keeps asking a server that does not answer: longer than any restart or failover
+#: a fault script makes (seconds), short enough that a server that is gone fails the run instead of hanging it
+STORED_STEP_PATIENCE_S = 120.0
+
+
+async def stored_step(stream: AsyncStream, patience: float = STORED_STEP_PATIENCE_S) -> int:
+    """The stream's step, read until an answer comes (the client retries; this outlasts its attempts), for at
+    most ``patience`` seconds: then RuntimeError naming the last failure."""
+    deadline = time.monotonic() + patience
     while True:
         try:
             return int((await stream.get())["step"])
-        except (MpflowError, httpx.HTTPError):
+        except (MpflowError, httpx.HTTPError) as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"stream {stream.stream_id}: no answer to GET in {patience:.0f} s (last: {exc!r})"
+                ) from exc
             await asyncio.sleep(0.5)
 
 

@@ -243,6 +243,7 @@ def test_method_options_per_stream(redis_url):
             ({"method": "mpf", "method_options": {"substeps": 0}}, "method_options.substeps: an integer from 1"),
             ({"method": "gpf", "method_options": {"max_iters": 10**9}}, "for gpf; it takes none"),
             ({"method": "smc", "method_options": {"rejuvenate": "sometimes"}}, "method_options.rejuvenate"),
+            ({"method": "mpf", "method_options": {"correct": True, "shrinkage": 1.5}}, "method_options.shrinkage"),
         ]
         for extra, message in cases:
             r = await c.post("/v1/streams", json={**spec, **extra, "stream_id": "refused"})

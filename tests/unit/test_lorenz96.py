@@ -77,9 +77,9 @@ def test_observation_every_kth_variable_arctan_and_ring_distances():
 
 
 def test_only_the_methods_that_move_particles_through_the_transition_run_it():
-    assert methods_for(FAMILIES["lorenz96"]) == ["enkf", "smc", "ukf"]
+    assert methods_for(FAMILIES["lorenz96"]) == ["enkf", "mpf", "smc", "ukf"]
     model = make_model("lorenz96", {}, 6)
-    for name in sorted(set(UPDATERS) - {"enkf", "smc", "ukf"}):
+    for name in sorted(set(UPDATERS) - {"enkf", "mpf", "smc", "ukf"}):
         with pytest.raises(ValueError, match=r"^method: ") as exc:
             get_updater(name).check_compatible(model)
         assert "lorenz96" in str(exc.value)
@@ -99,8 +99,28 @@ def twin(d: int = 10, steps: int = 40, seed: int = 0, **params):
     return model, prior, xs, obs
 
 
+def test_the_predictive_moments_of_a_nonlinear_transition_are_the_mapped_clouds_plus_q():
+    """m = Σ wᵢ f(xᵢ), C = Σ wᵢ (f(xᵢ) − m)(f(xᵢ) − m)ᵀ + Q: exact noise, the cloud mapped through RK4."""
+    model = make_model("lorenz96", {"Q": 0.3}, 6)
+    x = 8.0 + torch.randn(1, 50, 6, dtype=torch.float64, generator=generator(3))
+    lw = torch.log_softmax(torch.randn(1, 50, dtype=torch.float64, generator=generator(4)), -1)
+    mean, cov = model.to(torch.float64).predicted_moments(x, lw)
+    fx = model.to(torch.float64).transition_mean(x)[0]
+    w = lw[0].exp()
+    m = (w[:, None] * fx).sum(0)
+    c = ((fx - m).T * w) @ (fx - m) + 0.3 * torch.eye(6, dtype=torch.float64)
+    assert torch.allclose(mean[0], m) and torch.allclose(cov[0], c)
+
+
 @pytest.mark.parametrize(
-    "method,n,options", [("enkf", 40, {"inflation": 1.05}), ("ukf", 1, {}), ("smc", 2000, {"rejuvenate": "always"})]
+    "method,n,options",
+    [
+        ("enkf", 40, {"inflation": 1.05}),
+        ("ukf", 1, {}),
+        ("smc", 2000, {"rejuvenate": "always"}),
+        ("mpf", 64, {}),
+        ("mpf", 256, {"correct": True, "rejuvenate": "always", "shrinkage": 0.9}),
+    ],
 )
 def test_filters_track_the_truth(method, n, options):
     """Every other variable observed with R = 1: the analysis RMSE stays well under the observation noise and the
