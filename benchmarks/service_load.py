@@ -56,7 +56,9 @@ which is why the server's default is one worker per core; ``--workers 1`` measur
 
 Results: a markdown table on stdout, ``<out>.json`` and ``<out>.png`` (``--out`` defaults to
 ``benchmarks/results/service_load``, ``-cluster`` appended with ``--cluster``, ``-workers<W>`` for W ≥ 1, then
-``-quick`` with ``--quick``: git-ignored). Measured beside each other: ``service_load.json`` (single Redis) and
+``-quick`` with ``--quick``, or ``-partial`` when ``--methods``, ``--particles``, ``--streams``, ``--warmup`` or
+``--window`` narrow the grid: both git-ignored, so a partial run never overwrites the full grid's results). Measured
+beside each other: ``service_load.json`` (single Redis) and
 ``service_load-cluster.json`` (cluster), both with the server's default workers.
 """
 
@@ -295,11 +297,25 @@ def plot(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> None:
         fig.tight_layout(rect=(0, 0, 1, 0.92))
 
 
+#: options that run part of the grid, or shorter cells; such a run writes ``<name>-partial.*`` (git-ignored) unless
+#: ``--out`` names the file
+PARTIAL_GRID_OPTIONS = ("methods", "particles", "streams", "warmup", "window")
+PARTIAL_SUFFIX = "-partial"
+
+
+def output_stem(args: argparse.Namespace) -> Path:
+    """Where the results go (module docstring): ``-cluster``, ``-workers<W>``, then ``-quick`` or ``-partial``."""
+    suffix = ("-cluster" if args.cluster else "") + (f"-workers{args.workers}" if args.workers else "")
+    if not args.quick and any(getattr(args, k) is not None for k in PARTIAL_GRID_OPTIONS):
+        suffix += PARTIAL_SUFFIX  # part of the grid: never the tracked full-grid results
+    return report.out_stem(args, NAME + suffix)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = report.parser(NAME, __doc__, "K ∈ {1, 16}, N = 256, short windows")
     p.add_argument("--store", choices=("auto", "redis", "embedded"), default="auto")
     p.add_argument("--client", choices=tuple(CLIENTS), default="aiohttp", help="the load generator's HTTP client")
@@ -318,13 +334,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--cluster", action="store_true", help="store: a fresh local Redis Cluster, 3 primaries + 3 replicas"
     )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.workers < 0:
         p.error(f"--workers: a whole number >= 0 (0: the server's default), got {args.workers}")
     if args.cluster and args.store != "auto":
         p.error("--cluster: the store is the local cluster; leave --store out")
-    suffix = ("-cluster" if args.cluster else "") + (f"-workers{args.workers}" if args.workers else "")
-    stem = report.out_stem(args, NAME + suffix)
+    stem = output_stem(args)
     result = run_benchmark(args)
     meta = result["meta"]
     print(
