@@ -282,6 +282,12 @@ class ModelFamily:
         return self.transition_affine()[2]
 
     # ----------------------------------------------------------------- additive Gaussian observations
+    def linear_observation(self) -> bool:
+        """Whether every stream's observation is o = H x + N(0, R), with (H, R) from ``observation_affine``: then a
+        flow's Gaussian likelihood is the likelihood itself, not a fit (the linear-Gaussian families; ``lorenz96``
+        without ``arctan``, whose transition is nonlinear)."""
+        return self.linear_gaussian
+
     def observation_function(self, x: torch.Tensor) -> torch.Tensor:
         """h(x) of o = h(x) + N(0, R) for x [B, N, d] → [B, N, k] (families with ``gaussian_observation``)."""
         raise TypeError(f"the {self.name} family has no explicit observation function h(x) with additive noise")

@@ -146,6 +146,22 @@ class Lorenz96(DiagonalGaussianObservation):
         R, idx = self.params["R"], self.params["obs_index"]
         return torch.sqrt(R)[:, None].expand(R.shape[0], idx.shape[-1]).to(R.dtype)
 
+    def linear_observation(self) -> bool:
+        """o = H x + N(0, R I) unless some stream observes through ``arctan``."""
+        return not bool((self.params["arctan"] > 0).any())
+
+    def observation_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H [B, k, d], R [B, k, k]) of the linear observation: H picks the observed variables 0, k, 2k, … (its
+        rows zero at a partial observation's gaps, where R is 1:
+        :mod:`~mpflow.operators.models.diagonal_observation`)."""
+        if not self.linear_observation():
+            raise TypeError("the lorenz96 family observes through arctan here: its observation is not linear")
+        s = self.observation_sd()
+        B, k = s.shape
+        idx = self.params["obs_index"].long().expand(B, k)
+        H = torch.zeros(B, k, self.state_dim, dtype=s.dtype).scatter_(-1, idx[..., None], 1.0)
+        return H * self._seen(s)[..., None], self.observation_noise()
+
     def localisation_distances(self) -> torch.Tensor:
         """[B, d, k]: min(|i − j|, d − |i − j|) between variable i and the observed variable j."""
         d = self.state_dim

@@ -236,14 +236,15 @@ def linearised_likelihood(
     score: torch.Tensor | None = None,
     method: str = "stein",
 ) -> GaussianLikelihood:
-    """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families,
+    """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for a linear observation
+    (``ModelFamily.linear_observation``),
     else fitted to the (detached) particles x [B, N, d] — ``method`` "stein": :func:`statistical_linearisation`
     of the scores; "importance": :func:`importance_linearisation` (``whitened``: x's
     :class:`~mpflow.operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when the
     caller has it)."""
     if method not in LINEARISATIONS:
         raise ValueError(f"linearisation: must be one of {LINEARISATIONS}, got {method!r}")
-    if model.linear_gaussian:
+    if model.linear_observation():
         H, R = model.observation_affine()
         return linear_gaussian_likelihood(H.double(), R.double(), obs.double())
     x = x.detach()

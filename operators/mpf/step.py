@@ -77,7 +77,7 @@ def flow_step(
         white = gaussian.whiten(x.detach().double())
     else:
         white = gaussian.Whitened(whitened.mean.detach(), whitened.chol.detach(), whitened.z.detach())
-    exact = model.linear_gaussian and net.use_base  # (Λ, η) is the likelihood itself, not a fit
+    exact = model.linear_observation() and net.use_base  # (Λ, η) is the likelihood itself, not a fit
     score0 = None if exact else model.score(obs, x.detach())  # at the start: the fit's (non-linear) and f's
     lik = linearised_likelihood(model, obs, x, white, score0, net.linearisation)
     ctx = net.context(x, lik, white, residual=residual or not net.use_base)

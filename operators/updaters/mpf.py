@@ -13,7 +13,8 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                an untrained flow on a non-linear likelihood, and K stages shrink it at K times the cost;
   4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles;
   5. health    the ESS of the importance weights that would correct the step (:mod:`mpflow.operators.mpf.health`),
-               reported as the step's ``ess``: N when the step is exact, low when the flow misrepresents it; a
+               reported as the step's ``ess``: N when the step is exact (a linear-Gaussian model: not computed, the
+               closed-form flow is exact), low when the flow misrepresents it; a
                stream whose ESS is below ``ess_threshold``·N runs the step again in twice as many stages, up
                to ``max_substeps`` (default ``substeps``: no correction).
 
@@ -241,7 +242,9 @@ class MPFUpdater(Updater):
             # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
             white = white if white is not None else gaussian.whiten(x.detach().double())
             x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
-            if d >= N:  # a cloud of N ≤ d has no Gaussian fit: no health signal
+            # a cloud of N ≤ d has no Gaussian fit: no health signal; a linear-Gaussian step is the exact base flow in
+            # closed form, whose weights are uniform (N; tests/unit/test_tempered_substeps.py checks flow_ess there)
+            if d >= N or model.linear_gaussian:
                 n_eff = torch.full((B,), float(N), dtype=torch.float64)
                 return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
             n_eff = flow_ess(model, obs, white, x1)

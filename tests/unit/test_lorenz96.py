@@ -139,3 +139,23 @@ def test_filters_track_the_truth(method, n, options):
         mean = (w[:, None] * state.particles[0].double()).sum(0)
         errs.append(float((mean - xs[0, m].double()).pow(2).mean().sqrt()))
     assert sum(errs[20:]) / 20 < 0.8, (method, errs)
+
+
+def test_the_linear_observation_is_given_as_h_and_r():
+    """Without arctan, o = H x + N(0, R I) with H picking every k-th variable: log N(o; H x, R) is the family's
+    log-likelihood, also at a partial observation's gaps (H's row zero there); with arctan there is no (H, R)."""
+    model = make_model("lorenz96", {"obs_every": 2, "R": 0.7}, 6).to(torch.float64)
+    assert model.linear_observation()
+    x = torch.randn(1, 5, 6, dtype=torch.float64, generator=generator(5))
+    for obs, seen in (([0.3, -1.0, 2.0], [1.0, 1.0, 1.0]), ([0.3, math.nan, 2.0], [1.0, 0.0, 1.0])):
+        part, o = model.observed_part(torch.tensor([obs], dtype=torch.float64))
+        H, R = part.observation_affine()
+        assert torch.equal(H[0], torch.eye(6, dtype=torch.float64)[[0, 2, 4]] * torch.tensor(seen)[:, None])
+        var = R.diagonal(dim1=-2, dim2=-1)[:, None]  # [1, 1, k]
+        r = o[:, None] - x @ H.transpose(-1, -2)
+        log_n = (-0.5 * r**2 / var - 0.5 * torch.log(2 * math.pi * var)) * torch.tensor(seen)
+        assert torch.allclose(log_n.sum(-1), part.log_likelihood(o, x))
+    arctan = make_model("lorenz96", {"arctan": True}, 6)
+    assert not arctan.linear_observation()
+    with pytest.raises(TypeError, match="arctan"):
+        arctan.observation_affine()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mpflow.operators import gaussian
 from mpflow.operators.filtering import run_filter
 from mpflow.operators.metrics import mean_error_sd
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.tempered import Tempered, tempered
+from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.references.grid import diagonal_grid_filter
 from mpflow.operators.rng import generator
@@ -86,8 +88,12 @@ def test_the_flow_health_is_n_where_the_step_is_exact_and_lower_where_it_is_not(
     batch = type(lg).stack([lg] * 3)
     _, obs = batch.simulate(2, torch.zeros(3, 2), [generator(i) for i in range(3)])
     prior = GaussianMixture.gaussian(torch.zeros(3, 2), torch.eye(2).expand(3, 2, 2))
-    _, info = _first_step(batch, obs, prior)
-    assert torch.allclose(info.ess, torch.full((3,), 256.0, dtype=torch.float64), rtol=1e-4)
+    state, info = _first_step(batch, obs, prior)
+    assert torch.equal(info.ess, torch.full((3,), 256.0, dtype=torch.float64))  # exact: reported, not computed
+    # ... and indeed exact: the weights that would correct the closed-form flow are uniform
+    start = get_updater("mpf").init(prior, batch, 256, list(range(3)))
+    ess = flow_ess(batch, obs[:, 0], gaussian.whiten(start.particles.double()), state.particles)
+    assert torch.allclose(ess, torch.full((3,), 256.0, dtype=torch.float64), rtol=1e-4)
     model, obs, prior = _logistic(4)
     _, one = _first_step(model, obs, prior)
     _, eight = _first_step(model, obs, prior, substeps=8)
