@@ -16,8 +16,9 @@ RK4 step of 0.05 between them, a perfect model (no model noise):
   the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), and ``enkf``.
 
 ``mpf`` runs both (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.predicted_moments``): the base flow
-at N = 48 and 64 (it needs N > d), and on ``bocquet2010`` the importance-corrected flow with Liu–West moves after
-each resampling (a perfect model never separates copies). Each ``mpf`` row is compared at equal compute with the
+at N = 48 and 64 (it needs N > d), the same with the trained operator for (lorenz96, d) when one is shipped
+(:func:`operator_runs`), and on ``bocquet2010`` the importance-corrected flow with Liu–West moves after each
+resampling (a perfect model never separates copies). Each ``mpf`` row is compared at equal compute with the
 setting's reference method (``enkf``, ``smc``: the lowest RMSE among its rows costing no more per step). ``gpf``,
 ``kalman`` (and ``svgd``, ``nvgd``) cannot run Lorenz-96 — they push Gaussian moments through an affine transition —
 and are reported as refused, with the refusal's message. A full run writes the service's default for ``lorenz96``
@@ -45,6 +46,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import UPDATERS, get_updater
+from mpflow.operators.updaters.mpf import find_operator
 
 from benchmarks import report
 from benchmarks.equal_compute import MAX_COST_RATIO, write_defaults
@@ -144,10 +146,23 @@ def filter_rmse(method: str, n: int, options: dict[str, Any], model, xs, obs, pr
     }
 
 
+def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], float | None, str]]:
+    """The setting's ``mpf`` base-flow rows again with the trained operator for (lorenz96, d), when one is shipped
+    (or found in ``$MPFLOW_OPERATOR_DIRS``): the learned residual on top of the same flow, at the same N."""
+    record = find_operator("lorenz96", setting.d)
+    if record is None:
+        return []
+    return [
+        (method, n, {"operator": record.name}, published, source)
+        for method, n, options, published, source in setting.runs
+        if method == "mpf" and not options
+    ]
+
+
 def run_setting(setting: Setting, streams: int, steps: int, burn_in: int) -> dict[str, Any]:
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=0)
     rows = []
-    for method, n, options, published, source in setting.runs:
+    for method, n, options, published, source in [*setting.runs, *operator_runs(setting)]:
         out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in)
         ratio = out["rmse"] / published if published else None
         rows.append(

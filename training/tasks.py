@@ -27,9 +27,9 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import SHARED_TASK_OPTIONS, dp_mixture_prior, random_covariance
 from mpflow.operators.rng import generator
 
-#: the families with a task distribution (:meth:`ModelFamily.sample_task_models`): every family mpf runs — all but
-#: those with a nonlinear transition (``ModelFamily.affine_transition`` False: lorenz96), plugins included
-TASK_FAMILIES = tuple(name for name, cls in FAMILIES.items() if not cls.dynamic or cls.affine_transition)
+#: the families with a task distribution (:meth:`ModelFamily.sample_task_models`): every family mpf runs, those with
+#: a nonlinear transition (lorenz96: its predictive is fitted by ``predicted_moments``) and plugins included
+TASK_FAMILIES = tuple(FAMILIES)
 #: every task option: the shared prior options, then each family's own (accepted for every family, read by some)
 TASK_OPTIONS = tuple(dict.fromkeys([*SHARED_TASK_OPTIONS, *(o for cls in FAMILIES.values() for o in cls.task_options)]))
 #: family → its task-model sampler ``(gens, d, dtype, options) -> (model, prior)`` (kept for older callers)

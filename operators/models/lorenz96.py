@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step
+from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 from mpflow.operators.rng import Generators, randn
 
 
@@ -73,6 +75,15 @@ def rk4(x: torch.Tensor, forcing: torch.Tensor, h: torch.Tensor) -> torch.Tensor
     k3 = tendency(x + 0.5 * h * k2, forcing)
     k4 = tendency(x + h * k3, forcing)
     return x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
+#: meta-training tasks: observation noise variances R, and the noise-free steps that carry an initial state onto
+#: the attractor (10 time units at Δ = 0.05)
+TASK_R_RANGE = (0.5, 2.0)
+TASK_SPIN_UP = 200
+#: the attractor's range at F = 8 (measured over 64 spun-up states, d = 10 and 40: −7.5 … 13.0), widened by 3 sd of
+#: the prior's offset ξ ~ N(0, I)
+ATTRACTOR_RANGE = (-11.0, 16.0)
 
 
 class Lorenz96(DiagonalGaussianObservation):
@@ -169,6 +180,45 @@ class Lorenz96(DiagonalGaussianObservation):
         i = torch.arange(d, dtype=torch.float64)[None, :, None]
         gap = (i - idx[:, None, :]).abs()
         return torch.minimum(gap, d - gap)
+
+    # ----------------------------------------------------------------- meta-training tasks
+    @classmethod
+    def sample_task_models(
+        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
+    ) -> tuple[ModelFamily, GaussianMixture]:
+        """The defaults (F = 8, Δ = 0.05, every variable observed: one observation shape for the batch) with R ~
+        U[0.5, 2] per task; the prior N(c + ξ, Σ) is centred near the attractor — c is F + N(0, I) carried by
+        ``TASK_SPIN_UP`` noise-free steps, ξ ~ N(0, I) as in a twin experiment — with Σ of eigenvalues in
+        ``scale_range`` (:func:`~mpflow.operators.models.task_priors.gaussian_prior`)."""
+        R = uniform(gens, [1], *TASK_R_RANGE, torch.float64)[:, 0]
+        model = cls._stack_params([{"R": float(r)} for r in R], d, dtype)
+        x = 8.0 + randn(gens, [1, d], torch.float64)
+        spin = model.to(torch.float64)
+        for _ in range(TASK_SPIN_UP):
+            x = spin.transition_mean(x)
+        centre = (x[:, 0] + randn(gens, [d], torch.float64)).to(dtype)
+        prior = gaussian_prior(gens, d, dtype, options.get("scale_range", DEFAULT_SCALE_RANGE), centre)
+        return model, prior
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """F = 8 and Δ = 0.05 as trained, R in ``TASK_R_RANGE``, a prior mean within the attractor's range
+        (``ATTRACTOR_RANGE``, widened by the offset ξ), its variances in ``scale_range``."""
+        lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        return {
+            "F": [8.0, 8.0],
+            "delta": [0.05, 0.05],
+            "R": list(TASK_R_RANGE),
+            "prior mean": list(ATTRACTOR_RANGE),
+            "prior variance": [float(lo), float(hi)],
+        }
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        return {
+            **{k: span(self.params[k][0].to(torch.float64)) for k in ("F", "delta", "R")},
+            "prior mean": span(prior_mean),
+            "prior variance": span(torch.linalg.eigvalsh(prior_cov.to(torch.float64))),
+        }
 
     @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:

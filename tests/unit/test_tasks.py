@@ -9,7 +9,7 @@ import torch
 from mpflow.operators.rng import generator
 from mpflow.training.tasks import TASK_FAMILIES, sample_tasks
 
-DIMS = {"gmm": 2, "logistic": 4, "range_bearing": 4}
+DIMS = {"gmm": 2, "logistic": 4, "range_bearing": 4, "lorenz96": 6}
 
 
 @pytest.mark.parametrize("family", TASK_FAMILIES)
@@ -53,3 +53,21 @@ def test_bad_task_options_name_the_field(kwargs, field):
 def test_gmm_needs_two_dimensions():
     with pytest.raises(ValueError, match="dim"):
         sample_tasks("gmm", 3, 2, 2, generator(0))
+
+
+def test_lorenz96_tasks_start_near_the_attractor_inside_their_domain():
+    """A task's prior is centred on a spun-up state (within the attractor's range), R in its range, and the
+    domain the operator records holds every task drawn."""
+    from mpflow.operators.models.lorenz96 import ATTRACTOR_RANGE, TASK_R_RANGE, Lorenz96
+
+    tasks = sample_tasks("lorenz96", 10, 6, 2, generator(3))
+    R = tasks.model.params["R"]
+    lo, hi = TASK_R_RANGE
+    assert bool(((R - lo >= 0) & (hi - R >= 0)).all()) and len(set(R.tolist())) == 6
+    mean, cov = tasks.prior.moments()
+    assert float(mean.std()) > 2.0  # spread over the attractor, not around 0 or F
+    assert ATTRACTOR_RANGE[0] < float(mean.min()) and float(mean.max()) < ATTRACTOR_RANGE[1]
+    domain = Lorenz96.task_domain({})
+    for b in range(6):
+        one = tasks.model.select(torch.tensor([b]))
+        assert one.outside_domain(domain, mean[b], cov[b]) == []
