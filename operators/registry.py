@@ -60,7 +60,9 @@ README_FILE = "README.md"
 SAMPLERS_DIR = "samplers"
 ENV_DIRS = "MPFLOW_OPERATOR_DIRS"
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
-NAME_RE = re.compile(r"^(?P<family>[a-z_]+)-d(?P<d>[0-9]+)-v(?P<v>[0-9]+)$")
+#: a family name: lower-case letters, digits and '_', starting with a letter or '_' (``lorenz96``)
+FAMILY_RE = r"[a-z_][a-z0-9_]*"
+NAME_RE = re.compile(rf"^(?P<family>{FAMILY_RE})-d(?P<d>[0-9]+)-v(?P<v>[0-9]+)$")
 REQUIRED_CONFIG = ("family", "state_dim", "obs_dim", "architecture")
 _HASH_EXCLUDED = ("created",)
 _CHUNK = 1 << 20
@@ -134,8 +136,11 @@ def _check_config(config: Any, where: str = "config") -> None:
     missing = [k for k in REQUIRED_CONFIG if k not in config]
     if missing:
         raise ValueError(f"{where}.{missing[0]}: required key missing (required: {list(REQUIRED_CONFIG)})")
-    if not (isinstance(config["family"], str) and re.fullmatch(r"[a-z_]+", config["family"])):
-        raise ValueError(f"{where}.family: must be lower-case letters and '_', got {config['family']!r}")
+    if not (isinstance(config["family"], str) and re.fullmatch(FAMILY_RE, config["family"])):
+        raise ValueError(
+            f"{where}.family: must be lower-case letters, digits and '_', not starting with a digit, "
+            f"got {config['family']!r}"
+        )
     if not _is_int(config["state_dim"], 1):
         raise ValueError(f"{where}.state_dim: must be a positive integer, got {config['state_dim']!r}")
     if not _is_int(config["obs_dim"], 0):

@@ -425,7 +425,6 @@ def meta_train(
     final_state = copy.deepcopy(net.state_dict())
     net.load_state_dict(best_state)
     last = history[-1]["iteration"] if history else start
-    n_done = last - start
     return {
         "val_loss_untrained": untrained,
         "val_loss_best": best_val,
@@ -433,6 +432,7 @@ def meta_train(
         "final_state": final_state,
         "iterations": last,
         "seconds": seconds,
-        "it_per_s": (len(history) / seconds) if seconds > 0 and n_done > 0 else math.nan,
+        # over every iteration, resumed runs' included (a resumed run that was already finished did none itself)
+        "it_per_s": (len(history) / seconds) if seconds > 0 and history else 0.0,
         "history": history,
     }

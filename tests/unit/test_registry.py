@@ -113,6 +113,11 @@ def test_auto_versioning_and_name_checks(tmp_path):
     assert _save(tmp_path, None).version == 8  # versions are never reused
     with pytest.raises(ValueError, match=r"^name: .*must match"):
         _save(tmp_path, "LDS-2")
+    # a family name may hold digits (lorenz96), not start with one
+    assert _save(tmp_path, None, family="lorenz96", d=10).name == "lorenz96-d10-v1"
+    assert registry.load_record(tmp_path / "lorenz96-d10-v1").family == "lorenz96"
+    with pytest.raises(ValueError, match=r"^config.family: .*digits"):
+        _save(tmp_path, None, family="96lorenz")
     with pytest.raises(ValueError, match=r"^name: .*disagrees"):
         _save(tmp_path, "gmm-d2-v1")
     with pytest.raises(ValueError, match=r"^config.architecture: required"):
