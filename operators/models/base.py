@@ -267,10 +267,24 @@ class ModelFamily:
         the mapped cloud f(xᵢ), weighted, plus Q — the noise enters exactly, only the propagation of the cloud's
         spread through f is Monte Carlo (the ensemble forecast of an EnKF, Evensen 2003 eq. 20–21)."""
         if self.dynamic and not self.affine_transition:
-            mean, cov = gaussian.moments(self.transition_mean(x).to(torch.float64), log_weights)
-            return mean, cov + self.transition_noise().to(torch.float64)
+            return self._mapped_moments(self.transition_mean(x), log_weights)
         mean, cov = gaussian.moments(x.to(torch.float64), log_weights)
         return gaussian.affine_push(mean, cov, *(t.to(torch.float64) for t in self.transition_affine()))
+
+    def _mapped_moments(self, fx: torch.Tensor, log_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, cov = gaussian.moments(fx.to(torch.float64), log_weights)
+        return mean, cov + self.transition_noise().to(torch.float64)
+
+    def propagate(
+        self, x: torch.Tensor, gens: Generators, log_weights: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draw of the transition and the predictive's moments together → (x' [B, N, d], mean, cov): what
+        :meth:`transition` and :meth:`predicted_moments` give, with a nonlinear f applied to the cloud once
+        (Lorenz-96's RK4 is most of a step's cost) instead of once for each."""
+        if self.dynamic and not self.affine_transition:
+            fx = self.transition_mean(x)
+            return self.perturbed(fx, gens), *self._mapped_moments(fx.detach(), log_weights)
+        return self.transition(x, gens), *self.predicted_moments(x.detach(), log_weights)
 
     def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
         """f(x) of x_m = f(x_{m-1}) + N(0, Q) for x [B, N, d] → [B, N, d]: F x + c for an affine transition."""
@@ -314,13 +328,15 @@ class ModelFamily:
         return None
 
     def transition(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
-        """Sample x_m ~ p(x_m | x_{m-1}) for x [B, N, d] (identity for static families)."""
+        """Sample x_m ~ p(x_m | x_{m-1}) for x [B, N, d] (identity for static families): f(x) + N(0, Q)."""
         if not self.dynamic:
             return x
-        F, c, Q = self.transition_affine()
-        L = torch.linalg.cholesky(Q)
-        noise = randn(gens, x.shape[1:], x.dtype) @ L.transpose(-1, -2)
-        return x @ F.transpose(-1, -2) + c[:, None] + noise
+        return self.perturbed(self.transition_mean(x), gens)
+
+    def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """fx [B, N, d] plus a draw of the transition noise N(0, Q)."""
+        L = torch.linalg.cholesky(self.transition_noise())
+        return fx + randn(gens, fx.shape[1:], fx.dtype) @ L.transpose(-1, -2)
 
     # ----------------------------------------------------------------- simulation
     def simulate(self, T: int, x0: torch.Tensor, gens: Generators) -> tuple[torch.Tensor, torch.Tensor]:

@@ -140,10 +140,10 @@ class Lorenz96(DiagonalGaussianObservation):
     def transition_noise(self) -> torch.Tensor:
         return self.params["Q"][:, None, None] * torch.eye(self.state_dim, dtype=self.params["Q"].dtype)
 
-    def transition(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
-        """f(x) + √Q ξ (ξ drawn even where Q = 0, so a stream's draws do not depend on its batch)."""
-        sd = torch.sqrt(self.expanded(x.shape[0])["Q"]).to(x.dtype)[:, None, None]
-        return self.transition_mean(x) + sd * randn(gens, list(x.shape[1:]), x.dtype)
+    def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """fx + √Q ξ (ξ drawn even where Q = 0, so a stream's draws do not depend on its batch)."""
+        sd = torch.sqrt(self.expanded(fx.shape[0])["Q"]).to(fx.dtype)[:, None, None]
+        return fx + sd * randn(gens, list(fx.shape[1:]), fx.dtype)
 
     # ----------------------------------------------------------------- observation
     def observed_mean(self, x: torch.Tensor) -> torch.Tensor:

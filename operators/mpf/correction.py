@@ -93,6 +93,12 @@ def to_dimensions(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 1).reshape(B * d, N, 1)
 
 
+def marginals(mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A factorised Gaussian's (mean [B, d], cov [B, d, d]) as d one-dimensional ones, ordered as
+    :func:`to_dimensions`: ([B·d, 1], [B·d, 1, 1])."""
+    return to_dimensions(mean), cov.diagonal(0, -2, -1).reshape(-1, 1, 1)
+
+
 def from_dimensions(t: torch.Tensor, d: int) -> torch.Tensor:
     """The inverse of :func:`to_dimensions` for particles: [B·d, N, 1] → [B, N, d]."""
     Bd, N, _ = t.shape

@@ -30,15 +30,24 @@ from mpflow.operators.rng import Generators
 
 
 def predict(
-    model: ModelFamily, x: torch.Tensor, gens: Generators, log_weights: torch.Tensor | None = None, *, density=True
+    model: ModelFamily,
+    x: torch.Tensor,
+    gens: Generators,
+    log_weights: torch.Tensor | None = None,
+    *,
+    density=True,
+    inflation: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, gaussian.Whitened | None]:
     """The transition step of a dynamic family (module docstring, 1.) → (x_pred, log N(x_pred; F m + c, F C Fᵀ + Q)
     (the density only when ``density``), x_pred whitened (float64, for :func:`flow_step`; None when N ≤ d));
-    static families return (x, None, None)."""
+    static families return (x, None, None). ``inflation`` ρ scales the predictive's covariance by ρ² (its
+    anomalies by ρ: the multiplicative inflation of ensemble filters, Anderson & Anderson 1999), which a small
+    cloud under a perfect model needs against the spread it loses to sampling error."""
     if not model.dynamic:
         return x, None, None
-    mean, cov = model.predicted_moments(x.detach(), log_weights)
-    moved = model.transition(x, gens)
+    moved, mean, cov = model.propagate(x, gens, log_weights)
+    if inflation != 1.0:
+        cov = cov * inflation**2
     white = None
     if x.shape[1] > x.shape[2]:  # no Monte Carlo noise in the moments
         white = gaussian.matched(moved.double(), mean, cov)

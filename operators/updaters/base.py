@@ -218,8 +218,7 @@ class Updater:
             x = model.transition(x, gens)
             log_q = None
         elif model.dynamic:
-            mean, cov = model.predicted_moments(x, state.log_weights)
-            x = model.transition(x, gens)
+            x, mean, cov = model.propagate(x, gens, state.log_weights)
             if not self.weighted:
                 x = gaussian.moment_matched(x, mean, cov)
             if log_q is not None:

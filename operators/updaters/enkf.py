@@ -27,6 +27,7 @@ Gaspari & Cohn 1999 eq. 4.10), which needs a diagonal R. The ensemble keeps unif
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from mpflow.operators import gaussian
@@ -61,6 +62,12 @@ def predictive_log_density(e_bar: torch.Tensor, S: torch.Tensor) -> torch.Tensor
     return gaussian.log_prob(e_bar[:, None], torch.zeros_like(e_bar), gaussian.cholesky(S))[:, 0]
 
 
+def check_inflation(value: Any) -> None:
+    """``options.inflation``: a multiplicative inflation ρ of the forecast anomalies, 1 ≤ ρ < 10."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < 10:
+        raise ValueError(f"options.inflation: a multiplicative inflation ρ of the anomalies in [1, 10), got {value!r}")
+
+
 class EnKFUpdater(Updater):
     name = "enkf"
     needs_gaussian_observation = True
@@ -73,11 +80,7 @@ class EnKFUpdater(Updater):
         o = self.options
         if o["variant"] not in VARIANTS:
             raise ValueError(f"options.variant: expected one of {list(VARIANTS)}, got {o['variant']!r}")
-        infl = o["inflation"]
-        if isinstance(infl, bool) or not isinstance(infl, int | float) or not 1 <= infl < 10:
-            raise ValueError(
-                f"options.inflation: a multiplicative inflation ρ of the anomalies in [1, 10), got {infl!r}"
-            )
+        check_inflation(o["inflation"])
         loc = o["localisation"]
         if loc is not None:
             if isinstance(loc, bool) or not isinstance(loc, int | float) or not 0 < loc < math.inf:

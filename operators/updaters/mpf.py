@@ -13,10 +13,10 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                an untrained flow on a non-linear likelihood, and K stages shrink it at K times the cost;
   4. evidence  log p(o_m | o_<m) ≈ log mean_i p(o_m | x_i) over the predicted particles;
   5. health    the ESS of the importance weights that would correct the step (:mod:`mpflow.operators.mpf.health`),
-               reported as the step's ``ess``: N when the step is exact (a linear-Gaussian model: not computed, the
-               closed-form flow is exact), low when the flow misrepresents it; a
-               stream whose ESS is below ``ess_threshold``·N runs the step again in twice as many stages, up
-               to ``max_substeps`` (default ``substeps``: no correction).
+               reported as the step's ``ess``: N when the step is exact (a linear-Gaussian likelihood and the base
+               flow: not computed, the closed-form flow is exact for the predictive's Gaussian fit), low when the
+               flow misrepresents it; a stream whose ESS is below ``ess_threshold``·N runs the step again in twice
+               as many stages, up to ``max_substeps`` (default ``substeps``: no correction).
 
 f_θ is :class:`mpflow.operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual,
 held at exactly zero for a linear-Gaussian likelihood (where the base flow is already exact). A
@@ -47,16 +47,24 @@ from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess
 from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, systematic_resample
 
 
-def find_operator(family: str, state_dim: int, dirs=None) -> registry.OperatorRecord | None:
+def find_operator(
+    family: str, state_dim: int, dirs=None, *, include_named_only: bool = False
+) -> registry.OperatorRecord | None:
     """The newest trained operator for (family, state_dim) in ``dirs`` (default: the registry's default dirs,
-    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None."""
+    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None. An operator whose ``config.json`` has
+    ``"auto_select": false`` (shipped, but measured no better than its base flow at more cost) serves only a
+    stream that names it, so it is skipped here unless ``include_named_only``."""
     found = [
         r
         for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
-        if r.kind == "operator" and r.family == family and r.state_dim == state_dim
+        if r.kind == "operator"
+        and r.family == family
+        and r.state_dim == state_dim
+        and (include_named_only or r.config.get("auto_select", True) is not False)
     ]
     return max(found, key=lambda r: r.version, default=None)
 
@@ -99,7 +107,9 @@ class MPFUpdater(Updater):
     name = "mpf"
     #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
     nonlinear_transition = True
-    stream_options = frozenset({"substeps", "max_substeps", "ess_threshold", "correct", "rejuvenate", "shrinkage"})
+    stream_options = frozenset(
+        {"substeps", "max_substeps", "ess_threshold", "correct", "rejuvenate", "shrinkage", "inflation"}
+    )
     defaults = {
         "operator": None,
         "network": None,
@@ -113,6 +123,8 @@ class MPFUpdater(Updater):
         # the corrected flow's Liu–West moves after resampling (as smc's): auto = static families only
         "rejuvenate": "auto",
         "shrinkage": gaussian.LIU_WEST_SHRINKAGE,
+        # the predictive's multiplicative inflation ρ (anomalies × ρ), as enkf's
+        "inflation": 1.0,
     }
 
     def __init__(self, **options):
@@ -143,6 +155,7 @@ class MPFUpdater(Updater):
         if not isinstance(o["correct"], bool):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
         check_rejuvenation(o)
+        check_inflation(o["inflation"])
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -232,7 +245,9 @@ class MPFUpdater(Updater):
         B, N, d = state.particles.shape
         o = self.options
         track = o["track_density"]
-        x, log_q, white = predict(model, state.particles, gens, state.log_weights, density=track)
+        x, log_q, white = predict(
+            model, state.particles, gens, state.log_weights, density=track, inflation=float(o["inflation"])
+        )
         if log_q is None and track:
             log_q = state.log_density
         with torch.no_grad():
@@ -242,9 +257,10 @@ class MPFUpdater(Updater):
             # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
             white = white if white is not None else gaussian.whiten(x.detach().double())
             x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
-            # a cloud of N ≤ d has no Gaussian fit: no health signal; a linear-Gaussian step is the exact base flow in
-            # closed form, whose weights are uniform (N; tests/unit/test_tempered_substeps.py checks flow_ess there)
-            if d >= N or model.linear_gaussian:
+            # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
+            # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
+            # tests/unit/test_tempered_substeps.py checks flow_ess there)
+            if d >= N or (model.linear_observation() and net is self._untrained.get(d)):
                 n_eff = torch.full((B,), float(N), dtype=torch.float64)
                 return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
             n_eff = flow_ess(model, obs, white, x1)
@@ -271,14 +287,18 @@ class MPFUpdater(Updater):
         over the dimensions)."""
         B, N, d = state.particles.shape
         x_prev = state.particles
-        x = model.transition(x_prev, gens)
+        x, predictive = x_prev, None
+        if model.dynamic:
+            x, mean, cov = model.propagate(x_prev, gens)
+            predictive = [mean, cov * float(self.options["inflation"]) ** 2]
         inc = evidence.predictive(model.log_likelihood(obs, x))
         split = model.per_dimension(B)
         u = rand(gens, [d if split is not None else 1], torch.float64).reshape(-1)
         if split is not None:
-            model, obs, x_prev, x = split, *(correction.to_dimensions(t) for t in (obs, x_prev, x))
-        if model.dynamic:
-            white = gaussian.matched(x.double(), *model.predicted_moments(x_prev))
+            model, obs, x = split, *(correction.to_dimensions(t) for t in (obs, x))
+            predictive = predictive and correction.marginals(*predictive)
+        if predictive:
+            white = gaussian.matched(x.double(), *predictive)
             x = white.points().to(x_prev.dtype)
         else:
             white = gaussian.whiten(x.double())

@@ -10,6 +10,7 @@ import torch
 from mpflow.operators.models import FAMILIES, make_model
 from mpflow.operators.models.lorenz96 import rk4, tendency
 from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.mpf.step import predict
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import UPDATERS, get_updater
 from mpflow.service.catalogue import methods_for
@@ -110,6 +111,46 @@ def test_the_predictive_moments_of_a_nonlinear_transition_are_the_mapped_clouds_
     m = (w[:, None] * fx).sum(0)
     c = ((fx - m).T * w) @ (fx - m) + 0.3 * torch.eye(6, dtype=torch.float64)
     assert torch.allclose(mean[0], m) and torch.allclose(cov[0], c)
+
+
+def test_propagate_maps_the_cloud_through_f_once_with_the_draws_and_moments_of_the_separate_calls(monkeypatch):
+    """``propagate`` = (``transition``, ``predicted_moments``) from the same generator state, with f applied once."""
+    model = make_model("lorenz96", {"Q": 0.3}, 6).to(torch.float64)
+    x = 8.0 + torch.randn(2, 50, 6, dtype=torch.float64, generator=generator(3))
+    moved = model.transition(x, [generator(9), generator(10)])
+    mean, cov = model.predicted_moments(x)
+    calls = []
+    f = type(model).transition_mean
+    monkeypatch.setattr(type(model), "transition_mean", lambda self, z: calls.append(1) or f(self, z))
+    moved2, mean2, cov2 = model.propagate(x, [generator(9), generator(10)])
+    assert len(calls) == 1
+    assert torch.equal(moved2, moved) and torch.allclose(mean2, mean) and torch.allclose(cov2, cov)
+
+
+def test_mpf_inflates_the_predictive_anomalies_by_rho():
+    """``inflation`` ρ: mpf's predicted cloud has the predictive's mean and ρ² its covariance (the same draws
+    uninflated give the covariance itself); ρ outside [1, 10) is refused, naming the option."""
+    model = make_model("lorenz96", {"Q": 0.1}, 6).to(F64)
+    x = 8.0 + torch.randn(1, 64, 6, dtype=F64, generator=generator(3))
+    mean, cov = model.predicted_moments(x)
+    for rho in (1.0, 1.1):
+        moved, _, _ = predict(model, x, [generator(4)], density=False, inflation=rho)
+        m = moved[0].mean(0)
+        c = (moved[0] - m).T @ (moved[0] - m) / 64
+        assert torch.allclose(m, mean[0]) and torch.allclose(c, rho**2 * cov[0])
+    for bad in (0.9, 10, True, "1.1"):
+        with pytest.raises(ValueError, match=r"options\.inflation"):
+            get_updater("mpf", inflation=bad)
+
+
+def test_mpf_reports_n_on_an_exact_step_and_computes_the_health_ess_otherwise():
+    """With a linear observation the base flow is exact for the predictive's Gaussian fit: the step's ESS is N,
+    not computed; with ``arctan`` it is the weights' ESS (below N)."""
+    for arctan, exact in ((False, True), (True, False)):
+        model, prior, _, obs = twin(arctan=arctan)
+        u = get_updater("mpf")
+        _, info = u.update(u.init(prior, model, 64, seed=1), obs[:, 0], model)
+        assert (float(info.ess[0]) == 64.0) == exact
 
 
 @pytest.mark.parametrize(

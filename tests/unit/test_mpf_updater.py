@@ -68,6 +68,25 @@ def _save_operator(root, family="linear_gaussian", dim=2, seed=0):
     return save_operator(root, None, config, net.state_dict(), {"note": "test"}, "made by a test"), net
 
 
+def test_an_operator_marked_not_auto_select_serves_only_when_named(tmp_path):
+    """``"auto_select": false`` in config.json: the newest operator for (family, d) is then the one before it (or
+    none); named, it still loads; the shipped ``lorenz96-d40-v1`` is such an operator."""
+    import json
+
+    from mpflow.operators.updaters import get_updater
+    from mpflow.operators.updaters.mpf import find_operator
+
+    first, _ = _save_operator(tmp_path)
+    second, _ = _save_operator(tmp_path, seed=1)
+    config = second.path / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "auto_select": False}))
+    assert find_operator("linear_gaussian", 2, [tmp_path]).name == first.name
+    assert find_operator("linear_gaussian", 2, [tmp_path], include_named_only=True).name == second.name
+    assert get_updater("mpf", operator=str(second.path)).record.name == second.name
+    assert find_operator("lorenz96", 40) is None
+    assert find_operator("lorenz96", 40, include_named_only=True).name == "lorenz96-d40-v1"
+
+
 def test_registered_operator_is_found_loaded_and_checked(tmp_path):
     from mpflow.operators.updaters import get_updater
     from mpflow.operators.updaters.mpf import find_operator
