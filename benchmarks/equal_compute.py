@@ -79,13 +79,16 @@ MPF_PARTICLES = 256
 #: to Redis on every update
 SMC_LADDER = (256, 1024, 4096, 16384)
 #: steps timed in the one-stream regime (its accuracy is the batched run's: a stream's result does not depend on
-#: the batch it ran in)
-SINGLE_STREAM_STEPS = 10
+#: the batch it ran in); the median over 20 steps is steadier than over 10 on a shared machine
+SINGLE_STREAM_STEPS = 20
 #: (N, stages) of the importance-corrected flow's rows (:mod:`mpflow.operators.mpf.correction`): its error
-#: falls with N as well as with the stages, so it gets a row with more particles
-CORRECTED = ((MPF_PARTICLES, 1), (MPF_PARTICLES, 4), (4 * MPF_PARTICLES, 2))
+#: falls with N as well as with the stages, so it gets rows with more particles (one stream's cost grows slowly
+#: with N: at d = 5, N = 512 costs 1.1× N = 256)
+CORRECTED = ((MPF_PARTICLES, 1), (MPF_PARTICLES, 4), (2 * MPF_PARTICLES, 4), (4 * MPF_PARTICLES, 2))
 #: the default method must cost at most this multiple of the budget (mpf's compute at N = 256)
 MAX_COST_RATIO = 10.0
+#: methods whose posterior is exact in closed form (a Gaussian, not particles): they win a tie on error
+CLOSED_FORM = ("kalman",)
 
 
 @dataclass(frozen=True)
@@ -361,6 +364,7 @@ def equal_compute_rows(rows: list[Run], smc: list[Run]) -> list[dict[str, Any]]:
             equal.append(
                 {
                     "label": row.label,
+                    "particles": row.particles,
                     "regime": regime.removeprefix("ms_"),
                     "mpf_err": row.mean_err,
                     "smc_err": err,
@@ -376,7 +380,8 @@ def equal_compute_rows(rows: list[Run], smc: list[Run]) -> list[dict[str, Any]]:
 def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     """The most accurate configuration whose batched compute is at most ``MAX_COST_RATIO`` × the default budget
     (the first mpf row: the shipped operator, or the base flow, in one stage at N = 256): among the mpf rows,
-    kalman, gpf, and smc at the largest ladder N within that cap. The cheaper wins a tie."""
+    kalman, gpf, and smc at the largest ladder N within that cap. A tie goes to a closed-form method
+    (``CLOSED_FORM``: its posterior is exact, not a cloud), then to the cheaper."""
     rows = [r for r in result["rows"] if not r["failed"]]
     budget = next(r["ms_batched"] for r in rows if r["method"] == "mpf")
     cap = MAX_COST_RATIO * budget
@@ -384,7 +389,7 @@ def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     smc_within = [r for r in rows if r["method"] == "smc" and r["ms_batched"] <= cap]
     if smc_within:
         candidates.append(max(smc_within, key=lambda r: r["particles"]))
-    best = min(candidates, key=lambda r: (round(r["mean_err"], 4), r["ms_batched"]))
+    best = min(candidates, key=lambda r: (round(r["mean_err"], 4), r["method"] not in CLOSED_FORM, r["ms_batched"]))
     others = sorted(
         (f"{r['label']} N={r['particles']} {r['mean_err']:.3f}" for r in candidates if r is not best), key=str
     )
@@ -455,6 +460,7 @@ def equal_compute_table(results: list[dict[str, Any]]) -> str:
         (
             res["scenario"]["name"],
             e["label"],
+            e.get("particles", ""),
             e["regime"],
             f"{e['mpf_err']:.4f}",
             f"{e['smc_err']:.4f} ({'≥' if e['beyond_ladder'] else ''}{e['smc_particles']:.0f})",
@@ -464,7 +470,7 @@ def equal_compute_table(results: list[dict[str, Any]]) -> str:
         for e in res["equal_compute"]
     ]
     return report.markdown_table(
-        ("scenario", "method", "regime", "its err", "smc err at its compute (N)", "it / smc"), equal, "lllrrr"
+        ("scenario", "method", "N", "regime", "its err", "smc err at its compute (N)", "it / smc"), equal, "llrlrrr"
     )
 
 

@@ -268,8 +268,7 @@ class ModelFamily:
         spread through f is Monte Carlo (the ensemble forecast of an EnKF, Evensen 2003 eq. 20–21)."""
         if self.dynamic and not self.affine_transition:
             return self._mapped_moments(self.transition_mean(x), log_weights)
-        mean, cov = gaussian.moments(x.to(torch.float64), log_weights)
-        return gaussian.affine_push(mean, cov, *(t.to(torch.float64) for t in self.transition_affine()))
+        return _pushed_moments(x, log_weights, *self.transition_affine())
 
     def _mapped_moments(self, fx: torch.Tensor, log_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         mean, cov = gaussian.moments(fx.to(torch.float64), log_weights)
@@ -281,10 +280,11 @@ class ModelFamily:
         """One draw of the transition and the predictive's moments together → (x' [B, N, d], mean, cov): what
         :meth:`transition` and :meth:`predicted_moments` give, with a nonlinear f applied to the cloud once
         (Lorenz-96's RK4 is most of a step's cost) instead of once for each."""
-        if self.dynamic and not self.affine_transition:
+        if not self.affine_transition:
             fx = self.transition_mean(x)
             return self.perturbed(fx, gens), *self._mapped_moments(fx.detach(), log_weights)
-        return self.transition(x, gens), *self.predicted_moments(x.detach(), log_weights)
+        F, c, Q = self.transition_affine()
+        return _affine_draw(x, gens, F, c, Q), *_pushed_moments(x.detach(), log_weights, F, c, Q)
 
     def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
         """f(x) of x_m = f(x_{m-1}) + N(0, Q) for x [B, N, d] → [B, N, d]: F x + c for an affine transition."""
@@ -331,7 +331,9 @@ class ModelFamily:
         """Sample x_m ~ p(x_m | x_{m-1}) for x [B, N, d] (identity for static families): f(x) + N(0, Q)."""
         if not self.dynamic:
             return x
-        return self.perturbed(self.transition_mean(x), gens)
+        if not self.affine_transition:
+            return self.perturbed(self.transition_mean(x), gens)
+        return _affine_draw(x, gens, *self.transition_affine())
 
     def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
         """fx [B, N, d] plus a draw of the transition noise N(0, Q)."""
@@ -466,6 +468,20 @@ class ModelFamily:
             "required": [n for n, _, d in cls.param_specs if d is None],
             "fixed_state_dim": cls.fixed_state_dim,
         }
+
+
+def _affine_draw(x: torch.Tensor, gens: Generators, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """x' = F x + c + N(0, Q) for x [B, N, d]."""
+    noise = randn(gens, x.shape[1:], x.dtype) @ torch.linalg.cholesky(Q).transpose(-1, -2)
+    return x @ F.transpose(-1, -2) + c[:, None] + noise
+
+
+def _pushed_moments(
+    x: torch.Tensor, log_weights: torch.Tensor | None, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cloud's (weighted) moments pushed through x' = F x + c + N(0, Q): F m + c, F C Fᵀ + Q (float64)."""
+    mean, cov = gaussian.moments(x.to(torch.float64), log_weights)
+    return gaussian.affine_push(mean, cov, *(t.to(torch.float64) for t in (F, c, Q)))
 
 
 def _has_gaps(value: Any) -> bool:

@@ -46,42 +46,48 @@ from mpflow.operators.models.base import ModelFamily
 MIN_ESS_FRACTION = 0.1
 
 
-def log_weights(
-    model: ModelFamily, obs: torch.Tensor, predictive: gaussian.Whitened, x0: torch.Tensor, x1: torch.Tensor
-) -> torch.Tensor:
+def log_weights(model: ModelFamily, obs: torch.Tensor, predictive: gaussian.Whitened, x1: torch.Tensor) -> torch.Tensor:
     """Normalised log-weights [B, N] (float64) of step 3: log p(o | x₁) + log N(x₁; m, C) − log N(x₀; m, C), with
-    (m, C) the predictive's mean and Cholesky factor in ``predictive``. A NaN weight is a zero weight; a stream
-    whose every weight is zero keeps uniform weights (the flow's cloud as it is)."""
+    (m, C) the predictive's mean and Cholesky factor in ``predictive`` and x₀ its whitened points z₀ (the Gaussian
+    terms as −½|L⁻¹(x₁ − m)|² + ½|z₀|²: their normalising constants cancel). A NaN weight is a zero weight; a
+    stream whose every weight is zero keeps uniform weights (the flow's cloud as it is)."""
+    z1 = torch.linalg.solve_triangular(
+        predictive.chol, (x1.to(torch.float64) - predictive.mean[:, None]).transpose(-1, -2), upper=False
+    )
     log_w = (
         model.log_likelihood(obs, x1).to(torch.float64)
-        + gaussian.log_prob(x1.to(torch.float64), predictive.mean, predictive.chol)
-        - gaussian.log_prob(x0.to(torch.float64), predictive.mean, predictive.chol)
+        - 0.5 * z1.square().sum(-2)
+        + 0.5 * predictive.z.square().sum(-1)
     )
     log_w = torch.nan_to_num(log_w, nan=-math.inf)
     dead = ~torch.isfinite(log_w.max(-1).values)
     return torch.log_softmax(torch.where(dead[:, None], torch.zeros_like(log_w), log_w), -1)
 
 
-def tempered_to_ess(log_w: torch.Tensor, min_ess: float, iterations: int = 20) -> torch.Tensor:
+def tempered_to_ess(
+    log_w: torch.Tensor, min_ess: float, iterations: int = 20, current: torch.Tensor | None = None
+) -> torch.Tensor:
     """The weights w^α (normalised log-weights [B, N]) with the largest α ∈ [0, 1] whose ESS = 1 / Σ w̄² is at
     least ``min_ess`` (a count), by bisection per stream; α = 1 (the weights themselves) where they already
     reach it. Where too few particles carry the weight (ESS → 1, d large for joint weights), the full weights
     would trade the flow's bias for Monte Carlo noise larger than it: tempering them is the compromise adaptive
     SMC samplers make (Jasra, Stephens, Doucet & Tsagaris 2011, "Inference for Lévy-driven stochastic
-    volatility models via adaptive sequential Monte Carlo", Scand. J. Stat. 38)."""
+    volatility models via adaptive sequential Monte Carlo", Scand. J. Stat. 38). ``current``: the weights' ESS
+    [B], when the caller has it."""
 
     def ess(alpha: torch.Tensor) -> torch.Tensor:
         return state.ess(alpha[:, None] * log_w)
 
     one = torch.ones(log_w.shape[0], dtype=log_w.dtype)
-    if bool((ess(one) >= min_ess).all()):
+    full = ess(one) if current is None else current
+    if bool((full >= min_ess).all()):
         return log_w
     lo, hi = torch.zeros_like(one), one.clone()
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
         ok = ess(mid) >= min_ess
         lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
-    alpha = torch.where(ess(one) >= min_ess, one, lo)
+    alpha = torch.where(full >= min_ess, one, lo)
     return torch.log_softmax(alpha[:, None] * log_w, -1)
 
 

@@ -20,18 +20,24 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.tempered import tempered
 
 
-def scalar_base_flow(model: ModelFamily, obs: torch.Tensor, x: torch.Tensor, stages: int) -> torch.Tensor:
+def scalar_base_flow(
+    model: ModelFamily, obs: torch.Tensor, x: torch.Tensor, stages: int, moments: tuple[torch.Tensor, ...] | None = None
+) -> torch.Tensor:
     """x [B, N, 1] moved through one observation in ``stages`` tempered stages (module docstring); float64
-    algebra, returned in x's dtype."""
+    algebra, returned in x's dtype. ``moments``: the cloud's mean and variance ([B, 1, 1] each, float64) when the
+    caller has them (a moment-matched cloud); else computed. Each stage's map sends the cloud's moments to (m₁, c₁)
+    exactly, so the next stage starts from them without a pass over the particles."""
     stage_model = tempered(model, stages)
     x64 = x.to(torch.float64)
-    for _ in range(stages):
-        m = x64.mean(1, keepdim=True)
-        xc = x64 - m
+    m, c = moments if moments is not None else (x64.mean(1, keepdim=True), None)
+    xc = x64 - m
+    if c is None:
         c = xc.square().mean(1, keepdim=True)
-        s = stage_model.score(obs, x64.to(x.dtype)).to(torch.float64)
+    for _ in range(stages):
+        s = stage_model.score(obs, (m + xc).to(x.dtype)).to(torch.float64)
         lam = (-(s * xc).mean(1, keepdim=True) / c).clamp_min(0.0)
-        eta = s.mean(1, keepdim=True) + lam * m
         c1 = c / (1.0 + lam * c)
-        x64 = c1 * (m / c + eta) + torch.sqrt(c1 / c) * xc
-    return x64.to(x.dtype)
+        m = c1 * (m / c + s.mean(1, keepdim=True) + lam * m)
+        xc = torch.sqrt(c1 / c) * xc
+        c = c1
+    return (m + xc).to(x.dtype)

@@ -221,7 +221,8 @@ class MPFUpdater(Updater):
         """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
         base = net is self._untrained.get(net.dim)
         if base and net.dim == 1 and not track and not model.linear_gaussian:
-            return scalar_base_flow(model, obs, x, stages), None  # the same flow, element-wise
+            # the same flow, element-wise, from the moments ``white`` already holds
+            return scalar_base_flow(model, obs, x, stages, (white.mean[:, None], white.chol.square())), None
         stage_model = tempered(model, stages)
         x1, log_q1 = x, log_q
         for stage in range(stages):
@@ -303,9 +304,9 @@ class MPFUpdater(Updater):
         else:
             white = gaussian.whiten(x.double())
         x1, _ = self._flow(self.base_flow(model.state_dim), model, obs, x, None, white, self.options["substeps"], False)
-        log_w = correction.log_weights(model, obs, white, x, x1)
+        log_w = correction.log_weights(model, obs, white, x1)
         n_eff = ess(log_w)
-        log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N)
+        log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N, current=n_eff)
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
         if rejuvenates(self.options["rejuvenate"], model):
             x1 = liu_west_moves(x1, x1, None, gens, float(self.options["shrinkage"]))
