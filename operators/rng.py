@@ -18,7 +18,7 @@ Lists of :class:`torch.Generator` (meta-training, tests) are still accepted by e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -115,13 +115,22 @@ def generators_state(gens: StreamRNG) -> torch.Tensor:
 
 
 def randn(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal draws [B, *shape], row b drawn from stream b's generator."""
-    return torch.stack([torch.randn(tuple(shape), generator=g, dtype=dtype) for g in _draw_generators(gens)])
+    """Standard normal draws [B, *shape], row b drawn from stream b's generator (:func:`_draw`)."""
+    return _draw(torch.randn, gens, shape, dtype)
 
 
 def rand(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Uniform [0, 1) draws [B, *shape], row b drawn from stream b's generator."""
-    return torch.stack([torch.rand(tuple(shape), generator=g, dtype=dtype) for g in _draw_generators(gens)])
+    """Uniform [0, 1) draws [B, *shape], row b drawn from stream b's generator (:func:`_draw`)."""
+    return _draw(torch.rand, gens, shape, dtype)
+
+
+def _draw(
+    sample: Callable[..., torch.Tensor], gens: Generators, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """Each stream's draw made on its generator's device (the CPU), then placed on the default device — CUDA
+    inside meta-training's ``torch.device("cuda")`` — so a stream draws the same numbers on every device."""
+    rows = [sample(tuple(shape), generator=g, dtype=dtype, device=g.device) for g in _draw_generators(gens)]
+    return torch.stack(rows).to(torch.get_default_device())
 
 
 def rademacher(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -87,6 +87,20 @@ def test_an_operator_marked_not_auto_select_serves_only_when_named(tmp_path):
     assert find_operator("lorenz96", 40, include_named_only=True).name == "lorenz96-d40-v1"
 
 
+def test_a_trained_operator_restages_low_ess_steps_by_default(tmp_path):
+    """``max_substeps``: ``substeps`` for the base flow, 4 × ``substeps`` with an operator (its config's solver or
+    the stream's own option override it)."""
+    from mpflow.operators.updaters import get_updater
+    from mpflow.operators.updaters.mpf import OPERATOR_ON_DEMAND_STAGES
+
+    record, _ = _save_operator(tmp_path)
+    assert get_updater("mpf").options["max_substeps"] == 1
+    assert get_updater("mpf", substeps=2).options["max_substeps"] == 2
+    assert get_updater("mpf", operator=str(record.path)).options["max_substeps"] == OPERATOR_ON_DEMAND_STAGES == 4
+    assert get_updater("mpf", operator=str(record.path), substeps=2).options["max_substeps"] == 8
+    assert get_updater("mpf", operator=str(record.path), max_substeps=1).options["max_substeps"] == 1
+
+
 def test_registered_operator_is_found_loaded_and_checked(tmp_path):
     from mpflow.operators.updaters import get_updater
     from mpflow.operators.updaters.mpf import find_operator

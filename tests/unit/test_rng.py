@@ -49,3 +49,15 @@ def test_torch_generators_still_draw_stream_by_stream() -> None:
 def test_a_bad_stored_state_is_refused() -> None:
     with pytest.raises(ValueError, match="rng"):
         rng.generators_from_state(torch.zeros(2, 5056, dtype=torch.uint8))
+
+
+def test_draws_are_made_on_the_cpu_and_placed_on_the_default_device():
+    """Meta-training runs under ``torch.device("cuda")``: each stream's draw is still made by its CPU generator
+    (the same numbers on every device) and lands on the default device (here "meta", which any machine has)."""
+    from mpflow.operators.rng import generator, rand, randn
+
+    expected = randn([generator(3), generator(4)], [5])
+    with torch.device("meta"):
+        assert randn([generator(3), generator(4)], [5]).device.type == "meta"
+        assert rand([generator(3)], [2]).device.type == "meta"
+    assert torch.equal(randn([generator(3), generator(4)], [5]), expected)
