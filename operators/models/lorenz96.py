@@ -202,12 +202,15 @@ class Lorenz96(DiagonalGaussianObservation):
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
-        """F = 8 and Δ = 0.05 as trained, R in ``TASK_R_RANGE``, a prior mean within the attractor's range
-        (``ATTRACTOR_RANGE``, widened by the offset ξ), its variances in ``scale_range``."""
+        """F = 8 and Δ = 0.05 as trained, every variable observed (obs_every 1) without arctan, R in
+        ``TASK_R_RANGE``, a prior mean within the attractor's range (``ATTRACTOR_RANGE``, widened by the offset ξ),
+        its variances in ``scale_range``."""
         lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
         return {
             "F": [8.0, 8.0],
             "delta": [0.05, 0.05],
+            "obs_every": [1.0, 1.0],
+            "arctan": [0.0, 0.0],
             "R": list(TASK_R_RANGE),
             "prior mean": list(ATTRACTOR_RANGE),
             "prior variance": [float(lo), float(hi)],
@@ -215,7 +218,7 @@ class Lorenz96(DiagonalGaussianObservation):
 
     def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
         return {
-            **{k: span(self.params[k][0].to(torch.float64)) for k in ("F", "delta", "R")},
+            **{k: span(self.params[k][0].to(torch.float64)) for k in ("F", "delta", "obs_every", "arctan", "R")},
             "prior mean": span(prior_mean),
             "prior variance": span(torch.linalg.eigvalsh(prior_cov.to(torch.float64))),
         }

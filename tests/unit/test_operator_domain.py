@@ -28,6 +28,7 @@ def _outside(family: str, d: int, params: dict, prior_var: float = 1.0, prior_me
         ("linear_gaussian", 2, {}),
         ("logistic", 10, {}),
         ("lds", 2, {"A": [[0.9, 0], [0, 0.8]], "B": [[1, 0], [0, 1]]}),
+        ("lorenz96", 10, {}),
     ],
 )
 def test_the_training_setting_is_inside(family, d, params) -> None:
@@ -42,6 +43,9 @@ def test_the_training_setting_is_inside(family, d, params) -> None:
         ("linear_gaussian", 2, {"R": [[0.03, 0], [0, 0.03]]}, 1.0, ["R variance 0.03 outside the trained [3, 3]"]),
         ("linear_gaussian", 2, {"R": [[300, 0], [0, 300]]}, 1.0, ["R variance 300 outside"]),
         ("lds", 2, {"A": [[1.2, 0], [0, 0.8]], "B": [[1, 0], [0, 1]]}, 1.0, ["A singular values 0.8 … 1.2"]),
+        # Bocquet 2010's setting: every other variable observed, R = 1.5 (the d = 10 operator saw obs_every 1)
+        ("lorenz96", 10, {"obs_every": 2, "R": 1.5}, 1.0, ["obs_every 2 outside the trained [1, 1]"]),
+        ("lorenz96", 10, {"arctan": True}, 1.0, ["arctan 1 outside the trained [0, 0]"]),
     ],
 )
 def test_the_issue_settings_are_outside_and_say_why(family, d, params, prior_var, expected) -> None:
