@@ -20,16 +20,33 @@ step with no detection is ``null``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step
+from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.models.task_priors import uniform
+from mpflow.operators.rng import Generators
 
 STATE_NAMES = ("px", "py", "vx", "vy")
 #: a guard that keeps the range's gradient finite at the sensor itself
 RANGE_EPS = 1e-12
+#: the meta-training geometry (:meth:`RangeBearing.sample_task_models`), drawn log-uniformly where a range is a
+#: scale: noise and acceleration intensities of real sensors and targets, the prior's centre at a range from the
+#: sensor, its speed, and its position and velocity variances (the benchmark's crossing and close pass lie inside)
+TASK_RANGES = {
+    "q": (0.005, 0.2),
+    "range_sd": (0.1, 1.0),
+    "bearing_sd": (0.02, 0.3),
+    "prior range": (2.0, 12.0),
+    "prior speed": (0.2, 1.5),
+    "prior position variance": (0.1, 2.0),
+    "prior velocity variance": (0.005, 0.5),
+}
+_LOG_UNIFORM = ("q", "range_sd", "bearing_sd", "prior position variance", "prior velocity variance")
 
 
 def parse_point(name: str, value, d: int, dtype) -> torch.Tensor:
@@ -105,6 +122,48 @@ class RangeBearing(DiagonalGaussianObservation):
     def state_names(cls, d: int) -> list[str]:
         """x = (p_x, p_y, v_x, v_y): position and velocity in the plane."""
         return list(STATE_NAMES)
+
+    # ----------------------------------------------------------------- meta-training tasks
+    @classmethod
+    def sample_task_models(
+        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
+    ) -> tuple[ModelFamily, GaussianMixture]:
+        """Tracking geometries (``TASK_RANGES``; log-uniform for noise levels and variances, uniform otherwise):
+        the sensor at the origin, q, σ_r and σ_b per task; the prior N(m, diag(v_p, v_p, v_v, v_v)) centred on a
+        target at a range from the sensor in a uniform direction, moving at a speed in a uniform heading — so
+        tasks include targets passing close to the sensor and behind it (bearing through ±π)."""
+        draw = {}
+        for name, (lo, hi) in TASK_RANGES.items():
+            if name in _LOG_UNIFORM:
+                draw[name] = torch.exp(uniform(gens, [1], math.log(lo), math.log(hi), torch.float64))[:, 0]
+            else:
+                draw[name] = uniform(gens, [1], lo, hi, torch.float64)[:, 0]
+        angles = uniform(gens, [2], -math.pi, math.pi, torch.float64)
+        model = cls._stack_params(
+            [{k: float(draw[k][b]) for k in ("q", "range_sd", "bearing_sd")} for b in range(len(gens))], d, dtype
+        )
+        direction = torch.stack([angles.cos(), angles.sin()], -1)  # [B, 2 (position, heading), 2]
+        scale = torch.stack([draw["prior range"], draw["prior speed"]], -1)[..., None]  # [B, 2, 1]
+        mean = (scale * direction).flatten(1)  # (px, py, vx, vy)
+        var = torch.stack([draw["prior position variance"]] * 2 + [draw["prior velocity variance"]] * 2, -1)
+        return model, GaussianMixture.gaussian(mean.to(dtype), torch.diag_embed(var).to(dtype))
+
+    @classmethod
+    def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
+        """``TASK_RANGES`` as trained (the sensor at the origin)."""
+        return {"sensor": [0.0, 0.0], **{k: [float(lo), float(hi)] for k, (lo, hi) in TASK_RANGES.items()}}
+
+    def domain_measures(self, prior_mean: torch.Tensor, prior_cov: torch.Tensor) -> dict[str, tuple[float, float]]:
+        p = {k: self.params[k][0].to(torch.float64) for k in ("q", "range_sd", "bearing_sd", "sensor")}
+        m, var = prior_mean.to(torch.float64), prior_cov.to(torch.float64).diagonal()
+        return {
+            "sensor": span(p["sensor"]),
+            **{k: span(p[k]) for k in ("q", "range_sd", "bearing_sd")},
+            "prior range": span(torch.linalg.vector_norm(m[:2] - p["sensor"])),
+            "prior speed": span(torch.linalg.vector_norm(m[2:])),
+            "prior position variance": span(var[:2]),
+            "prior velocity variance": span(var[2:]),
+        }
 
     @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from mpflow.operators.models import make_model
+from mpflow.operators.models import FAMILIES, make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import get_updater
@@ -96,3 +96,32 @@ def test_a_target_crossing_behind_the_sensor_is_tracked(method, n):
         errors.append(float((mean[:2] - xs[0, m, :2].double()).norm()))
     # the measurement noise alone leaves ~0.5 of position error (0.5 in range, 0.05 rad at range ~11)
     assert max(errors) < 1.5 and sum(errors) / len(errors) < 0.9, (method, errors)
+
+
+def test_training_tasks_are_tracking_geometries_inside_the_recorded_domain():
+    """``sample_task_models``: per-task q and noise sds in ``TASK_RANGES``, the prior centred on a target 2–12 from
+    the sensor (every direction, so some tasks pass behind it), moving at 0.2–1.5; every task, and both scenarios
+    of ``benchmarks.range_bearing`` (crossing, close pass), lie inside ``task_domain``; a sensor elsewhere does not."""
+    from mpflow.operators.models.range_bearing import TASK_RANGES
+
+    cls = FAMILIES["range_bearing"]
+    model, prior = cls.sample_task_models([generator(s) for s in range(64)], 4, torch.float64, {})
+    domain = cls.task_domain({})
+    means, covs = prior.means[:, 0], prior.covs[:, 0]
+    ranges = torch.linalg.vector_norm(means[:, :2], dim=-1)
+    assert float(ranges.min()) >= 2.0 and float(ranges.max()) <= 12.0
+    assert float(ranges.max() - ranges.min()) > 5.0  # spread over the range, not one geometry
+    bearings = torch.atan2(means[:, 1], means[:, 0])
+    assert bool((bearings > 2.5).any()) and bool((bearings < -2.5).any())  # targets behind the sensor
+    for b in range(64):
+        assert model.select(torch.tensor([b])).outside_domain(domain, means[b], covs[b]) == []
+    for params, mean, var in (
+        ({"q": 0.05, "range_sd": 0.5, "bearing_sd": 0.05}, [-10.0, 4.0, 0.0, -1.0], [1.0, 1.0, 0.25, 0.25]),
+        ({"q": 0.01, "range_sd": 0.2, "bearing_sd": 0.2}, [-5.0, 0.6, 1.0, 0.0], [0.25, 0.25, 0.01, 0.01]),
+    ):
+        one = make_model("range_bearing", params, 4)
+        assert one.outside_domain(domain, torch.tensor(mean), torch.diag(torch.tensor(var))) == []
+    moved = make_model("range_bearing", {"sensor": [3.0, 0.0], "q": 0.5}, 4)
+    outside = moved.outside_domain(domain, torch.tensor([-5.0, 0.6, 1.0, 0.0]), 0.25 * torch.eye(4))
+    assert [o.split()[0] for o in outside] == ["sensor", "q"], outside
+    assert set(TASK_RANGES) < set(domain)
