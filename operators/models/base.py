@@ -337,8 +337,7 @@ class ModelFamily:
 
     def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
         """fx [B, N, d] plus a draw of the transition noise N(0, Q)."""
-        L = torch.linalg.cholesky(self.transition_noise())
-        return fx + randn(gens, fx.shape[1:], fx.dtype) @ L.transpose(-1, -2)
+        return _with_noise(fx, gens, self.transition_noise())
 
     # ----------------------------------------------------------------- simulation
     def simulate(self, T: int, x0: torch.Tensor, gens: Generators) -> tuple[torch.Tensor, torch.Tensor]:
@@ -470,10 +469,14 @@ class ModelFamily:
         }
 
 
+def _with_noise(fx: torch.Tensor, gens: Generators, Q: torch.Tensor) -> torch.Tensor:
+    """fx [B, N, d] plus a draw of N(0, Q)."""
+    return fx + randn(gens, fx.shape[1:], fx.dtype) @ torch.linalg.cholesky(Q).transpose(-1, -2)
+
+
 def _affine_draw(x: torch.Tensor, gens: Generators, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
     """x' = F x + c + N(0, Q) for x [B, N, d]."""
-    noise = randn(gens, x.shape[1:], x.dtype) @ torch.linalg.cholesky(Q).transpose(-1, -2)
-    return x @ F.transpose(-1, -2) + c[:, None] + noise
+    return _with_noise(x @ F.transpose(-1, -2) + c[:, None], gens, Q)
 
 
 def _pushed_moments(

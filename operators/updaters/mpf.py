@@ -188,6 +188,10 @@ class MPFUpdater(Updater):
                 self._untrained[dim] = MPFVelocity(dim).eval()
         return self._untrained[dim]
 
+    def is_base_flow(self, net: MPFVelocity) -> bool:
+        """Whether ``net`` is the zero residual (:meth:`base_flow`), not a trained operator's network."""
+        return net is self._untrained.get(net.dim)
+
     def network(self, dim: int, model: ModelFamily | None = None) -> MPFVelocity:
         """The flow a step of ``model`` runs: the operator's, except for a linear-Gaussian likelihood, where the
         base flow is exact and the residual is held at exactly zero (a learned residual could only add error
@@ -229,7 +233,7 @@ class MPFUpdater(Updater):
 
     def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
         """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
-        base = net is self._untrained.get(net.dim)
+        base = self.is_base_flow(net)
         if base and net.dim == 1 and not track and not model.linear_gaussian:
             # the same flow, element-wise, from the moments ``white`` already holds
             return scalar_base_flow(model, obs, x, stages, (white.mean[:, None], white.chol.square())), None
@@ -271,7 +275,7 @@ class MPFUpdater(Updater):
             # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
             # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
             # tests/unit/test_tempered_substeps.py checks flow_ess there)
-            if d >= N or (model.linear_observation() and net is self._untrained.get(d)):
+            if d >= N or (model.linear_observation() and self.is_base_flow(net)):
                 n_eff = torch.full((B,), float(N), dtype=torch.float64)
                 return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
             n_eff = flow_ess(model, obs, white, x1)
