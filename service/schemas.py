@@ -96,8 +96,11 @@ def _observation_value(value: Any) -> Any:
         x, y = value["x"], value["y"]
         if not isinstance(x, list) or not all(isinstance(row, list) for row in x) or not isinstance(y, list):
             raise ValueError('expected "x" an array of feature rows and "y" an array of labels')
-        _array(x, 2, gaps=True)
-        _array(y, 1, gaps=True)
+        if None in y or any(None in row for row in x):
+            # as the published schema says: a minibatch is whole (null for the whole step: no measurement)
+            raise ValueError('a minibatch\'s "x" and "y" are numbers only; send null for a step without one')
+        _array(x, 2)
+        _array(y, 1)
         return value
     return _array(value, 2, gaps=True)
 

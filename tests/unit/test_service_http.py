@@ -64,6 +64,12 @@ def test_validation_messages_name_the_field():
     msg = from_validation_errors(e.value.errors()).message
     assert "seq:" in msg and "observations[0]: contains NaN" in msg
     assert from_validation_errors([{"type": "json_invalid", "loc": ("body", 3), "msg": "x"}]).status == 400
+    # a minibatch with a null label is refused by the request model, as its schema says, not counted first
+    for step in ({"x": [[1.0, 2.0]], "y": [None]}, {"x": [[1.0, None]], "y": [1]}):
+        with pytest.raises(ValidationError) as e:
+            ObservationsRequest.model_validate({"seq": 1, "observations": [step]})
+        msg = from_validation_errors(e.value.errors()).message
+        assert msg.startswith('observations[0]: a minibatch\'s "x" and "y" are numbers only'), msg
 
 
 @pytest.mark.parametrize(
