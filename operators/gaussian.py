@@ -22,20 +22,29 @@ class NotPositiveDefinite(ValueError):  # noqa: N818 (reads as the condition, li
 def cholesky(cov: torch.Tensor, jitter: float = 0.0) -> torch.Tensor:
     """Lower Cholesky factor of ``cov``, retrying with growing jitter·mean(diag)·I if it is not PD
     (:class:`NotPositiveDefinite` otherwise). A positive-definite ``cov`` (the usual case) costs one
-    factorisation and one check."""
-    if not jitter:
-        L, info = torch.linalg.cholesky_ex(cov)
-        if not bool(info.any()):
-            return L
-    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-    scale = torch.diagonal(cov, dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-30)[..., None, None]
-    for j in [jitter, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2]:
-        if not j:
+    factorisation and one check. The jitter goes only to the matrices of the batch that need it, so one
+    stream's degenerate covariance does not change another's factor (a stream's result does not depend on its
+    batch)."""
+    L, info = torch.linalg.cholesky_ex(cov + jitter * _scaled_eye(cov) if jitter else cov)
+    bad = info != 0
+    if not bool(bad.any()):
+        return L
+    eye = _scaled_eye(cov)
+    for j in [1e-10, 1e-8, 1e-6, 1e-4, 1e-2]:
+        if j <= jitter:
             continue
-        L, info = torch.linalg.cholesky_ex(cov + j * scale * eye)
-        if not bool(info.any()):
+        retry, info = torch.linalg.cholesky_ex(cov + j * eye)
+        L = torch.where(bad[..., None, None], retry, L)
+        bad = bad & (info != 0)
+        if not bool(bad.any()):
             return L
     raise NotPositiveDefinite("covariance is not positive definite even with jitter")
+
+
+def _scaled_eye(cov: torch.Tensor) -> torch.Tensor:
+    """mean(diag(cov))·I for each matrix of the batch (the unit of :func:`cholesky`'s jitter)."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    return torch.diagonal(cov, dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-30)[..., None, None] * eye
 
 
 def log_prob(x: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
