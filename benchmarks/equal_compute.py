@@ -7,12 +7,13 @@ For each scenario (family × d × parameters; some outside the shipped operators
 sequences of T steps are simulated (data seeds ``DATA_SEED_BASE + s``, never used in training) from a truth
 x₀ ~ prior, and filtered by
 
-* ``mpf`` at N = 256 with the shipped operator for (family, d) when there is one (one stage, as trained) and
-  with its untrained base flow (the exact Daum–Huang flow, labelled ``mpf-base``) in one stage and, for
-  non-linear likelihoods, in K = 4 and 16 tempered stages (4 with ``--quick``; ``substeps``,
-  :mod:`mpflow.operators.models.tempered`), in stages on demand (from K = 4, doubled while the step's ESS,
-  :mod:`mpflow.operators.mpf.health`, is below N/2, up to the largest K: ``max_substeps``) and importance-corrected
-  (``correct``, :mod:`mpflow.operators.mpf.correction`; ``CORRECTED``: K = 1 and 4 at N = 256, K = 2 at N = 1024);
+* ``mpf`` at N = 256 with the shipped operator for (family, d) when there is one (as served: one stage, more on
+  demand; also one marked ``auto_select: false``) and with its untrained base flow (the exact Daum–Huang flow,
+  labelled ``mpf-base``) in one stage and, for non-linear likelihoods, in K = 4 tempered stages (``substeps``,
+  :mod:`mpflow.operators.models.tempered`), with Stein's fit at the prior in place of the default posterior
+  linearisation (``linearisation="stein"``, :mod:`mpflow.operators.mpf.gaussian_flow`; labelled ``stein``) in
+  K = 1 and 16 stages (1 with ``--quick``), and importance-corrected (``correct``,
+  :mod:`mpflow.operators.mpf.correction`; ``CORRECTED``: K = 1 at N = 256 and 512, K = 4 at N = 256);
 * ``smc`` (bootstrap PF) on a ladder of N (256 … 16384);
 * ``kalman`` for linear-Gaussian families, ``gpf`` where it is affordable (``--gpf``).
 
@@ -84,7 +85,7 @@ SINGLE_STREAM_STEPS = 20
 #: (N, stages) of the importance-corrected flow's rows (:mod:`mpflow.operators.mpf.correction`): its error
 #: falls with N as well as with the stages, so it gets rows with more particles (one stream's cost grows slowly
 #: with N: at d = 5, N = 512 costs 1.1× N = 256)
-CORRECTED = ((MPF_PARTICLES, 1), (MPF_PARTICLES, 4), (2 * MPF_PARTICLES, 4), (4 * MPF_PARTICLES, 2))
+CORRECTED = ((MPF_PARTICLES, 1), (2 * MPF_PARTICLES, 1), (MPF_PARTICLES, 4))
 #: the default method must cost at most this multiple of the budget (mpf's compute at N = 256)
 MAX_COST_RATIO = 10.0
 #: methods whose posterior is exact in closed form (a Gaussian, not particles): they win a tie on error
@@ -277,6 +278,8 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
             label += f" K={options['substeps']}→{options['max_substeps']} on low ESS"
         elif options.get("substeps", 1) > 1:
             label += f" K={options['substeps']}"
+        if options.get("linearisation") == "stein":
+            label += " stein"
         if options.get("correct"):
             label += " corrected"
     row = Run(method, N, label, options)
@@ -318,11 +321,10 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
     t0 = time.perf_counter()
     ref = reference(sc, model, obs, quick)
     ref_s = time.perf_counter() - t0
-    record = find_operator(sc.family, sc.dim)
+    record = find_operator(sc.family, sc.dim, include_named_only=True)
     operator = record.name if record else None
-    stages = (1,) if model.linear_gaussian else ((1, 4) if quick else (1, 4, 16))
-    corrected = () if model.linear_gaussian else CORRECTED
-    mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in mpf_configurations(operator, stages, corrected)]
+    configurations = mpf_configurations(operator, not model.linear_gaussian, quick)
+    mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in configurations]
     smc = [run_method("smc", n, model, obs, sc, ref) for n in SMC_LADDER]
     rows = mpf + smc
     if model.linear_gaussian:
@@ -340,16 +342,21 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
 
 
 def mpf_configurations(
-    operator: str | None, stages: tuple[int, ...], corrected: tuple[tuple[int, int], ...]
+    operator: str | None, nonlinear: bool, quick: bool, corrected: tuple[tuple[int, int], ...] = CORRECTED
 ) -> list[tuple[int, dict[str, Any]]]:
-    """(N, options) of the ``mpf`` rows: the trained ``operator`` as trained (one stage), when there is one; the
-    base flow in each number of ``stages``; in stages on demand (from 4, doubled while the step's ESS is below
-    N/2, up to the largest) when the largest exceeds 4; importance-corrected (PF-PF) at each (N, stages) of
+    """(N, options) of the ``mpf`` rows: the trained ``operator`` as served, when there is one; the base flow in one
+    stage; for a ``nonlinear`` likelihood (else the base flow is exact) also in 4 stages, with Stein's fit at the
+    prior in 1 and 16 stages (1 when ``quick``), and importance-corrected (PF-PF) at each (N, stages) of
     ``corrected``."""
     rows = [(MPF_PARTICLES, {"operator": operator})] if operator else []
-    rows += [(MPF_PARTICLES, {"substeps": k} if k > 1 else {}) for k in stages]
-    if max(stages) > 4:
-        rows.append((MPF_PARTICLES, {"substeps": 4, "max_substeps": max(stages)}))
+    rows.append((MPF_PARTICLES, {}))
+    if not nonlinear:
+        return rows
+    rows.append((MPF_PARTICLES, {"substeps": 4}))
+    rows += [
+        (MPF_PARTICLES, {"linearisation": "stein", **({"substeps": k} if k > 1 else {})})
+        for k in (1, 16)[: 1 if quick else 2]
+    ]
     rows += [(n, {"correct": True, **({"substeps": k} if k > 1 else {})}) for n, k in corrected]
     return rows
 
@@ -379,11 +386,16 @@ def equal_compute_rows(rows: list[Run], smc: list[Run]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ defaults
 def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     """The most accurate configuration whose batched compute is at most ``MAX_COST_RATIO`` × the default budget
-    (the first mpf row: the shipped operator, or the base flow, in one stage at N = 256): among the mpf rows,
-    kalman, gpf, and smc at the largest ladder N within that cap. A tie goes to a closed-form method
-    (``CLOSED_FORM``: its posterior is exact, not a cloud), then to the cheaper."""
+    (what a stream of method ``mpf`` runs: the shipped operator that it selects, or else the base flow, in one
+    stage at N = 256): among the mpf rows, kalman, gpf, and smc at the largest ladder N within that cap. A tie
+    goes to a closed-form method (``CLOSED_FORM``: its posterior is exact, not a cloud), then to the cheaper."""
     rows = [r for r in result["rows"] if not r["failed"]]
-    budget = next(r["ms_batched"] for r in rows if r["method"] == "mpf")
+    sc = result["scenario"]
+    selected = find_operator(sc["family"], sc["dim"])
+    served = selected.name if selected is not None else None
+    budget = next(
+        r["ms_batched"] for r in rows if r["method"] == "mpf" and r["options"].get("operator") in (None, served)
+    )
     cap = MAX_COST_RATIO * budget
     candidates = [r for r in rows if r["method"] != "smc" and r["ms_batched"] <= cap]
     smc_within = [r for r in rows if r["method"] == "smc" and r["ms_batched"] <= cap]
@@ -393,7 +405,6 @@ def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     others = sorted(
         (f"{r['label']} N={r['particles']} {r['mean_err']:.3f}" for r in candidates if r is not best), key=str
     )
-    sc = result["scenario"]
     return {
         "family": sc["family"],
         "state_dim": sc["dim"],
@@ -483,8 +494,8 @@ def defaults_table(defaults: list[dict[str, Any]]) -> str:
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     """Mean error against compute per scenario: SMC's ladder as a curve, the other methods as points (each mpf
-    point tagged: ``op`` its trained operator, ``K4`` the base flow in 4 stages, ``4→16`` stages on demand, ``c2/1024``
-    corrected in 2 stages with N = 1024);
+    point tagged: ``op`` its trained operator, ``K4`` the base flow in 4 stages, ``sK16`` with Stein's fit in 16,
+    ``c1/512`` corrected in 1 stage with N = 512);
     filled markers and solid lines for the batched regime, hollow and dotted for one stream."""
     n = len(results)
     cols = min(4, n)
@@ -512,7 +523,8 @@ def _tag(row: dict[str, Any]) -> str:
     k, top = options.get("substeps", 1), options.get("max_substeps", 1)
     if options.get("correct"):
         return f"c{k}" + ("" if row["particles"] == MPF_PARTICLES else f"/{row['particles']}")
-    return f"{k}→{top}" if top > k else f"K{k}"
+    stein = "s" if options.get("linearisation") == "stein" else ""
+    return f"{k}→{top}" if top > k else f"{stein}K{k}"
 
 
 def _draw(results: list[dict[str, Any]], axes: list[Any]) -> None:
@@ -559,14 +571,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=None, help="sequences per scenario (64; 16 with --quick)")
     p.add_argument("--scenarios", nargs="*", help="run only these scenario names (default: all, or the quick set)")
     p.add_argument("--gpf", action="store_true", help="also run gpf (slow at d ≥ 5)")
-    p.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON of an earlier run")
+    p.add_argument(
+        "--replot",
+        action="store_true",
+        help="only redraw the PNG from the JSON of an earlier run, and for a full run choose its defaults again "
+        "(after an operator's auto_select changed)",
+    )
     args = p.parse_args(argv)
     # a run of chosen scenarios is partial: like --quick, it writes the git-ignored equal_compute-quick.*
     stem = report.out_stem(argparse.Namespace(out=args.out, quick=args.quick or bool(args.scenarios)), "equal_compute")
     if args.replot:
         json_path = stem.with_name(stem.name + ".json")
-        plot(json.loads(json_path.read_text())["results"], stem.with_name(stem.name + ".png"))
+        earlier = json.loads(json_path.read_text())
+        plot(earlier["results"], stem.with_name(stem.name + ".png"))
         print(f"redrew {stem.name}.png from {json_path}")
+        if not earlier["meta"]["quick"] and earlier["defaults"] and args.out is None:
+            earlier["defaults"] = [default_choice(r) for r in earlier["results"] if r["scenario"]["default"]]
+            print(defaults_table(earlier["defaults"]))
+            report.write_json(_strict(earlier), json_path, indent=1)
+            write_defaults(earlier["defaults"], earlier["meta"])
         return 0
     torch.set_num_threads(1)
     streams = args.streams or (16 if args.quick else 64)

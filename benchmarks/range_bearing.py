@@ -16,8 +16,8 @@ closest range (:func:`geometry`), with the reference's own error.
 
 S held-out sequences (seeds ``DATA_SEED_BASE + s``) from a truth x₀ ~ prior, the same prior for every filter, are
 filtered (:func:`benchmarks.equal_compute.run_method`: both compute regimes, one thread) by ``mpf`` at N = 256 (a
-trained operator for ``range_bearing`` when one is shipped; the base flow in K = 1, 4, 16 stages, in stages on
-demand 4 → 16 and importance-corrected: ``equal_compute.CORRECTED``), ``ukf``, ``enkf`` (ETKF, N = 256),
+trained operator for ``range_bearing`` when one is shipped; the base flow and its variants:
+``equal_compute.mpf_configurations``), ``ukf``, ``enkf`` (ETKF, N = 256),
 ``gpf`` (N = 256) and ``smc`` on the ladder ``equal_compute.SMC_LADDER``.
 
 **Reference** (:func:`smc_reference`): the bootstrap particle filter (``smc``) with M = 10⁶ particles (float32, as
@@ -107,14 +107,14 @@ class Budget:
     streams: int = 64
     reference_particles: int = REFERENCE_PARTICLES
     smc_ladder: tuple[int, ...] = SMC_LADDER
-    #: the base flow's numbers of stages (stages on demand from 4 up to the largest when it exceeds 4)
-    stages: tuple[int, ...] = (1, 4, 16)
+    #: fewer mpf rows (``equal_compute.mpf_configurations``'s quick set)
+    quick: bool = False
     #: (N, stages) of the importance-corrected rows
     corrected: tuple[tuple[int, int], ...] = CORRECTED
 
 
 FULL = Budget()
-QUICK = Budget(streams=8, reference_particles=20_000, smc_ladder=(256, 1024), stages=(1, 4), corrected=CORRECTED[:1])
+QUICK = Budget(streams=8, reference_particles=20_000, smc_ladder=(256, 1024), quick=True, corrected=CORRECTED[:1])
 
 
 # ------------------------------------------------------------------------------------------------ reference
@@ -180,7 +180,9 @@ def run_scenario(sc: Scenario, budget: Budget) -> dict[str, Any]:
     def run(method: str, n: int = MPF_PARTICLES, **options: Any):
         return run_method(method, n, model, obs, sc, ref, **options)
 
-    mpf = [run("mpf", n, **options) for n, options in mpf_configurations(operator, budget.stages, budget.corrected)]
+    mpf = [
+        run("mpf", n, **options) for n, options in mpf_configurations(operator, True, budget.quick, budget.corrected)
+    ]
     baselines = [run("ukf"), run("enkf"), run("gpf")]
     smc = [run("smc", n) for n in budget.smc_ladder]
     return {

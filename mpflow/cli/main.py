@@ -492,7 +492,8 @@ def _add_train(sub: Any) -> argparse.ArgumentParser:
         "--linearisation",
         default="stein",
         choices=LINEARISATIONS,
-        help="Gaussian fit of a non-Gaussian likelihood for the base flow: stein (scores) or importance (moments)",
+        help="Gaussian fit of a non-Gaussian likelihood for the base flow: stein (scores at the prior), posterior "
+        "(re-fitted at the posterior it gives) or importance (reweighted moments)",
     )
     t.add_argument("--segment", type=int, default=None, help="cut sequences every S steps (default: no cuts)")
     t.add_argument(

@@ -22,6 +22,16 @@ Stein's identity assumes a Gaussian cloud; on a multimodal one it reads the spre
 curvature and the flow pulls the modes together. :func:`importance_linearisation` fits (Λ, η) instead to the
 moments of the cloud reweighted by the likelihood, holding the weights of separated modes (:func:`mode_split`),
 so the base flow keeps the modes where they are and the residual only has to move mass between them.
+
+Stein's fit at the prior cloud reads the likelihood where the prior puts its mass, not where the posterior will
+(the error of prior linearisation, which tempered stages reduce at K times the cost). :func:`posterior_linearisation`
+re-fits it at the cloud the fitted flow produces, a few times: the iterated posterior linearisation of
+García-Fernández, Svensson, Morelande & Särkkä (2015, "Posterior linearization filter: principles and
+implementation using sigma points", IEEE TSP 63(20), Alg. 1), with Stein's fit as its statistical linear
+regression. Its fixed point is the Gaussian variational posterior: with Λ = E_q[−∇²ℓ] and η = E_q[∇ℓ] + Λ m_q
+at q = N(m_q, P_q), q = N(m, P) · N-lik(Λ, η) gives P_q⁻¹ = P⁻¹ + E_q[−∇²ℓ] and m_q = m + P E_q[∇ℓ], the
+stationarity conditions of KL(q ‖ posterior) over Gaussians (Opper & Archambeau 2009, "The variational Gaussian
+approximation revisited", Neural Computation 21(3), eq. 9–10).
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from mpflow.operators import gaussian
+from mpflow.operators import gaussian, state
+from mpflow.operators.mpf import correction
 
 
 @dataclass
@@ -192,7 +203,68 @@ def _reweighted_fit(w: torch.Tensor, whitened: gaussian.Whitened) -> GaussianLik
     return GaussianLikelihood(0.5 * (prec + prec.transpose(-1, -2)), info[..., 0])
 
 
-LINEARISATIONS = ("stein", "importance")
+#: re-fits of :func:`posterior_linearisation`. Measured on ``logistic`` d = 30 (10 minibatches of 32, N = 256, one
+#: stage, against HMC): mean error 0.361 sd with Stein's fit at the prior, 0.190 after one re-fit, 0.187 after two,
+#: 0.171 after three, 0.172 after six (16 tempered stages of Stein's fit: 0.203 at 5× the cost); an exact
+#: Gaussian moment match at every step (assumed-density filtering by importance sampling, ESS ≥ 2379) gives 0.156
+POSTERIOR_ITERATIONS = 3
+
+
+def whitened_likelihood(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> tuple[torch.Tensor, torch.Tensor]:
+    """The likelihood in the cloud's whitened coordinates z = L⁻¹(x − m): (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)),
+    float64, Λ_z symmetrised."""
+    L, m = white.chol.to(torch.float64), white.mean.to(torch.float64)
+    prec = likelihood.precision.to(torch.float64)
+    lam_z = L.transpose(-1, -2) @ prec @ L
+    eta_z = torch.einsum(
+        "bji,bj->bi", L, likelihood.information.to(torch.float64) - torch.einsum("bij,bj->bi", prec, m)
+    )
+    return 0.5 * (lam_z + lam_z.transpose(-1, -2)), eta_z
+
+
+def gaussian_posterior_points(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> torch.Tensor:
+    """The cloud ``white`` moved by the base flow's exact map (the Daum–Huang flow at λ = 1) onto the Gaussian
+    posterior of N(m, LLᵀ) under ``likelihood``: in the eigenbasis of Λ_z = U diag(e) Uᵀ (e clipped at 0),
+    y = Uᵀ z ↦ y / √(1 + e) + Uᵀη_z / (1 + e), x₁ = m + L U y₁ → [B, N, d] float64."""
+    lam_z, eta_z = whitened_likelihood(white, likelihood)
+    eigval, eigvec = torch.linalg.eigh(lam_z)
+    one = 1.0 + eigval.clamp_min(0.0)
+    eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
+    y1 = (white.z.to(torch.float64) @ eigvec) * one.rsqrt()[:, None] + (eta_y / one)[:, None]
+    L = white.chol.to(torch.float64)
+    return white.mean.to(torch.float64)[:, None] + y1 @ (L @ eigvec).transpose(-1, -2)
+
+
+def posterior_linearisation(
+    model, obs: torch.Tensor, x: torch.Tensor, white: gaussian.Whitened, score: torch.Tensor, iterations: int
+) -> GaussianLikelihood:
+    """Stein's fit re-fitted ``iterations`` times at the Gaussian posterior the previous fit gives (module
+    docstring): (Λ, η) ← :func:`statistical_linearisation` at :func:`gaussian_posterior_points` (``white``: the
+    prior cloud x [B, N, d], float64; ``score``: ∇x log p(o | x) at x).
+
+    The re-fit is a fixed-point iteration, and on a strongly non-linear likelihood it can run away (``range_bearing``,
+    a target passing close to the sensor: 6–9 posterior sd off in 2 of 32 streams). So the last re-fit and Stein's
+    fit are scored by the effective sample size of the importance weights that would correct the Gaussian
+    posterior each gives to the exact Bayes update of N(m, C) (:func:`~mpflow.operators.mpf.correction.log_weights`,
+    the flow's own health signal), and each stream keeps the better of the two."""
+    stein = lik = statistical_linearisation(x, score, whitened=white)
+    stein_ess = None
+    for _ in range(iterations):
+        x1 = gaussian_posterior_points(white, lik).to(x.dtype)
+        if stein_ess is None:
+            stein_ess = state.ess(correction.log_weights(model, obs, white, x1))
+        lik = statistical_linearisation(x1, model.score(obs, x1))
+    if stein_ess is None:
+        return stein
+    x1 = gaussian_posterior_points(white, lik).to(x.dtype)
+    keep = (state.ess(correction.log_weights(model, obs, white, x1)) >= stein_ess)[:, None]
+    return GaussianLikelihood(
+        torch.where(keep[..., None], lik.precision, stein.precision),
+        torch.where(keep, lik.information, stein.information),
+    )
+
+
+LINEARISATIONS = ("stein", "importance", "posterior")
 
 
 class DaumHuangFlow:
@@ -239,9 +311,9 @@ def linearised_likelihood(
     """The Gaussian likelihood of one MPF step: exact (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for a linear observation
     (``ModelFamily.linear_observation``),
     else fitted to the (detached) particles x [B, N, d] — ``method`` "stein": :func:`statistical_linearisation`
-    of the scores; "importance": :func:`importance_linearisation` (``whitened``: x's
-    :class:`~mpflow.operators.gaussian.Whitened` form, reused when given; ``score``: ∇x log p(o | x) at x, when the
-    caller has it)."""
+    of the scores; "posterior": :func:`posterior_linearisation`; "importance": :func:`importance_linearisation`
+    (``whitened``: x's :class:`~mpflow.operators.gaussian.Whitened` form, reused when given; ``score``:
+    ∇x log p(o | x) at x, when the caller has it)."""
     if method not in LINEARISATIONS:
         raise ValueError(f"linearisation: must be one of {LINEARISATIONS}, got {method!r}")
     if model.linear_observation():
@@ -255,4 +327,8 @@ def linearised_likelihood(
 
     if method == "importance":
         return importance_linearisation(model.log_likelihood(obs, x), white, fallback=stein)
+    if method == "posterior":
+        white = white if white is not None else gaussian.whiten(x.double())
+        score = model.score(obs, x) if score is None else score
+        return posterior_linearisation(model, obs, x, white, score, POSTERIOR_ITERATIONS)
     return stein()

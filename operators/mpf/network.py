@@ -7,8 +7,9 @@ step's particles — the normalised inputs):
 
 * DH_z is the exact Daum–Huang flow (:mod:`mpflow.operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
   under the whitened, linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)), fitted to a non-Gaussian
-  likelihood by Stein's identity (``linearisation="stein"``, Λ_z ⪰ 0) or to the cloud's moments after
-  reweighting by the likelihood (``"importance"``, e > −1: it may widen; right for multimodal clouds). With the
+  likelihood by Stein's identity (``linearisation="stein"``, Λ_z ⪰ 0; ``"posterior"``: re-fitted at the
+  posterior it gives, Λ_z ⪰ 0) or to the cloud's moments after reweighting by the likelihood (``"importance"``,
+  e > −1: it may widen; right for multimodal clouds). With the
   eigendecomposition Λ_z = U diag(e) Uᵀ and y = Uᵀ z it is diagonal:
 
       dy_k/dλ = a_k(λ) y_k + (1 + 2λ a_k)(1 + λ a_k) (Uᵀ η_z)_k,    a_k(λ) = −½ e_k / (1 + λ e_k),
@@ -56,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 from mpflow.operators import gaussian
-from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood
+from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood, whitened_likelihood
 from torch import nn
 
 
@@ -212,7 +213,7 @@ class MPFVelocity(nn.Module):
         self.dim, self.use_base, self.residual_bound = dim, use_base, residual_bound
         self.residual_gate, self.linearisation = residual_gate, linearisation
         # Stein's fit is clipped to Λ ⪰ 0; the importance fit may expand, down to e > −1 (S⁻¹ − I, S ≻ 0)
-        self._eig_floor = 0.0 if linearisation == "stein" else EXPANSION_FLOOR
+        self._eig_floor = EXPANSION_FLOOR if linearisation == "importance" else 0.0
         self.phi = nn.Sequential(nn.Linear(dim, embed), nn.Tanh(), nn.Linear(embed, embed), nn.Tanh())
         n_lik = dim * (dim + 1) // 2 + dim  # upper triangle of the whitened Λ, and the whitened η
         self.ctx_dim = embed + n_lik
@@ -241,12 +242,7 @@ class MPFVelocity(nn.Module):
         dtype = x.dtype
         white = whitened if whitened is not None else gaussian.whiten(x.to(torch.float64))
         mean64, chol64, z = white.mean, white.chol, white.z
-        prec = likelihood.precision.to(torch.float64)
-        lam_z = chol64.transpose(-1, -2) @ prec @ chol64
-        lam_z = 0.5 * (lam_z + lam_z.transpose(-1, -2))
-        eta_z = torch.einsum(
-            "bji,bj->bi", chol64, likelihood.information.to(torch.float64) - torch.einsum("bij,bj->bi", prec, mean64)
-        )
+        lam_z, eta_z = whitened_likelihood(white, likelihood)
         eigval, eigvec = torch.linalg.eigh(lam_z)
         eigval = eigval.clamp_min(self._eig_floor)
         eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)

@@ -8,6 +8,10 @@ One stage with the cloud's moments (m, c) and the likelihood p(o | x)^β:
 * Stein's fit of the likelihood (:func:`~mpflow.operators.mpf.gaussian_flow.statistical_linearisation`): with
   sᵢ = β ∂ₓ log p(o | xᵢ), λ = max(0, −mean(s (x − m)) / c) and η = mean(s) + λ m;
 * the Gaussian update c₁ = c / (1 + λ c), m₁ = c₁ (m / c + η);
+* with ``iterations`` > 0 (``linearisation="posterior"``,
+  :func:`~mpflow.operators.mpf.gaussian_flow.posterior_linearisation`) the fit is repeated that many times at the
+  points x₁ below, with their moments (m₁, c₁) in place of (m, c), and each stream keeps the fit whose x₁ has the
+  larger ESS of the weights p(o | x₁)^β N(x₁; m, c) / N(x; m, c), Stein's or the last;
 * the exact Daum–Huang flow from N(m, c) to N(m₁, c₁) (Daum & Huang 2010). Its field is affine with
   A(λ') = −½ c λ / (1 + λ' λ c), so its map has slope exp ∫₀¹ A = (1 + λ c)^{−½} = √(c₁ / c) and sends m to m₁:
   x₁ = m₁ + √(c₁ / c) (x − m).
@@ -18,10 +22,16 @@ from __future__ import annotations
 import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.tempered import tempered
+from mpflow.operators.state import ess
 
 
 def scalar_base_flow(
-    model: ModelFamily, obs: torch.Tensor, x: torch.Tensor, stages: int, moments: tuple[torch.Tensor, ...] | None = None
+    model: ModelFamily,
+    obs: torch.Tensor,
+    x: torch.Tensor,
+    stages: int,
+    moments: tuple[torch.Tensor, ...] | None = None,
+    iterations: int = 0,
 ) -> torch.Tensor:
     """x [B, N, 1] moved through one observation in ``stages`` tempered stages (module docstring); float64
     algebra, returned in x's dtype. ``moments``: the cloud's mean and variance ([B, 1, 1] each, float64) when the
@@ -34,10 +44,31 @@ def scalar_base_flow(
     if c is None:
         c = xc.square().mean(1, keepdim=True)
     for _ in range(stages):
-        s = stage_model.score(obs, (m + xc).to(x.dtype)).to(torch.float64)
-        lam = (-(s * xc).mean(1, keepdim=True) / c).clamp_min(0.0)
-        c1 = c / (1.0 + lam * c)
-        m = c1 * (m / c + s.mean(1, keepdim=True) + lam * m)
-        xc = torch.sqrt(c1 / c) * xc
-        c = c1
+        fit_m, fit_c, fit_xc = m, c, xc  # where the fit reads the scores: the cloud, then the posterior points
+        fits = []
+        for _ in range(iterations + 1):
+            s = stage_model.score(obs, (fit_m + fit_xc).to(x.dtype)).to(torch.float64)
+            lam = (-(s * fit_xc).mean(1, keepdim=True) / fit_c).clamp_min(0.0)
+            eta = s.mean(1, keepdim=True) + lam * fit_m
+            fit_c = c / (1.0 + lam * c)
+            fit_m = fit_c * (m / c + eta)
+            fit_xc = torch.sqrt(fit_c / c) * xc
+            fits.append((fit_m, fit_c, fit_xc))
+        if iterations:  # Stein's fit or the last re-fit, whichever scores better (posterior_linearisation)
+            (sm, sc, sx), (lm, lc, lx) = fits[0], fits[-1]
+            keep = _score(stage_model, obs, m, c, xc, lm + lx, x.dtype) >= _score(
+                stage_model, obs, m, c, xc, sm + sx, x.dtype
+            )
+            fit_m, fit_c, fit_xc = (torch.where(keep, a, b) for a, b in ((lm, sm), (lc, sc), (lx, sx)))
+        m, c, xc = fit_m, fit_c, fit_xc
     return (m + xc).to(x.dtype)
+
+
+def _score(model, obs, m, c, xc, x1, dtype) -> torch.Tensor:
+    """ESS [B, 1, 1] of the weights p(o | x₁)^β N(x₁; m, c) / N(x; m, c) of the points x₁ [B, N, 1] that a fit
+    moved the cloud m + xc to (the normalising constants cancel)."""
+    log_w = (
+        model.log_likelihood(obs, x1.to(dtype)).to(torch.float64)
+        + 0.5 * (xc.square() - (x1 - m).square())[..., 0] / c[..., 0]
+    )
+    return ess(log_w)[:, None, None]

@@ -5,7 +5,9 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
   1. predict   dynamic families move the particles through the transition, mapped affinely onto the pushed
                moments of the previous cloud (MPF §5 LDS: "predict with the transition, then apply F");
   2. linearise the likelihood: exactly (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families, else by Stein's
-               identity from the scores at the particles (:mod:`mpflow.operators.mpf.gaussian_flow`);
+               identity from the scores at the particles, for the base flow re-fitted at the Gaussian posterior it
+               gives (``linearisation="posterior"``, the default; :mod:`mpflow.operators.mpf.gaussian_flow`); a
+               factorised family (``ModelFamily.per_dimension``) runs the base flow one dimension at a time;
   3. flow      integrate dx/dλ = f_θ(X_m, o, x(λ), λ) over λ ∈ [0, 1] with ``solver`` (RK4 with ``steps``
                equal steps by default: the reference used one); with ``substeps`` K > 1 the update runs as K
                stages, each conditioning on p(o | x)^{1/K} and re-fitting step 2 to the moved cloud
@@ -41,6 +43,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
 from mpflow.operators.mpf import correction
+from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
@@ -117,7 +120,16 @@ class MPFUpdater(Updater):
     #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
     nonlinear_transition = True
     stream_options = frozenset(
-        {"substeps", "max_substeps", "ess_threshold", "correct", "rejuvenate", "shrinkage", "inflation"}
+        {
+            "substeps",
+            "max_substeps",
+            "ess_threshold",
+            "correct",
+            "rejuvenate",
+            "shrinkage",
+            "inflation",
+            "linearisation",
+        }
     )
     defaults = {
         "operator": None,
@@ -134,6 +146,8 @@ class MPFUpdater(Updater):
         "shrinkage": gaussian.LIU_WEST_SHRINKAGE,
         # the predictive's multiplicative inflation ρ (anomalies × ρ), as enkf's
         "inflation": 1.0,
+        # the base flow's fit of a non-Gaussian likelihood (an operator uses the one it was trained with)
+        "linearisation": "posterior",
     }
 
     def __init__(self, **options):
@@ -166,6 +180,8 @@ class MPFUpdater(Updater):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
         check_rejuvenation(o)
         check_inflation(o["inflation"])
+        if o["linearisation"] not in LINEARISATIONS:
+            raise ValueError(f"options.linearisation: one of {list(LINEARISATIONS)}, got {o['linearisation']!r}")
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -185,7 +201,7 @@ class MPFUpdater(Updater):
         """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""
         if dim not in self._untrained:
             with torch.inference_mode(False):  # normal parameters, even when first built inside a step
-                self._untrained[dim] = MPFVelocity(dim).eval()
+                self._untrained[dim] = MPFVelocity(dim, linearisation=self.options["linearisation"]).eval()
         return self._untrained[dim]
 
     def is_base_flow(self, net: MPFVelocity) -> bool:
@@ -234,9 +250,11 @@ class MPFUpdater(Updater):
     def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
         """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
         base = self.is_base_flow(net)
-        if base and net.dim == 1 and not track and not model.linear_gaussian:
+        if base and net.dim == 1 and not track and not model.linear_gaussian and net.linearisation != "importance":
             # the same flow, element-wise, from the moments ``white`` already holds
-            return scalar_base_flow(model, obs, x, stages, (white.mean[:, None], white.chol.square())), None
+            iterations = POSTERIOR_ITERATIONS if net.linearisation == "posterior" else 0
+            moments = (white.mean[:, None], white.chol.square())
+            return scalar_base_flow(model, obs, x, stages, moments, iterations), None
         stage_model = tempered(model, stages)
         x1, log_q1 = x, log_q
         for stage in range(stages):
@@ -268,31 +286,54 @@ class MPFUpdater(Updater):
         with torch.no_grad():
             inc = evidence.predictive(model.log_likelihood(obs, x))
             net = self.network(d, model)
-            stages = o["substeps"]
             # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
             white = white if white is not None else gaussian.whiten(x.detach().double())
-            x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
-            # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
-            # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
-            # tests/unit/test_tempered_substeps.py checks flow_ess there)
-            if d >= N or (model.linear_observation() and self.is_base_flow(net)):
-                n_eff = torch.full((B,), float(N), dtype=torch.float64)
-                return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
-            n_eff = flow_ess(model, obs, white, x1)
-            # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
-            # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic,
-            # and a stream's result does not depend on the others in its batch)
-            while stages < o["max_substeps"] and bool((low := n_eff < o["ess_threshold"] * N).any()):
-                stages = min(2 * stages, o["max_substeps"])
-                rows = low.nonzero().flatten()
-                sub_model, sub_obs = model.select(rows), obs[rows]
-                sub_white = white.select(rows)
-                sub_log_q = None if log_q is None else log_q[rows]
-                x1_rows, log_q1_rows = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
-                x1 = x1.index_copy(0, rows, x1_rows)
-                log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
-                n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
+            split = model.per_dimension(B) if d > 1 and not track and self.is_base_flow(net) else None
+            if split is not None:
+                # a factorised family's base flow, one dimension at a time (element-wise: no d × d algebra, and no
+                # Monte Carlo cross-terms in the fitted likelihood); the step's ESS is the smallest over dimensions
+                x_dims = correction.to_dimensions(x)
+                x1, _, n_eff = self._staged_flow(
+                    self.base_flow(1),
+                    split,
+                    correction.to_dimensions(obs),
+                    x_dims,
+                    None,
+                    gaussian.whiten(x_dims.double()),
+                    False,
+                )
+                x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
+                return state.replace(particles=x1), StepInfo(inc, n_eff)
+            x1, log_q1, n_eff = self._staged_flow(net, model, obs, x, log_q, white, track)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+
+    def _staged_flow(self, net, model, obs, x, log_q, white, track: bool):
+        """The flow of one Bayes step in ``substeps`` stages and its health ESS; the streams whose ESS is low run it
+        again in more stages (module docstring, 5.) → (x1, log q1, ESS [B])."""
+        o = self.options
+        B, N, d = x.shape
+        stages = o["substeps"]
+        x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
+        # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
+        # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
+        # tests/unit/test_tempered_substeps.py checks flow_ess there)
+        if d >= N or (model.linear_observation() and self.is_base_flow(net)):
+            return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64)
+        n_eff = flow_ess(model, obs, white, x1)
+        # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
+        # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and
+        # a stream's result does not depend on the others in its batch)
+        while stages < o["max_substeps"] and bool((low := n_eff < o["ess_threshold"] * N).any()):
+            stages = min(2 * stages, o["max_substeps"])
+            rows = low.nonzero().flatten()
+            sub_model, sub_obs = model.select(rows), obs[rows]
+            sub_white = white.select(rows)
+            sub_log_q = None if log_q is None else log_q[rows]
+            x1_rows, log_q1_rows = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
+            x1 = x1.index_copy(0, rows, x1_rows)
+            log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
+            n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
+        return x1, log_q1, n_eff
 
     def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in

@@ -238,12 +238,19 @@ def test_method_options_per_stream(redis_url):
         obs = {"observations": FAMILIES["stochastic_volatility"][2]}
         r = (await c.post(f"/v1/streams/{doc['stream_id']}/observations", json=obs)).json()
         assert r["step"] == 2 and all(0 < s["ess"] <= 64 for s in r["per_step"])
+        stein = (
+            await c.post(
+                "/v1/streams", json={**spec, "stream_id": "stein", "method_options": {"linearisation": "stein"}}
+            )
+        ).json()
+        assert stein["method_options"] == {"linearisation": "stein"}
         cases = [
             ({"method": "mpf", "method_options": {"operator": "x"}}, "method_options: ['operator'] cannot be set"),
             ({"method": "mpf", "method_options": {"substeps": 0}}, "method_options.substeps: an integer from 1"),
             ({"method": "gpf", "method_options": {"max_iters": 10**9}}, "for gpf; it takes none"),
             ({"method": "smc", "method_options": {"rejuvenate": "sometimes"}}, "method_options.rejuvenate"),
             ({"method": "mpf", "method_options": {"correct": True, "shrinkage": 1.5}}, "method_options.shrinkage"),
+            ({"method": "mpf", "method_options": {"linearisation": "laplace"}}, "method_options.linearisation: one of"),
         ]
         for extra, message in cases:
             r = await c.post("/v1/streams", json={**spec, **extra, "stream_id": "refused"})

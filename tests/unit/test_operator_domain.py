@@ -15,7 +15,7 @@ from mpflow.operators.updaters.mpf import find_operator, operator_domain
 
 def _outside(family: str, d: int, params: dict, prior_var: float = 1.0, prior_mean: float = 0.0) -> list[str]:
     model = make_model(family, params, d)
-    record = find_operator(family, d)
+    record = find_operator(family, d, include_named_only=True)  # shipped, whether auto-selected or named only
     assert record is not None
     return model.outside_domain(operator_domain(record), torch.full((d,), prior_mean), prior_var * torch.eye(d))
 
