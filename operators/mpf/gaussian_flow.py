@@ -210,29 +210,40 @@ def _reweighted_fit(w: torch.Tensor, whitened: gaussian.Whitened) -> GaussianLik
 POSTERIOR_ITERATIONS = 3
 
 
-def whitened_likelihood(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> tuple[torch.Tensor, torch.Tensor]:
-    """The likelihood in the cloud's whitened coordinates z = L⁻¹(x − m): (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)),
-    float64, Λ_z symmetrised."""
+@dataclass
+class WhitenedLikelihood:
+    """A Gaussian likelihood in a cloud's whitened coordinates z = L⁻¹(x − m), float64: Λ_z = Lᵀ Λ L (symmetrised)
+    = U diag(e) Uᵀ and η_z = Lᵀ (η − Λ m), with η_y = Uᵀ η_z (the eigenvalues e are not clipped)."""
+
+    precision: torch.Tensor  # Λ_z [B, d, d]
+    information: torch.Tensor  # η_z [B, d]
+    eigval: torch.Tensor  # e [B, d]
+    eigvec: torch.Tensor  # U [B, d, d]
+    eta_y: torch.Tensor  # [B, d]
+
+
+def whitened_likelihood(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> WhitenedLikelihood:
+    """``likelihood`` in the whitened coordinates of the cloud ``white``, with its eigenbasis."""
     L, m = white.chol.to(torch.float64), white.mean.to(torch.float64)
     prec = likelihood.precision.to(torch.float64)
     lam_z = L.transpose(-1, -2) @ prec @ L
+    lam_z = 0.5 * (lam_z + lam_z.transpose(-1, -2))
     eta_z = torch.einsum(
         "bji,bj->bi", L, likelihood.information.to(torch.float64) - torch.einsum("bij,bj->bi", prec, m)
     )
-    return 0.5 * (lam_z + lam_z.transpose(-1, -2)), eta_z
+    eigval, eigvec = torch.linalg.eigh(lam_z)
+    return WhitenedLikelihood(lam_z, eta_z, eigval, eigvec, torch.einsum("bji,bj->bi", eigvec, eta_z))
 
 
 def gaussian_posterior_points(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> torch.Tensor:
     """The cloud ``white`` moved by the base flow's exact map (the Daum–Huang flow at λ = 1) onto the Gaussian
     posterior of N(m, LLᵀ) under ``likelihood``: in the eigenbasis of Λ_z = U diag(e) Uᵀ (e clipped at 0),
     y = Uᵀ z ↦ y / √(1 + e) + Uᵀη_z / (1 + e), x₁ = m + L U y₁ → [B, N, d] float64."""
-    lam_z, eta_z = whitened_likelihood(white, likelihood)
-    eigval, eigvec = torch.linalg.eigh(lam_z)
-    one = 1.0 + eigval.clamp_min(0.0)
-    eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
-    y1 = (white.z.to(torch.float64) @ eigvec) * one.rsqrt()[:, None] + (eta_y / one)[:, None]
+    w = whitened_likelihood(white, likelihood)
+    one = 1.0 + w.eigval.clamp_min(0.0)
+    y1 = (white.z.to(torch.float64) @ w.eigvec) * one.rsqrt()[:, None] + (w.eta_y / one)[:, None]
     L = white.chol.to(torch.float64)
-    return white.mean.to(torch.float64)[:, None] + y1 @ (L @ eigvec).transpose(-1, -2)
+    return white.mean.to(torch.float64)[:, None] + y1 @ (L @ w.eigvec).transpose(-1, -2)
 
 
 def posterior_linearisation(
@@ -248,16 +259,20 @@ def posterior_linearisation(
     posterior each gives to the exact Bayes update of N(m, C) (:func:`~mpflow.operators.mpf.correction.log_weights`,
     the flow's own health signal), and each stream keeps the better of the two."""
     stein = lik = statistical_linearisation(x, score, whitened=white)
-    stein_ess = None
-    for _ in range(iterations):
-        x1 = gaussian_posterior_points(white, lik).to(x.dtype)
-        if stein_ess is None:
-            stein_ess = state.ess(correction.log_weights(model, obs, white, x1))
-        lik = statistical_linearisation(x1, model.score(obs, x1))
-    if stein_ess is None:
+    if not iterations:
         return stein
-    x1 = gaussian_posterior_points(white, lik).to(x.dtype)
-    keep = (state.ess(correction.log_weights(model, obs, white, x1)) >= stein_ess)[:, None]
+
+    def moved(fit: GaussianLikelihood) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the posterior points of ``fit`` in x's dtype, their ESS [B])."""
+        x1 = gaussian_posterior_points(white, fit).to(x.dtype)
+        return x1, state.ess(correction.log_weights(model, obs, white, x1))
+
+    x1, stein_ess = moved(stein)
+    for iteration in range(iterations):
+        lik = statistical_linearisation(x1, model.score(obs, x1))
+        if iteration < iterations - 1:
+            x1 = gaussian_posterior_points(white, lik).to(x.dtype)
+    keep = (moved(lik)[1] >= stein_ess)[:, None]
     return GaussianLikelihood(
         torch.where(keep[..., None], lik.precision, stein.precision),
         torch.where(keep, lik.information, stein.information),
@@ -328,7 +343,6 @@ def linearised_likelihood(
     if method == "importance":
         return importance_linearisation(model.log_likelihood(obs, x), white, fallback=stein)
     if method == "posterior":
-        white = white if white is not None else gaussian.whiten(x.double())
         score = model.score(obs, x) if score is None else score
         return posterior_linearisation(model, obs, x, white, score, POSTERIOR_ITERATIONS)
     return stein()

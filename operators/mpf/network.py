@@ -242,10 +242,9 @@ class MPFVelocity(nn.Module):
         dtype = x.dtype
         white = whitened if whitened is not None else gaussian.whiten(x.to(torch.float64))
         mean64, chol64, z = white.mean, white.chol, white.z
-        lam_z, eta_z = whitened_likelihood(white, likelihood)
-        eigval, eigvec = torch.linalg.eigh(lam_z)
-        eigval = eigval.clamp_min(self._eig_floor)
-        eta_y = torch.einsum("bji,bj->bi", eigvec, eta_z)
+        lik_z = whitened_likelihood(white, likelihood)
+        lam_z, eta_z, eigvec, eta_y = lik_z.precision, lik_z.information, lik_z.eigvec, lik_z.eta_y
+        eigval = lik_z.eigval.clamp_min(self._eig_floor)
         embedding = network = None
         if residual:
             folded = self.folded_weights()

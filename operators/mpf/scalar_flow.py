@@ -45,7 +45,7 @@ def scalar_base_flow(
         c = xc.square().mean(1, keepdim=True)
     for _ in range(stages):
         fit_m, fit_c, fit_xc = m, c, xc  # where the fit reads the scores: the cloud, then the posterior points
-        fits = []
+        stein = None
         for _ in range(iterations + 1):
             s = stage_model.score(obs, (fit_m + fit_xc).to(x.dtype)).to(torch.float64)
             lam = (-(s * fit_xc).mean(1, keepdim=True) / fit_c).clamp_min(0.0)
@@ -53,13 +53,14 @@ def scalar_base_flow(
             fit_c = c / (1.0 + lam * c)
             fit_m = fit_c * (m / c + eta)
             fit_xc = torch.sqrt(fit_c / c) * xc
-            fits.append((fit_m, fit_c, fit_xc))
+            if stein is None:
+                stein = fit_m, fit_c, fit_xc
         if iterations:  # Stein's fit or the last re-fit, whichever scores better (posterior_linearisation)
-            (sm, sc, sx), (lm, lc, lx) = fits[0], fits[-1]
-            keep = _score(stage_model, obs, m, c, xc, lm + lx, x.dtype) >= _score(
+            sm, sc, sx = stein
+            keep = _score(stage_model, obs, m, c, xc, fit_m + fit_xc, x.dtype) >= _score(
                 stage_model, obs, m, c, xc, sm + sx, x.dtype
             )
-            fit_m, fit_c, fit_xc = (torch.where(keep, a, b) for a, b in ((lm, sm), (lc, sc), (lx, sx)))
+            fit_m, fit_c, fit_xc = (torch.where(keep, a, b) for a, b in ((fit_m, sm), (fit_c, sc), (fit_xc, sx)))
         m, c, xc = fit_m, fit_c, fit_xc
     return (m + xc).to(x.dtype)
 
