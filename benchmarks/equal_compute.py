@@ -9,7 +9,9 @@ x₀ ~ prior, and filtered by
 
 * ``mpf`` at N = 256 with the shipped operator for (family, d) when there is one (as served: one stage, more on
   demand; also one marked ``auto_select: false``) and with its untrained base flow (the exact Daum–Huang flow,
-  labelled ``mpf-base``) in one stage and, for non-linear likelihoods, in K = 4 tempered stages (``substeps``,
+  labelled ``mpf-base``; ``+K moves`` where it runs posterior moves, :mod:`mpflow.operators.mpf.posterior_moves`,
+  also without them and with windows of 1 and 3) in one stage and, for non-linear likelihoods, in K = 4 tempered
+  stages (``substeps``,
   :mod:`mpflow.operators.models.tempered`), with Stein's fit at the prior in place of the default posterior
   linearisation (``linearisation="stein"``, :mod:`mpflow.operators.mpf.gaussian_flow`; labelled ``stein``) in
   K = 1 and 16 stages (1 with ``--quick``), and importance-corrected (``correct``,
@@ -282,8 +284,11 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
             label += " stein"
         if options.get("correct"):
             label += " corrected"
+    updater = get_updater(method, **options)
+    if method == "mpf" and (moves := updater.moves(model)):
+        label += f" +{moves} moves" + (f" W={options['window']}" if "window" in options else "")
     row = Run(method, N, label, options)
-    batched, single = _run(get_updater(method, **options), model, obs, sc, N, ref)
+    batched, single = _run(updater, model, obs, sc, N, ref)
     row.failed = batched.error or (single.error if single is not None else None)
     if row.failed:
         row.failed = row.failed[:200]
@@ -323,7 +328,8 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
     ref_s = time.perf_counter() - t0
     record = find_operator(sc.family, sc.dim, include_named_only=True)
     operator = record.name if record else None
-    configurations = mpf_configurations(operator, not model.linear_gaussian, quick)
+    moves = get_updater("mpf").moves(model) > 0
+    configurations = mpf_configurations(operator, not model.linear_gaussian, quick, moves=moves)
     mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in configurations]
     smc = [run_method("smc", n, model, obs, sc, ref) for n in SMC_LADDER]
     rows = mpf + smc
@@ -342,14 +348,21 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
 
 
 def mpf_configurations(
-    operator: str | None, nonlinear: bool, quick: bool, corrected: tuple[tuple[int, int], ...] = CORRECTED
+    operator: str | None,
+    nonlinear: bool,
+    quick: bool,
+    corrected: tuple[tuple[int, int], ...] = CORRECTED,
+    moves: bool = False,
 ) -> list[tuple[int, dict[str, Any]]]:
     """(N, options) of the ``mpf`` rows: the trained ``operator`` as served, when there is one; the base flow in one
-    stage; for a ``nonlinear`` likelihood (else the base flow is exact) also in 4 stages, with Stein's fit at the
-    prior in 1 and 16 stages (1 when ``quick``), and importance-corrected (PF-PF) at each (N, stages) of
-    ``corrected``."""
+    stage; where the served step runs posterior ``moves`` (static log-concave families), also without them and with
+    windows of 1 and 3 (2 is the default); for a ``nonlinear`` likelihood (else the base flow is exact) also in 4
+    stages, with Stein's fit at the prior in 1 and 16 stages (1 when ``quick``), and importance-corrected (PF-PF, no
+    moves) at each (N, stages) of ``corrected``."""
     rows = [(MPF_PARTICLES, {"operator": operator})] if operator else []
     rows.append((MPF_PARTICLES, {}))
+    if moves:
+        rows += [(MPF_PARTICLES, {"moves": 0})] + [(MPF_PARTICLES, {"window": w}) for w in (1, 3)[: 0 if quick else 2]]
     if not nonlinear:
         return rows
     rows.append((MPF_PARTICLES, {"substeps": 4}))

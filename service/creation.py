@@ -113,7 +113,8 @@ def prepare(
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         state = updater.init(prior, model, n, seed)
     except ValueError as exc:
-        raise invalid(str(exc)) from None
+        message = str(exc)  # an updater names its option as options.NAME: the request's field is method_options.NAME
+        raise invalid("method_" + message if message.startswith("options.") else message) from None
     summary = summaries.summary(state)
     if not (finite_state(state) and finite_json(summary)):  # e.g. a prior at the edge of float32's range
         raise invalid(

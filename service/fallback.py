@@ -6,7 +6,8 @@ The service reads no method's state: each updater converts its own (``to_particl
 ``from_particles`` of :class:`~mpflow.operators.updaters.Updater`). Into a fall-back goes the stream's state in the
 shared form with what the stream's method knows beyond its particles (:func:`hand_over`: kalman's exact Gaussian,
 a flow method's step-0 prior); out of it come its particles alone (:func:`take_back`), so the state after a
-fall-back step has the form a step of the stream's own method leaves. A stream whose particles are read
+fall-back step has the form a step of the stream's own method leaves (with what that method records of the
+observations carried over: ``mpf``'s posterior-move sites). A stream whose particles are read
 unweighted is never handed weighted particles: a weighted fall-back runs with its ``uniform_weight_options``.
 
 Every step that fell back is counted (``on_fallback``: family, method, fall-back or ``"none"``) and logged as a
@@ -41,9 +42,17 @@ def hand_over(state: ParticleState, stream: Updater, fallback: Updater) -> Parti
     return fallback.from_particles(stream.to_particles(state), stream.density(state))
 
 
-def take_back(new: ParticleState, stream: Updater, fallback: Updater) -> ParticleState:
-    """The ``fallback`` method's result in the form of the ``stream`` method (module docstring)."""
-    return stream.from_particles(fallback.to_particles(new))
+def take_back(
+    new: ParticleState,
+    stream: Updater,
+    fallback: Updater,
+    before: ParticleState,
+    obs: torch.Tensor,
+    model: ModelFamily,
+) -> ParticleState:
+    """The ``fallback`` method's result in the form of the ``stream`` method, from the stream's state ``before`` the
+    step of observation ``obs`` (module docstring)."""
+    return stream.resume(fallback.to_particles(new), before, obs, model)
 
 
 class Fallbacks:
@@ -88,7 +97,7 @@ class Fallbacks:
             try:
                 start = await self.work.run(meta, hand_over, state, stream, fallback)
                 res = await self.engine.update(fallback, key, name, model, start, obs)
-                new = await self.work.run(meta, take_back, res.state, stream, fallback)
+                new = await self.work.run(meta, take_back, res.state, stream, fallback, state, obs[None], model)
                 if not await self.work.run(meta, finite_state, new):
                     raise NonFiniteError(f"{name} left non-finite values in the state")
             except FALLBACK_ERRORS as exc:

@@ -68,6 +68,9 @@ class ModelFamily:
     #: the observation is o = h(x) + N(0, R) with an explicit h (:meth:`observation_function`) and R
     #: (:meth:`observation_noise`): what the ensemble and unscented Kalman filters (``enkf``, ``ukf``) need
     gaussian_observation: ClassVar[bool] = False
+    #: ``mpf`` runs posterior moves (Langevin, :mod:`mpflow.operators.mpf.posterior_moves`) on this static family by
+    #: default: its log-likelihood is concave in x (the moves mix) and not quadratic (where the flow is exact)
+    posterior_moves: ClassVar[bool] = False
 
     # catalogue (``GET /v1/models``)
     #: the model in one line

@@ -21,6 +21,8 @@ class Logistic(ModelFamily):
     name = "logistic"
     dynamic = False
     param_specs = ()
+    #: −∇² log p(o | w) = Σ_j σ(wᵀa_j)(1 − σ(wᵀa_j)) a_j a_jᵀ ⪰ 0: log-concave, not Gaussian
+    posterior_moves = True
     #: minibatch size used by ``simulate``
     simulate_batch = 32
 
@@ -82,7 +84,7 @@ class Logistic(ModelFamily):
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         a, y = self._split(obs)  # [B, M, d], [B, M]
         logits = x @ a.transpose(-1, -2)  # [B, N, M]
-        return (y[:, None] * F.logsigmoid(logits) + (1 - y[:, None]) * F.logsigmoid(-logits)).sum(-1)
+        return (y[:, None] * logits - F.softplus(logits)).sum(-1)  # y log σ(l) + (1 − y) log σ(−l)
 
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         a, y = self._split(obs)

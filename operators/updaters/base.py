@@ -24,7 +24,8 @@ the caller never reads another method's extras:
   generators and log-density as they are, no extras;
 * :meth:`Updater.density` — what the method knows beyond its particles: the exact density of the belief, where
   it keeps one (kalman's Gaussian, a flow method's step-0 prior), else None;
-* :meth:`Updater.from_particles` — a shared-form state (and, where known, that density) in this method's form.
+* :meth:`Updater.from_particles` — a shared-form state (and, where known, that density) in this method's form;
+  :meth:`Updater.resume` — the result of another method's step on this method's stream, in this method's form.
 
 A new method overrides the three only where it keeps extras or a log-density; :attr:`Updater.weighted` methods
 name in :attr:`Updater.uniform_weight_options` how they hand back uniformly weighted particles.
@@ -168,7 +169,7 @@ class Updater:
         if not bool(absent.any()):
             new, info = self._observed_update(state, obs, model, gens)
         elif bool(absent.all()):
-            new, info = self._predict(state, model, gens)
+            new, info = self._unobserved(state, obs, model, gens)
         else:  # a batch mixing steps with and without a measurement: each group its own way, then rejoined
             seen, unseen = (~absent).nonzero().flatten(), absent.nonzero().flatten()
             parts = []
@@ -178,7 +179,7 @@ class Updater:
                 if observed:
                     part = self._observed_update(sub_state, obs[rows], sub_model, sub_gens)
                 else:
-                    part = self._predict(sub_state, sub_model, sub_gens)
+                    part = self._unobserved(sub_state, obs[rows], sub_model, sub_gens)
                 parts.append((rows, part))
             new = ParticleState.scatter([(rows, s) for rows, (s, _) in parts], B)
             info = scatter_info([(rows, i) for rows, (_, i) in parts], B)
@@ -187,6 +188,7 @@ class Updater:
             & torch.isfinite(info.log_evidence_increment).all()
             & ~torch.isnan(new.log_weights).any()  # −inf is a legitimate zero weight; NaN never is
             & (torch.logsumexp(new.log_weights, -1) > -torch.inf).all()
+            & ~torch.isnan(info.ess).any()  # a degenerate cloud's health
         )
         if not bool(finite):
             raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
@@ -205,6 +207,13 @@ class Updater:
         if bool(torch.isnan(obs).any()):
             model, obs = model.observed_part(obs)
         return self._update(state, obs, model, gens)
+
+    def _unobserved(
+        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[ParticleState, StepInfo]:
+        """The step of streams without a measurement (``obs`` all NaN): :meth:`_predict`; a method that keeps the
+        observations themselves (``mpf``'s posterior moves) records the gap."""
+        return self._predict(state, model, gens)
 
     def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
         """A step without a measurement: p(x_m | o_<m) = ∫ p(x_m | x_{m−1}) p(x_{m−1} | o_<m) dx_{m−1}, so a dynamic
@@ -255,6 +264,12 @@ class Updater:
         ``density``: the belief's exact density where the other method knows it (:meth:`density`). The default
         is the state as it is, for a method that keeps nothing besides its particles and weights."""
         return state
+
+    def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily) -> ParticleState:
+        """The shared-form result ``new`` of another method's step on this method's stream (a fall-back), in this
+        method's form, for the stream whose state was ``before`` and whose observation was ``obs``: by default
+        :meth:`from_particles` (``mpf`` also carries its record of past observations over)."""
+        return self.from_particles(new)
 
 
 def prior_extras(prior: Prior) -> dict[str, torch.Tensor]:

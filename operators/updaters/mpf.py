@@ -19,7 +19,10 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                flow: not computed, the closed-form flow is exact for the predictive's Gaussian fit), low when the
                flow misrepresents it; a stream whose ESS is below ``ess_threshold``·N runs the step again in twice
                as many stages, up to ``max_substeps`` (default ``substeps``, no correction, for the base flow;
-               4 × ``substeps`` with a trained operator: ``OPERATOR_ON_DEMAND_STAGES``).
+               4 × ``substeps`` with a trained operator: ``OPERATOR_ON_DEMAND_STAGES``);
+  6. moves     on a static family, ``moves`` Langevin (MALA) steps against the posterior with its last ``window``
+               observations exact and the older ones as Gaussian sites (:mod:`mpflow.operators.mpf.posterior_moves`;
+               ``auto``: where ``ModelFamily.posterior_moves``); the step reports their ``acceptance`` rate.
 
 f_θ is :class:`mpflow.operators.mpf.network.MPFVelocity`: the exact Daum–Huang flow plus a learned residual,
 held at exactly zero for a linear-Gaussian likelihood (where the base flow is already exact). A
@@ -42,10 +45,11 @@ from mpflow.operators.models import family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
-from mpflow.operators.mpf import correction
+from mpflow.operators.mpf import correction, posterior_moves
 from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
+from mpflow.operators.mpf.posterior_moves import Sites
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
@@ -96,6 +100,21 @@ def operator_domain(record: registry.OperatorRecord) -> dict[str, list[float]]:
     return family(record.family).task_domain(task_options)
 
 
+def check_moves(options: dict) -> None:
+    """ValueError unless ``options`` has valid posterior ``moves`` and ``window`` (and no moves with ``correct`` or
+    ``track_density``)."""
+    moves, window = options["moves"], options["window"]
+    if moves != "auto" and (not isinstance(moves, int) or isinstance(moves, bool) or not 0 <= moves <= 64):
+        raise ValueError(f"options.moves: auto or an integer from 0 to 64, got {moves!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or not 0 <= window <= 16:
+        raise ValueError(f"options.window: an integer from 0 to 16 (observations kept exactly), got {window!r}")
+    if moves not in ("auto", 0) and (options["correct"] or options["track_density"]):
+        raise ValueError(
+            "options.moves: the posterior moves do not run with correct (its weights) or track_density (its "
+            "densities): set moves to 0"
+        )
+
+
 @lru_cache(maxsize=64)
 def _load(path: str, content_hash: str) -> MPFVelocity:
     return network_from_record(registry.load_record(path, "operator"))
@@ -129,6 +148,8 @@ class MPFUpdater(Updater):
             "shrinkage",
             "inflation",
             "linearisation",
+            "moves",
+            "window",
         }
     )
     defaults = {
@@ -148,6 +169,11 @@ class MPFUpdater(Updater):
         "inflation": 1.0,
         # the base flow's fit of a non-Gaussian likelihood (an operator uses the one it was trained with)
         "linearisation": "posterior",
+        # MALA moves against the posterior after the flow, for static families (posterior_moves): auto = MOVES
+        # where the family's likelihood is log-concave and the step is neither corrected nor density-tracked
+        "moves": "auto",
+        # the observations the moves' target keeps exactly (the older ones enter as Gaussian sites)
+        "window": posterior_moves.WINDOW,
     }
 
     def __init__(self, **options):
@@ -182,6 +208,7 @@ class MPFUpdater(Updater):
         check_inflation(o["inflation"])
         if o["linearisation"] not in LINEARISATIONS:
             raise ValueError(f"options.linearisation: one of {list(LINEARISATIONS)}, got {o['linearisation']!r}")
+        check_moves(o)
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -196,6 +223,27 @@ class MPFUpdater(Updater):
                 f"method: operator {self.record.name} is for {self.record.family} with d = {self.record.state_dim}, "
                 f"not {model.name} with d = {model.state_dim}"
             )
+        if self.options["moves"] != "auto" and self.options["moves"] > 0:
+            if model.dynamic:
+                raise ValueError(
+                    f"options.moves: posterior moves are for static families; {model.name} is dynamic (its "
+                    "transition noise moves the particles; use correct: true to weight the flow)"
+                )
+            if isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1:
+                raise ValueError(
+                    "options.moves: posterior moves need the prior's density as a Gaussian (or particles, which "
+                    "enter as their fitted Gaussian); this prior is a mixture: set moves to 0"
+                )
+
+    def moves(self, model: ModelFamily) -> int:
+        """The posterior moves a step of ``model`` runs (:mod:`mpflow.operators.mpf.posterior_moves`): the option,
+        or for ``auto`` ``MOVES`` on a static family with a log-concave likelihood (0 with ``correct`` or
+        ``track_density``, whose weights and densities the moves would not keep)."""
+        o = self.options
+        if o["moves"] != "auto":
+            return o["moves"]
+        plain = not (o["correct"] or o["track_density"])
+        return posterior_moves.MOVES if plain and not model.dynamic and model.posterior_moves else 0
 
     def base_flow(self, dim: int) -> MPFVelocity:
         """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""
@@ -227,6 +275,12 @@ class MPFUpdater(Updater):
         x = state.particles
         if isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1:
             x = gaussian.moment_matched(x, *prior.moments())
+        if self.moves(model) and not (isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1):
+            # the moves' target starts at the prior (a particle prior: its fitted Gaussian)
+            gap = model.missing_observation(x.dtype)
+            placeholder = gap.expand(state.batch_size, *gap.shape)
+            moments = prior.moments() if isinstance(prior, GaussianMixture) else gaussian.moments(x.double())
+            state = Sites.start(*moments, placeholder, self.options["window"]).write(state)
         if not self.options["track_density"]:
             return state.replace(particles=x)
         if isinstance(prior, GaussianMixture):
@@ -246,6 +300,33 @@ class MPFUpdater(Updater):
         mean, cov = gaussian.moments(x, state.log_weights)
         log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
         return state.replace(log_density=log_q)
+
+    def _observed_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """The flow's step, then, on a stream that carries sites (:meth:`_init`), the posterior moves against the
+        full observation ``obs`` (its NaN entries: not observed) and ``model``; the step reports their acceptance
+        rate (``acceptance``)."""
+        new, info = super()._observed_update(state, obs, model, gens)
+        sites = Sites.read(state)
+        if sites is None:
+            return new, info
+        x, sites, acceptance = sites.step(model, obs, new.particles, self.moves(model), gens)
+        info.extras["acceptance"] = acceptance
+        return sites.write(new.replace(particles=x)), info
+
+    def _unobserved(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """A step without a measurement keeps the particles of a static family; its gap enters the moves' window
+        (so a stream's window is always its last ``window`` steps)."""
+        new, info = super()._unobserved(state, obs, model, gens)
+        sites = Sites.read(state)
+        if sites is None:
+            return new, info
+        return sites.advance(model, obs, new.particles).write(new), info
+
+    def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily):
+        """After another method's step (a fall-back) the sites advance by its observation at its cloud."""
+        new = self.from_particles(new)
+        sites = Sites.read(before)
+        return new if sites is None else sites.advance(model, obs, new.particles).write(new)
 
     def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
         """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""

@@ -251,11 +251,23 @@ def test_method_options_per_stream(redis_url):
             ({"method": "smc", "method_options": {"rejuvenate": "sometimes"}}, "method_options.rejuvenate"),
             ({"method": "mpf", "method_options": {"correct": True, "shrinkage": 1.5}}, "method_options.shrinkage"),
             ({"method": "mpf", "method_options": {"linearisation": "laplace"}}, "method_options.linearisation: one of"),
+            ({"method": "mpf", "method_options": {"moves": 65}}, "method_options.moves: auto or an integer"),
+            ({"method": "mpf", "method_options": {"moves": 3}}, "method_options.moves: posterior moves are for static"),
         ]
         for extra, message in cases:
             r = await c.post("/v1/streams", json={**spec, **extra, "stream_id": "refused"})
             assert r.status_code == 422 and message in r.json()["error"]["message"], r.text
         assert (await c.get("/v1/streams/refused")).status_code == 404
+        # a logistic stream's posterior moves keep its window of observations in its stored state, across a gap
+        moving = new_stream("logistic", "mpf", n=64, method_options={"moves": 3, "window": 1})
+        doc = (await c.post("/v1/streams", json=moving)).json()
+        assert "stream_id" in doc, doc
+        url = f"/v1/streams/{doc['stream_id']}/observations"
+        first, second = FAMILIES["logistic"][2]
+        for chunk in ([first], [None], [second, first]):
+            r = await c.post(url, json={"observations": chunk})
+            assert r.status_code == 200, r.text
+        assert r.json()["step"] == 4 and all(abs(m) < 5 for m in r.json()["summary"]["mean"])
 
     run(redis_url, body)
 

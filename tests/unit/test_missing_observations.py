@@ -128,7 +128,8 @@ def test_static_family_keeps_its_state_on_a_missing_step(method, family):
     assert int(new.step[0]) == 1 and float(info.log_evidence_increment[0]) == 0.0
     assert torch.equal(new.particles, state.particles) and torch.equal(new.log_weights, state.log_weights)
     assert new.extras.keys() == state.extras.keys()
-    assert all(torch.equal(new.extras[k], v) for k, v in state.extras.items())
+    for k, v in state.extras.items():  # mpf's window of past observations holds NaN (none yet)
+        torch.testing.assert_close(new.extras[k], v, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("method", sorted(UPDATERS))

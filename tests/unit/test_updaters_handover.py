@@ -89,7 +89,7 @@ def test_a_fallback_step_leaves_the_form_of_the_streams_own_step(method, options
             fallback = make(name, **({} if u.weighted else UPDATERS[name].uniform_weight_options))
             start = hand_over(state, u, fallback)
             new, _ = fallback.update(start, obs[:, 1], model)
-            back = take_back(new, u, fallback)
+            back = take_back(new, u, fallback, state, obs[:, 1], model)
             assert form(back) == form(own), (name, int(state.step[0]))
             assert torch.equal(back.particles, new.particles) and torch.equal(back.step, own.step)
             if not u.weighted:  # an unweighted stream is never handed weighted particles
@@ -110,7 +110,7 @@ def test_a_kalman_streams_gaussian_is_the_flows_prior_and_comes_back_as_moments(
     torch.testing.assert_close(start.extras["prior_means"][:, 0], state.extras["mean"].float())
     torch.testing.assert_close(start.extras["prior_covs"][:, 0], state.extras["cov"].float())
     new, _ = gpf.update(start, obs[:, 1], model)
-    back = take_back(new, kalman, gpf)
+    back = take_back(new, kalman, gpf, state, obs[:, 1], model)
     x = new.particles.double()
     mean = x.mean(1)
     cov = torch.einsum("bni,bnj->bij", x - mean[:, None], x - mean[:, None]) / x.shape[1]
@@ -142,7 +142,7 @@ def test_a_tracked_density_is_refitted_after_a_fallback():
     gpf = make("gpf")
     new, _ = gpf.update(hand_over(states[1], mpf, gpf), obs[:, 1], model)
     assert torch.equal(new.log_density, states[1].log_density)  # gpf does not move it
-    back = take_back(new, mpf, gpf)
+    back = take_back(new, mpf, gpf, states[1], obs[:, 1], model)
     assert not torch.equal(back.log_density, new.log_density) and torch.isfinite(back.log_density).all()
 
 
