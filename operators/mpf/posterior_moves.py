@@ -15,9 +15,10 @@ starts as the prior's. A site is fitted when its observation leaves the window, 
 cloud of that step (:func:`~mpflow.operators.mpf.gaussian_flow.statistical_linearisation`): the cloud then already
 holds W later observations, so the fit reads the likelihood where the posterior is (the sites of expectation
 propagation, fitted once; Minka 2001, "Expectation propagation for approximate Bayesian inference", UAI, §3). On
-``logistic`` d = 30 (16 held-out sequences, N = 256, 5 moves) the mean error is 0.18 with W = 0 (each site fitted
-at the end of its own step), 0.137 with W = 1 and 0.106 with W = 2; the exact expected Hessian in place of Stein's
-fit is worse (0.158 at W = 1): Stein's fit is the statistical linearisation over the cloud, not the curvature at
+``logistic`` d = 30 (``benchmarks.equal_compute``: 64 held-out sequences, N = 256, 5 moves, HMC reference) the mean
+error is 0.171 without moves, 0.137 / 0.111 / 0.097 with W = 1 / 2 / 3; with W = 0 (each site fitted at the end
+of its own step) 0.18 on 16 of them. The exact expected Hessian in place of Stein's fit is worse (0.158 against
+0.137 at W = 1, 16 sequences): Stein's fit is the statistical linearisation over the cloud, not the curvature at
 its points.
 
 Each move is preconditioned MALA (Roberts & Tweedie 1996, "Exponential convergence of Langevin distributions and
@@ -58,7 +59,8 @@ from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.state import ParticleState
 
 #: observations kept exactly (W), and moves per step (K): logistic d = 30, 16 sequences: (W, K) = (1, 5) 0.137,
-#: (2, 3) 0.11, (2, 5) 0.106, (3, 5) 0.098, (3, 10) 0.084; the moves cost about their flow's time per 5 moves
+#: (2, 3) 0.11, (2, 5) 0.106, (3, 5) 0.098, (3, 10) 0.084; at (2, 5) a step costs 3.1× the flow's batched, 1.6–2×
+#: one stream (the service's default table picks W = 3 for logistic: benchmarks/results/equal_compute.json)
 WINDOW = 2
 MOVES = 5
 #: ε = STEP_SCALE · d^(−1/6)
@@ -158,32 +160,37 @@ class Sites:
         sites = sites.push(obs)
         return x, (sites.retire(model, x) if not size else sites), acceptance
 
-    def target(self, model: ModelFamily, obs: torch.Tensor, dtype: torch.dtype) -> Target:
-        """π̃ with the newest observation ``obs``, evaluated in ``dtype``."""
-        terms, model = [], model.to(dtype)
-        for o in (obs.to(dtype), *(o.to(dtype) for o in self.window)):
+    def target(self, model: ModelFamily, obs: torch.Tensor) -> Target:
+        """π̃ with the newest observation ``obs``."""
+        terms = []
+        for o in (obs, *self.window):
             seen = _seen(o)
             if bool(seen.any()):
-                part, part_obs = _observed(model, o, seen)
-                terms.append((part, part_obs, None if bool(seen.all()) else seen.to(dtype)))
-        return Target(self.precision.to(dtype), self.information.to(dtype), terms)
+                part, part_obs = _observed(model, o.to(obs.dtype), seen)
+                terms.append((part, part_obs, None if bool(seen.all()) else seen.to(F64)))
+        return Target(self.precision, self.information, terms, obs.dtype)
 
 
 @dataclass
 class Target:
-    """log π̃(x) up to a constant: a canonical Gaussian (``precision``, ``information``) times likelihood terms
-    (model, obs, the rows that hold a measurement or None for all)."""
+    """log π̃(x) up to a constant: a canonical Gaussian (``precision``, ``information``, float64) times likelihood
+    terms (model, obs, the rows that hold a measurement or None for all), evaluated in ``dtype`` (the model's: the
+    transcendental functions of a likelihood cost several times more in float64, and the Metropolis ratio only
+    needs their differences to well within 1)."""
 
     precision: torch.Tensor
     information: torch.Tensor
     terms: list[tuple[ModelFamily, torch.Tensor, torch.Tensor | None]]
+    dtype: torch.dtype
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log π̃(x) [B, N], ∇ log π̃(x) [B, N, d]) at x [B, N, d]."""
+        """(log π̃(x) [B, N], ∇ log π̃(x) [B, N, d]) at x [B, N, d] (float64)."""
         grad = self.information[:, None] - x @ self.precision  # P symmetric
         log_p = (x * (self.information[:, None] + grad)).sum(-1) * 0.5  # hᵀx − ½ xᵀPx
+        xm = x.to(self.dtype)
         for model, obs, keep in self.terms:
-            ll, score = torch.nan_to_num(model.log_likelihood(obs, x), nan=-math.inf), model.score(obs, x)
+            ll = torch.nan_to_num(model.log_likelihood(obs, xm).to(F64), nan=-math.inf)
+            score = model.score(obs, xm).to(F64)
             if keep is not None:
                 ll, score = keep[:, None] * ll, keep[:, None, None] * score
             log_p, grad = log_p + ll, grad + score
@@ -210,7 +217,7 @@ def mala(
     """``moves`` preconditioned MALA steps against π̃ (module docstring) from the cloud x [B, N, d] →
     (moved cloud, mean acceptance rate per stream [B])."""
     B, N, d = x.shape
-    dtype, x = x.dtype, x.to(F64)  # float64: the Metropolis ratio differences large log-densities
+    dtype, x = x.dtype, x.to(F64)  # the chain in float64: the Metropolis ratio differences large log-densities
     chol = gaussian.cholesky(gaussian.moments(x)[1])  # A = L Lᵀ
     cholT = chol.transpose(-1, -2)
     eps = STEP_SCALE * d ** (-1 / 6)
@@ -222,15 +229,17 @@ def mala(
         r = (to - frm - drift_frm).transpose(-1, -2)
         return -0.5 * torch.linalg.solve_triangular(chol, r, upper=False).square().sum(-2) / eps**2
 
-    target = sites.target(model, obs, F64)
+    target = sites.target(model, obs)
     log_p, grad = target(x)
     accepted = torch.zeros(B, dtype=F64)
-    for _ in range(moves):
+    # every move's draws at once: one pass over the streams' generators per step, not two per move
+    noise, uniform = randn(gens, [moves, N, d]).to(F64), rand(gens, [moves, N], F64)
+    for k in range(moves):
         step = drift(grad)
-        y = x + step + eps * randn(gens, [N, d], F64) @ cholT
+        y = x + step + eps * noise[:, k] @ cholT
         log_p_y, grad_y = target(y)
         log_a = log_p_y - log_p + log_q(x, y, drift(grad_y)) - log_q(y, x, step)
-        ok = torch.log(rand(gens, [N], F64)) < torch.nan_to_num(log_a, nan=-math.inf)
+        ok = torch.log(uniform[:, k]) < torch.nan_to_num(log_a, nan=-math.inf)
         x = torch.where(ok[..., None], y, x)
         log_p, grad = torch.where(ok, log_p_y, log_p), torch.where(ok[..., None], grad_y, grad)
         accepted += ok.to(F64).mean(-1)
