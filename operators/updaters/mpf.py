@@ -115,6 +115,11 @@ def check_moves(options: dict) -> None:
         )
 
 
+def _mixture(prior: Prior | None) -> bool:
+    """Whether ``prior`` is a Gaussian mixture of several components (no Gaussian density for the moves' target)."""
+    return isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1
+
+
 @lru_cache(maxsize=64)
 def _load(path: str, content_hash: str) -> MPFVelocity:
     return network_from_record(registry.load_record(path, "operator"))
@@ -229,7 +234,7 @@ class MPFUpdater(Updater):
                     f"options.moves: posterior moves are for static families; {model.name} is dynamic (its "
                     "transition noise moves the particles; use correct: true to weight the flow)"
                 )
-            if isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1:
+            if _mixture(prior):
                 raise ValueError(
                     "options.moves: posterior moves need the prior's density as a Gaussian (or particles, which "
                     "enter as their fitted Gaussian); this prior is a mixture: set moves to 0"
@@ -275,7 +280,7 @@ class MPFUpdater(Updater):
         x = state.particles
         if isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1:
             x = gaussian.moment_matched(x, *prior.moments())
-        if self.moves(model) and not (isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1):
+        if self.moves(model) and not _mixture(prior):
             # the moves' target starts at the prior (a particle prior: its fitted Gaussian)
             gap = model.missing_observation(x.dtype)
             placeholder = gap.expand(state.batch_size, *gap.shape)
