@@ -33,8 +33,9 @@ steps and sequences; variance ratio = mean_d C_q,dd / Σ_dd, averaged and at the
 
 **Compute** (operator compute, as the service's ``mpflow_update_duration_seconds`` measures it;
 ``torch.set_num_threads(1)`` as in the service's engine) in two regimes from the same run: *1 stream* — the
-median wall time of ``updater.update`` on one stream (its first 10 steps); *batched* — the S streams in one
-call (the service's micro-batching), wall time per call / S. **Equal compute**: ``smc``'s error at mpf's
+median wall time of ``updater.update`` on one stream over its first ``SINGLE_STREAM_STEPS`` steps, the least of
+``SINGLE_STREAM_REPEATS`` runs (one run's median moved 2× between runs on a shared machine); *batched* — the S
+streams in one call (the service's micro-batching), wall time per call / S. **Equal compute**: ``smc``'s error at mpf's
 compute is interpolated on its ladder, linear in log N against log ms; if mpf's compute lies beyond the ladder
 the end point is used and flagged (``≥``).
 
@@ -84,6 +85,9 @@ SMC_LADDER = (256, 1024, 4096, 16384)
 #: steps timed in the one-stream regime (its accuracy is the batched run's: a stream's result does not depend on
 #: the batch it ran in); the median over 20 steps is steadier than over 10 on a shared machine
 SINGLE_STREAM_STEPS = 20
+#: the one-stream run is repeated (the same computation) and its least median kept: interference from other work
+#: on the machine only ever adds time, and one stream's sub-millisecond steps are where it shows most
+SINGLE_STREAM_REPEATS = 3
 #: (N, stages) of the importance-corrected flow's rows (:mod:`mpflow.operators.mpf.correction`): its error
 #: falls with N as well as with the stages, so it gets rows with more particles (one stream's cost grows slowly
 #: with N: at d = 5, N = 512 costs 1.1× N = 256)
@@ -249,7 +253,7 @@ FAILURES = (NonFiniteError, ValueError, torch.linalg.LinAlgError)
 def _run(updater: Any, model: ModelFamily, obs: torch.Tensor, sc: Scenario, N: int, ref: Reference):
     """Filter the S streams batched, scored against ``ref`` after every step, and stream 0 alone (its first
     ``SINGLE_STREAM_STEPS`` steps, timed only) — both with :func:`~mpflow.operators.filtering.run_filter` →
-    (batched run, single-stream run)."""
+    (batched run, the single-stream runs: ``SINGLE_STREAM_REPEATS`` of them)."""
     S = obs.shape[0]
 
     def score(step: FilterStep) -> dict[str, torch.Tensor]:
@@ -266,9 +270,10 @@ def _run(updater: Any, model: ModelFamily, obs: torch.Tensor, sc: Scenario, N: i
     )  # fmt: skip
     if batched.error is not None:
         return batched, None
-    single = run_filter(
-        updater, model, _prior(sc, 1), obs[:1, :SINGLE_STREAM_STEPS], N, [0], moments=False, catch=FAILURES
-    )
+    single = [
+        run_filter(updater, model, _prior(sc, 1), obs[:1, :SINGLE_STREAM_STEPS], N, [0], moments=False, catch=FAILURES)
+        for _ in range(SINGLE_STREAM_REPEATS)
+    ]
     return batched, single
 
 
@@ -289,13 +294,13 @@ def run_method(method: str, N: int, model, obs, sc: Scenario, ref: Reference, **
         label += f" +{moves} moves" + (f" W={options['window']}" if "window" in options else "")
     row = Run(method, N, label, options)
     batched, single = _run(updater, model, obs, sc, N, ref)
-    row.failed = batched.error or (single.error if single is not None else None)
+    row.failed = batched.error or next((run.error for run in single or () if run.error), None)
     if row.failed:
         row.failed = row.failed[:200]
         return row
     S = obs.shape[0]
     row.ms_batched = statistics.median(ms / S for ms in batched.ms[1:] or batched.ms)  # the first call warms caches
-    row.ms_single = statistics.median(single.ms[1:] or single.ms)
+    row.ms_single = min(statistics.median(run.ms[1:] or run.ms) for run in single)
     errs, ratios = batched.values["mean_err"].mean(1), batched.values["var_ratio"].mean(1)
     row.mean_err, row.var_ratio, row.var_ratio_last = float(errs.mean()), float(ratios.mean()), float(ratios[-1])
     if "rmse" in batched.values:
@@ -326,10 +331,11 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
     t0 = time.perf_counter()
     ref = reference(sc, model, obs, quick)
     ref_s = time.perf_counter() - t0
-    record = find_operator(sc.family, sc.dim, include_named_only=True)
-    operator = record.name if record else None
+    # the operator a plain mpf stream selects, and the newest one a stream may name, where they differ
+    records = (find_operator(sc.family, sc.dim), find_operator(sc.family, sc.dim, include_named_only=True))
+    operators = list(dict.fromkeys(r.name for r in records if r is not None))
     moves = get_updater("mpf").moves(model) > 0
-    configurations = mpf_configurations(operator, not model.linear_gaussian, quick, moves=moves)
+    configurations = mpf_configurations(operators, not model.linear_gaussian, quick, moves=moves)
     mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in configurations]
     smc = [run_method("smc", n, model, obs, sc, ref) for n in SMC_LADDER]
     rows = mpf + smc
@@ -339,7 +345,8 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
         rows.append(run_method("gpf", MPF_PARTICLES, model, obs, sc, ref))
     return {
         "scenario": asdict(sc),
-        "operator": operator,
+        "operator": operators[-1] if operators else None,
+        "operators": operators,
         "streams": streams,
         "reference": {"kind": ref.kind, "error_sd": ref.error_sd, "seconds": ref_s},
         "rows": [asdict(r) for r in rows],
@@ -348,18 +355,18 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
 
 
 def mpf_configurations(
-    operator: str | None,
+    operators: list[str],
     nonlinear: bool,
     quick: bool,
     corrected: tuple[tuple[int, int], ...] = CORRECTED,
     moves: bool = False,
 ) -> list[tuple[int, dict[str, Any]]]:
-    """(N, options) of the ``mpf`` rows: the trained ``operator`` as served, when there is one; the base flow in one
+    """(N, options) of the ``mpf`` rows: each trained operator of ``operators`` as served; the base flow in one
     stage; where the served step runs posterior ``moves`` (static log-concave families), also without them and with
     windows of 1 and 3 (2 is the default); for a ``nonlinear`` likelihood (else the base flow is exact) also in 4
     stages, with Stein's fit at the prior in 1 and 16 stages (1 when ``quick``), and importance-corrected (PF-PF, no
     moves) at each (N, stages) of ``corrected``."""
-    rows = [(MPF_PARTICLES, {"operator": operator})] if operator else []
+    rows = [(MPF_PARTICLES, {"operator": name}) for name in operators]
     rows.append((MPF_PARTICLES, {}))
     if moves:
         rows += [(MPF_PARTICLES, {"moves": 0})] + [(MPF_PARTICLES, {"window": w}) for w in (1, 3)[: 0 if quick else 2]]

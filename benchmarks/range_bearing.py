@@ -180,9 +180,8 @@ def run_scenario(sc: Scenario, budget: Budget) -> dict[str, Any]:
     def run(method: str, n: int = MPF_PARTICLES, **options: Any):
         return run_method(method, n, model, obs, sc, ref, **options)
 
-    mpf = [
-        run("mpf", n, **options) for n, options in mpf_configurations(operator, True, budget.quick, budget.corrected)
-    ]
+    configurations = mpf_configurations([operator] if operator else [], True, budget.quick, budget.corrected)
+    mpf = [run("mpf", n, **options) for n, options in configurations]
     baselines = [run("ukf"), run("enkf"), run("gpf")]
     smc = [run("smc", n) for n in budget.smc_ladder]
     return {

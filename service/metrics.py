@@ -19,6 +19,8 @@ benchmarks can build many apps in one process).
 ``mpflow_update_ess_fraction`` (histogram; method) is each stream-step's effective sample size over N: for ``smc``
 its weights' before resampling, for ``mpf`` the flow's health (the ESS of the weights that would correct its step,
 :mod:`mpflow.operators.mpf.health`), 1 for methods with uniform particles.
+``mpflow_update_move_acceptance`` (histogram; method) is the acceptance rate of the posterior moves of each stream-step
+that ran them (:mod:`mpflow.operators.mpf.posterior_moves`): a second health signal, near 0 when the moves stall.
 ``mpflow_streams_outside_operator_domain_total`` (counter; family, operator) counts the streams created with a
 model or prior outside their trained operator's training domain (the stream document's ``operator_domain``).
 
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _ESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+_ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -116,6 +119,14 @@ class Metrics:
             buckets=_ESS_BUCKETS,
             registry=r,
         )
+        self.move_acceptance = Histogram(
+            "mpflow_update_move_acceptance",
+            "per stream-step that ran posterior moves (mpf on a static family): the Metropolis acceptance rate of its "
+            "MALA moves (0.5-0.6 when healthy)",
+            ["method"],
+            buckets=_ACCEPTANCE_BUCKETS,
+            registry=r,
+        )
         self.outside_domain = Counter(
             "mpflow_streams_outside_operator_domain_total",
             "streams created whose model or prior lies outside their trained operator's training domain",
@@ -137,11 +148,14 @@ class Metrics:
         """The stream service's hook: one step of ``method`` fell back to ``fallback`` (or ``"none"``)."""
         self.fallbacks.labels(family, method, fallback).inc()
 
-    def observe_health(self, method: str, ess_fraction: torch.Tensor) -> None:
-        """The engine's health observer: ESS / N of every stream of one operator call."""
-        child = self.ess_fraction.labels(method)
-        for value in ess_fraction.tolist():
-            child.observe(value)
+    def observe_health(self, method: str, ess_fraction: torch.Tensor, acceptance: torch.Tensor | None = None) -> None:
+        """The engine's health observer: ESS / N of every stream of one operator call and, where the call ran
+        posterior moves, their acceptance rates."""
+        for histogram, rates in ((self.ess_fraction, ess_fraction), (self.move_acceptance, acceptance)):
+            if rates is not None:
+                labelled = histogram.labels(method)
+                for value in rates.tolist():
+                    labelled.observe(value)
 
     def observe_outside_domain(self, family: str, operator: str) -> None:
         """The stream service's hook: a stream of ``family`` was created outside ``operator``'s domain."""

@@ -372,6 +372,12 @@ class StepSummary(BaseModel):
     std: list[float]
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float
+    acceptance: float | None = Field(
+        default=None,
+        description="present when the step ran posterior moves (mpf on a static family, method_options.moves): the "
+        "mean Metropolis acceptance rate of its MALA moves, 0.5–0.6 when healthy; near 0 the moves left the cloud "
+        "where the flow put it",
+    )
     fallback: FallbackName | None = Field(
         default=None,
         description="present when the stream's method failed numerically on this step (non-finite particles, a "

@@ -146,18 +146,23 @@ def summary(state: ParticleState) -> dict:
 
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
-    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess.
+    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess, and
+    ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
     if state_summary is None:
         mean, cov = Posterior.of(state).moments()
         state_summary = {"mean": mean.tolist(), "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist()}
-    return {
+    entry = {
         "step": int(state.step[0]),
         "mean": state_summary["mean"],
         "std": state_summary["std"],
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": float(info.ess[row]),
     }
+    acceptance = info.extras.get("acceptance")
+    if acceptance is not None:
+        entry["acceptance"] = float(acceptance[row])
+    return entry
 
 
 def sample_seed(seed: int, step: int) -> int:

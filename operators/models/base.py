@@ -71,6 +71,9 @@ class ModelFamily:
     #: ``mpf`` runs posterior moves (Langevin, :mod:`mpflow.operators.mpf.posterior_moves`) on this static family by
     #: default: its log-likelihood is concave in x (the moves mix) and not quadratic (where the flow is exact)
     posterior_moves: ClassVar[bool] = False
+    #: every model of the family factorises over its dimensions (:meth:`per_dimension` never returns None), so an
+    #: ``mpf`` operator trained at d = 1 serves every d, one dimension at a time
+    factorised: ClassVar[bool] = False
 
     # catalogue (``GET /v1/models``)
     #: the model in one line

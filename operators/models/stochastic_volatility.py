@@ -26,6 +26,7 @@ from mpflow.operators.rng import Generators, randn
 class StochasticVolatility(ModelFamily):
     name = "stochastic_volatility"
     dynamic = True
+    factorised = True
     param_specs = (
         ("mu", parse_per_dim, filled(0.0)),
         ("phi", parse_per_dim, filled(0.95)),
@@ -42,16 +43,46 @@ class StochasticVolatility(ModelFamily):
         """x_i is the log-variance of o_i (o_i ~ N(0, exp(x_i))): ``log-vol[i]``."""
         return [f"log-vol[{i}]" for i in range(d)]
 
+    task_options = ("mu_range", "phi_range", "sigma_range")
+    #: the default task distribution's ranges (what ``stochastic_volatility-d2-v1`` was trained on; μ's is the 3-sd
+    #: span of its N(0, 0.5²) draw)
+    TASK_RANGES = {"mu_range": (-1.5, 1.5), "phi_range": (0.85, 0.98), "sigma_range": (0.2, 0.5)}
+
+    @classmethod
+    def task_ranges(cls, options: dict[str, Any]) -> dict[str, tuple[float, float]]:
+        """The (lo, hi) of μ, φ and σ that tasks draw from: ``options`` over :attr:`TASK_RANGES`; ValueError
+        naming the option when a range is not ordered or leaves the model's domain (φ ∈ (−1, 1), σ > 0)."""
+        ranges = {}
+        for key, default in cls.TASK_RANGES.items():
+            value = options.get(key, default)
+            if len(value) != 2 or not float(value[0]) <= float(value[1]):
+                raise ValueError(f"task options.{key}: a range [lo, hi] with lo <= hi, got {value!r}")
+            ranges[key] = (float(value[0]), float(value[1]))
+        if not -1 < ranges["phi_range"][0] <= ranges["phi_range"][1] < 1:
+            raise ValueError(f"task options.phi_range: inside (-1, 1), got {list(ranges['phi_range'])}")
+        if not ranges["sigma_range"][0] > 0:
+            raise ValueError(f"task options.sigma_range: positive, got {list(ranges['sigma_range'])}")
+        return ranges
+
     @classmethod
     def sample_task_models(
         cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
     ) -> tuple[ModelFamily, GaussianMixture]:
-        """Per task μ ~ N(0, 0.5²) per dimension, φ ~ U[0.85, 0.98], σ ~ U[0.2, 0.5] (the same φ, σ in every
-        dimension); the prior is the Gaussian task prior centred at μ with its covariance scaled by the
-        stationary variance σ²/(1 − φ²) of the log-volatility (the ``prior`` option does not apply)."""
-        mu = 0.5 * randn(gens, [d], torch.float64)
-        phi = uniform(gens, [1], 0.85, 0.98, torch.float64)
-        sigma = uniform(gens, [1], 0.2, 0.5, torch.float64)
+        """Per task μ per dimension, φ ~ U(``phi_range``) and σ (the same φ, σ in every dimension); the prior is the
+        Gaussian task prior centred at μ with its covariance scaled by the stationary variance σ²/(1 − φ²) of the
+        log-volatility (the ``prior`` option does not apply). μ ~ U(``mu_range``) when given, else N(0, 0.5²); σ is
+        log-uniform over ``sigma_range`` when given (a range over decades), else U[0.2, 0.5] — the defaults are the
+        distribution ``stochastic_volatility-d2-v1`` was trained on."""
+        ranges = cls.task_ranges(options)
+        if "mu_range" in options:
+            mu = uniform(gens, [d], *ranges["mu_range"], torch.float64)
+        else:
+            mu = 0.5 * randn(gens, [d], torch.float64)
+        phi = uniform(gens, [1], *ranges["phi_range"], torch.float64)
+        if "sigma_range" in options:
+            sigma = torch.exp(uniform(gens, [1], *(math.log(v) for v in ranges["sigma_range"]), torch.float64))
+        else:
+            sigma = uniform(gens, [1], *ranges["sigma_range"], torch.float64)
         params = [
             {"mu": mu[b].tolist(), "phi": [float(phi[b, 0])] * d, "sigma": [float(sigma[b, 0])] * d}
             for b in range(len(gens))
@@ -63,13 +94,14 @@ class StochasticVolatility(ModelFamily):
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
-        """μ within 3 sd of N(0, 0.5²), φ ∈ [0.85, 0.98], σ ∈ [0.2, 0.5]; the prior centred at μ (offset 0) with
-        variances ``scale_range`` × the stationary variance σ²/(1 − φ²)."""
+        """μ, φ, σ within their task ranges; the prior centred at μ (offset 0) with variances ``scale_range`` × the
+        stationary variance σ²/(1 − φ²)."""
         lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        ranges = cls.task_ranges(options)
         return {
-            "mu": [-1.5, 1.5],
-            "phi": [0.85, 0.98],
-            "sigma": [0.2, 0.5],
+            "mu": list(ranges["mu_range"]),
+            "phi": list(ranges["phi_range"]),
+            "sigma": list(ranges["sigma_range"]),
             "prior mean - mu (stationary sd)": [0.0, 0.0],
             "prior variance / stationary variance": [float(lo), float(hi)],
         }

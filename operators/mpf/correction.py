@@ -105,6 +105,15 @@ def marginals(mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torc
     return to_dimensions(mean), cov.diagonal(0, -2, -1).reshape(-1, 1, 1)
 
 
+def split_whitened(white: gaussian.Whitened, x_dims: torch.Tensor) -> gaussian.Whitened:
+    """The one-dimensional clouds x_dims [B·d, N, 1] (:func:`to_dimensions` of the cloud that ``white`` whitens)
+    whitened with the marginals of ``white``'s moments (:func:`marginals`): the clouds' own moments, without the
+    pass over the particles that would compute them again."""
+    mean, var = marginals(white.mean, white.chol @ white.chol.transpose(-1, -2))
+    sd = var.sqrt()
+    return gaussian.Whitened(mean, sd, (x_dims.to(torch.float64) - mean[:, None]) / sd)
+
+
 def from_dimensions(t: torch.Tensor, d: int) -> torch.Tensor:
     """The inverse of :func:`to_dimensions` for particles: [B·d, N, 1] → [B, N, d]."""
     Bd, N, _ = t.shape

@@ -11,7 +11,9 @@ One stage with the cloud's moments (m, c) and the likelihood p(o | x)^β:
 * with ``iterations`` > 0 (``linearisation="posterior"``,
   :func:`~mpflow.operators.mpf.gaussian_flow.posterior_linearisation`) the fit is repeated that many times at the
   points x₁ below, with their moments (m₁, c₁) in place of (m, c), and each stream keeps the fit whose x₁ has the
-  larger ESS of the weights p(o | x₁)^β N(x₁; m, c) / N(x; m, c), Stein's or the last;
+  larger ESS of the weights p(o | x₁)^β N(x₁; m, c) / N(x; m, c), Stein's or the last. The map is affine, so
+  N(x; m, c) = |∂x₁/∂x| N(x₁; m₁, c₁) with a slope shared by the cloud: in one stage (β = 1) these are the step's
+  health weights (:func:`~mpflow.operators.mpf.health.flow_ess`), whose ESS the flow therefore returns;
 * the exact Daum–Huang flow from N(m, c) to N(m₁, c₁) (Daum & Huang 2010). Its field is affine with
   A(λ') = −½ c λ / (1 + λ' λ c), so its map has slope exp ∫₀¹ A = (1 + λ c)^{−½} = √(c₁ / c) and sends m to m₁:
   x₁ = m₁ + √(c₁ / c) (x − m).
@@ -32,17 +34,19 @@ def scalar_base_flow(
     stages: int,
     moments: tuple[torch.Tensor, ...] | None = None,
     iterations: int = 0,
-) -> torch.Tensor:
-    """x [B, N, 1] moved through one observation in ``stages`` tempered stages (module docstring); float64
-    algebra, returned in x's dtype. ``moments``: the cloud's mean and variance ([B, 1, 1] each, float64) when the
-    caller has them (a moment-matched cloud); else computed. Each stage's map sends the cloud's moments to (m₁, c₁)
-    exactly, so the next stage starts from them without a pass over the particles."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [B, N, 1] moved through one observation in ``stages`` tempered stages (module docstring) → (x₁ in x's
+    dtype, the step's health ESS [B] float64 when it ran one stage with ``iterations`` > 0, else None); float64
+    algebra. ``moments``: the cloud's mean and variance ([B, 1, 1] each, float64) when the caller has them (a
+    moment-matched cloud); else computed. Each stage's map sends the cloud's moments to (m₁, c₁) exactly, so the
+    next stage starts from them without a pass over the particles."""
     stage_model = tempered(model, stages)
     x64 = x.to(torch.float64)
     m, c = moments if moments is not None else (x64.mean(1, keepdim=True), None)
     xc = x64 - m
     if c is None:
         c = xc.square().mean(1, keepdim=True)
+    n_eff = None
     for _ in range(stages):
         fit_m, fit_c, fit_xc = m, c, xc  # where the fit reads the scores: the cloud, then the posterior points
         stein = None
@@ -57,12 +61,13 @@ def scalar_base_flow(
                 stein = fit_m, fit_c, fit_xc
         if iterations:  # Stein's fit or the last re-fit, whichever scores better (posterior_linearisation)
             sm, sc, sx = stein
-            keep = _score(stage_model, obs, m, c, xc, fit_m + fit_xc, x.dtype) >= _score(
-                stage_model, obs, m, c, xc, sm + sx, x.dtype
-            )
+            last = _score(stage_model, obs, m, c, xc, fit_m + fit_xc, x.dtype)
+            first = _score(stage_model, obs, m, c, xc, sm + sx, x.dtype)
+            keep = last >= first
             fit_m, fit_c, fit_xc = (torch.where(keep, a, b) for a, b in ((fit_m, sm), (fit_c, sc), (fit_xc, sx)))
+            n_eff = torch.maximum(last, first)[:, 0, 0] if stages == 1 else None
         m, c, xc = fit_m, fit_c, fit_xc
-    return (m + xc).to(x.dtype)
+    return (m + xc).to(x.dtype), n_eff
 
 
 def _score(model, obs, m, c, xc, x1, dtype) -> torch.Tensor:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 from mpflow.operators import evidence, gaussian, registry
-from mpflow.operators.models import family
+from mpflow.operators.models import FAMILIES, family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
@@ -63,18 +63,29 @@ def find_operator(
     family: str, state_dim: int, dirs=None, *, include_named_only: bool = False
 ) -> registry.OperatorRecord | None:
     """The newest trained operator for (family, state_dim) in ``dirs`` (default: the registry's default dirs,
-    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None. An operator whose ``config.json`` has
-    ``"auto_select": false`` (shipped, but measured no better than its base flow at more cost) serves only a
-    stream that names it, so it is skipped here unless ``include_named_only``."""
+    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None; for a factorised family
+    (:attr:`~mpflow.operators.models.base.ModelFamily.factorised`) without one of that d, the newest of d = 1, which
+    serves every d one dimension at a time. An operator whose ``config.json`` has ``"auto_select": false``
+    (shipped, but measured no better than its base flow at more cost) serves only a stream that names it, so it
+    is skipped here unless ``include_named_only``."""
     found = [
         r
         for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
         if r.kind == "operator"
         and r.family == family
-        and r.state_dim == state_dim
+        and r.state_dim in (state_dim, 1)
         and (include_named_only or r.config.get("auto_select", True) is not False)
     ]
-    return max(found, key=lambda r: r.version, default=None)
+    exact = [r for r in found if r.state_dim == state_dim]
+    if not exact and family in FAMILIES and FAMILIES[family].factorised:
+        exact = found
+    return max(exact, key=lambda r: r.version, default=None)
+
+
+def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
+    """Whether an operator trained at d = ``operator_dim`` serves ``model``: its own d, or d = 1 on a factorised
+    family (one dimension at a time)."""
+    return operator_dim == model.state_dim or (operator_dim == 1 and model.factorised)
 
 
 def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
@@ -223,10 +234,18 @@ class MPFUpdater(Updater):
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)
-        if self.record is not None and (self.record.family, self.record.state_dim) != (model.name, model.state_dim):
+        if self.record is not None and (
+            self.record.family != model.name or not serves_dimension(self.record.state_dim, model)
+        ):
             raise ValueError(
                 f"method: operator {self.record.name} is for {self.record.family} with d = {self.record.state_dim}, "
                 f"not {model.name} with d = {model.state_dim}"
+            )
+        net = self.options["network"]
+        if net is not None and net.dim < model.state_dim and self.options["track_density"]:
+            raise ValueError(
+                f"options.track_density: the operator (d = {net.dim}) serves d = {model.state_dim} one dimension at "
+                "a time, where the joint density is not tracked: set track_density to false"
             )
         if self.options["moves"] != "auto" and self.options["moves"] > 0:
             if model.dynamic:
@@ -268,7 +287,7 @@ class MPFUpdater(Updater):
         net = self.options["network"]
         if net is None or (model is not None and model.linear_gaussian):
             net = self.base_flow(dim)
-        if net.dim != dim:
+        if net.dim != dim and not (model is not None and serves_dimension(net.dim, model)):
             raise ValueError(f"options.network: the operator is for d = {net.dim}, the model has d = {dim}")
         return net
 
@@ -334,13 +353,15 @@ class MPFUpdater(Updater):
         return new if sites is None else sites.advance(model, obs, new.particles).write(new)
 
     def _flow(self, net, model, obs, x, log_q, white, stages: int, track: bool):
-        """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1)."""
+        """The flow of one Bayes step in ``stages`` tempered stages → (x1, log q1, the step's health ESS [B] where the
+        flow computed it on the way — the one-dimensional base flow in one stage — else None)."""
         base = self.is_base_flow(net)
         if base and net.dim == 1 and not track and not model.linear_gaussian and net.linearisation != "importance":
             # the same flow, element-wise, from the moments ``white`` already holds
             iterations = POSTERIOR_ITERATIONS if net.linearisation == "posterior" else 0
             moments = (white.mean[:, None], white.chol.square())
-            return scalar_base_flow(model, obs, x, stages, moments, iterations), None
+            x1, n_eff = scalar_base_flow(model, obs, x, stages, moments, iterations)
+            return x1, None, n_eff
         stage_model = tempered(model, stages)
         x1, log_q1 = x, log_q
         for stage in range(stages):
@@ -356,7 +377,7 @@ class MPFUpdater(Updater):
                 whitened=white if stage == 0 else None,
                 residual=not base,
             )
-        return x1, log_q1
+        return x1, log_q1, None
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         if self.options["correct"]:
@@ -374,18 +395,20 @@ class MPFUpdater(Updater):
             net = self.network(d, model)
             # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
             white = white if white is not None else gaussian.whiten(x.detach().double())
-            split = model.per_dimension(B) if d > 1 and not track and self.is_base_flow(net) else None
+            by_dimension = d > 1 and not track and (self.is_base_flow(net) or net.dim == 1)
+            split = model.per_dimension(B) if by_dimension else None
             if split is not None:
-                # a factorised family's base flow, one dimension at a time (element-wise: no d × d algebra, and no
-                # Monte Carlo cross-terms in the fitted likelihood); the step's ESS is the smallest over dimensions
+                # a factorised family's flow, one dimension at a time (the base flow element-wise: no d × d algebra,
+                # and no Monte Carlo cross-terms in the fitted likelihood; a d = 1 operator: on B·d one-dimensional
+                # streams); the step's ESS is the smallest over dimensions
                 x_dims = correction.to_dimensions(x)
                 x1, _, n_eff = self._staged_flow(
-                    self.base_flow(1),
+                    net if net.dim == 1 else self.base_flow(1),
                     split,
                     correction.to_dimensions(obs),
                     x_dims,
                     None,
-                    gaussian.whiten(x_dims.double()),
+                    correction.split_whitened(white, x_dims),
                     False,
                 )
                 x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
@@ -399,13 +422,14 @@ class MPFUpdater(Updater):
         o = self.options
         B, N, d = x.shape
         stages = o["substeps"]
-        x1, log_q1 = self._flow(net, model, obs, x, log_q, white, stages, track)
+        x1, log_q1, n_eff = self._flow(net, model, obs, x, log_q, white, stages, track)
         # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
         # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
         # tests/unit/test_tempered_substeps.py checks flow_ess there)
         if d >= N or (model.linear_observation() and self.is_base_flow(net)):
             return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64)
-        n_eff = flow_ess(model, obs, white, x1)
+        if n_eff is None:
+            n_eff = flow_ess(model, obs, white, x1)
         # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
         # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and
         # a stream's result does not depend on the others in its batch)
@@ -415,7 +439,7 @@ class MPFUpdater(Updater):
             sub_model, sub_obs = model.select(rows), obs[rows]
             sub_white = white.select(rows)
             sub_log_q = None if log_q is None else log_q[rows]
-            x1_rows, log_q1_rows = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
+            x1_rows, log_q1_rows, _ = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
             x1 = x1.index_copy(0, rows, x1_rows)
             log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
             n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
@@ -444,7 +468,8 @@ class MPFUpdater(Updater):
             x = white.points().to(x_prev.dtype)
         else:
             white = gaussian.whiten(x.double())
-        x1, _ = self._flow(self.base_flow(model.state_dim), model, obs, x, None, white, self.options["substeps"], False)
+        base = self.base_flow(model.state_dim)
+        x1, _, _ = self._flow(base, model, obs, x, None, white, self.options["substeps"], False)
         log_w = correction.log_weights(model, obs, white, x1)
         n_eff = ess(log_w)
         log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N, current=n_eff)

@@ -223,6 +223,14 @@ def test_default_method_options_and_operator_domain(redis_url):
         metrics = (await c.get("/metrics")).text
         line = f'mpflow_streams_outside_operator_domain_total{{family="gmm",operator="{b["operator"]}"}} 1.0'
         assert line in metrics
+        # the d = 1 stochastic-volatility operator, named, serves a 3-dimensional stream one dimension at a time
+        prior3 = {"type": "gaussian", "mean": [0.0] * 3, "cov": torch.eye(3).tolist()}
+        named = {"model": {"family": "stochastic_volatility", "params": {"phi": 0.3}}, "prior": prior3}
+        doc = await c.post("/v1/streams", json={**named, "method": "mpf", "operator": "stochastic_volatility-d1-v1"})
+        assert doc.status_code == 201, doc.text
+        assert doc.json()["operator_domain"]["outside"][0].startswith("phi 0.3 outside the trained [0.5, 0.995]")
+        r = await c.post(f"/v1/streams/{doc.json()['stream_id']}/observations", json={"observations": [[0.3, -1, 2]]})
+        assert r.status_code == 200 and r.json()["step"] == 1 and r.json()["per_step"][0]["ess"] > 0
 
     run(redis_url, body)
 
@@ -268,6 +276,14 @@ def test_method_options_per_stream(redis_url):
             r = await c.post(url, json={"observations": chunk})
             assert r.status_code == 200, r.text
         assert r.json()["step"] == 4 and all(abs(m) < 5 for m in r.json()["summary"]["mean"])
+        # the moves' acceptance rate: in each observed step's entry and in /metrics; a gap and a stream without
+        # moves report none
+        assert all(0 < s["acceptance"] <= 1 for s in r.json()["per_step"]), r.json()["per_step"]
+        assert "acceptance" not in (await c.post(url, json={"observations": [None]})).json()["per_step"][0]
+        plain = (await c.post(f"/v1/streams/{stein['stream_id']}/observations", json=obs)).json()["per_step"]
+        assert all("acceptance" not in s for s in plain)
+        metrics = (await c.get("/metrics")).text
+        assert 'mpflow_update_move_acceptance_count{method="mpf"} 3.0' in metrics, metrics
 
     run(redis_url, body)
 

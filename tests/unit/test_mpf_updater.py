@@ -121,3 +121,36 @@ def test_registered_operator_is_found_loaded_and_checked(tmp_path):
         up.init(prior_from_spec(PRIOR2, 2), make_model("gmm", {}, 2), 32, 0)
     with pytest.raises(ValueError, match="operator: unknown operator"):
         get_updater("mpf", operator="nope-d2-v1")
+
+
+def test_a_one_dimensional_operator_serves_a_factorised_family_one_dimension_at_a_time(tmp_path):
+    """``stochastic_volatility`` factorises over its dimensions, so its d = 1 operator serves every d: found for d = 3
+    when there is no operator of that d (not for a family that does not factorise), run on the 3·B one-dimensional
+    streams — so an observation moves only its own dimension, which a joint flow would not keep — and refused with
+    a tracked density, which the split flow does not carry."""
+    from mpflow.operators.updaters import get_updater
+    from mpflow.operators.updaters.mpf import find_operator
+
+    record, _ = _save_operator(tmp_path, family="stochastic_volatility", dim=1)
+    assert find_operator("stochastic_volatility", 3, [tmp_path]).name == record.name
+    _save_operator(tmp_path, family="linear_gaussian", dim=1)
+    assert find_operator("linear_gaussian", 3, [tmp_path]) is None
+    model = make_model("stochastic_volatility", {"mu": [0.0, -1.0, 0.5], "phi": 0.9, "sigma": 0.4}, 3)
+    prior = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0, 0.0], "cov": torch.eye(3).tolist()}, 3)
+    up = get_updater("mpf", operator=str(record.path))
+    base = get_updater("mpf")
+    obs = torch.tensor([[0.3, -2.0, 1.1]])
+    moved = obs.clone()
+    moved[0, 0] = 4.0
+    start = up.init(prior, model, 128, 7)
+    a, info = up.update(start, obs, model)
+    b, _ = up.update(start, moved, model)
+    flowed, _ = base.update(start, obs, model)
+    assert torch.equal(a.particles[..., 1:], b.particles[..., 1:])
+    assert not torch.allclose(a.particles[..., 0], b.particles[..., 0])
+    assert not torch.allclose(a.particles, flowed.particles, atol=1e-4)  # the residual acts
+    assert float(info.ess[0]) > 0 and bool(torch.isfinite(a.particles).all())
+    with pytest.raises(ValueError, match=r"options\.track_density: the operator \(d = 1\) serves d = 3"):
+        get_updater("mpf", operator=str(record.path), track_density=True).init(prior, model, 32, 0)
+    with pytest.raises(ValueError, match="is for stochastic_volatility with d = 1, not linear_gaussian"):
+        up.init(prior, make_model("linear_gaussian", {}, 3), 32, 0)

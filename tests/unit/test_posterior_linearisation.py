@@ -18,6 +18,7 @@ from mpflow.operators.mpf.gaussian_flow import (
     posterior_linearisation,
     statistical_linearisation,
 )
+from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step
@@ -109,8 +110,11 @@ def test_the_element_wise_flow_is_the_general_one_in_one_dimension() -> None:
     general, _ = flow_step(
         MPFVelocity(1, linearisation="posterior"), batch, obs, x, None, divergence="none", residual=False
     )
-    fast = scalar_base_flow(batch, obs, x, 1, iterations=3)
+    fast, n_eff = scalar_base_flow(batch, obs, x, 1, iterations=3)
     assert torch.allclose(general, fast, atol=1e-5)
+    # the ESS it returns is the step's health ESS (the affine map's Jacobian cancels in the weights)
+    assert torch.allclose(n_eff, flow_ess(batch, obs, gaussian.whiten(x.double()), fast), rtol=1e-4)
+    assert scalar_base_flow(batch, obs, x, 2, iterations=3)[1] is None  # tempered stages: not the step's weights
 
 
 @pytest.mark.parametrize("d", [1, 3])

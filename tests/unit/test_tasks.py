@@ -71,3 +71,28 @@ def test_lorenz96_tasks_start_near_the_attractor_inside_their_domain():
     for b in range(6):
         one = tasks.model.select(torch.tensor([b]))
         assert one.outside_domain(domain, mean[b], cov[b]) == []
+
+
+def test_stochastic_volatility_tasks_cover_the_ranges_asked_for():
+    """``mu_range``, ``phi_range``, ``sigma_range`` (σ log-uniform: a range over decades) set the task distribution and
+    the domain recorded for the operator; without them the draw is the one ``stochastic_volatility-d2-v1`` saw (its
+    README's command must still reproduce it); a bad range is refused naming the option."""
+    from mpflow.operators.models import FAMILIES
+
+    options = {"mu_range": [-3.0, 3.0], "phi_range": [0.5, 0.995], "sigma_range": [0.05, 1.0]}
+    tasks = sample_tasks("stochastic_volatility", 1, 512, 3, generator(4), **options)
+    mu, phi, sigma = (tasks.model.params[k][:, 0] for k in ("mu", "phi", "sigma"))
+    assert -3 <= float(mu.min()) < -2.5 and 2.5 < float(mu.max()) <= 3
+    assert float(phi.min()) >= 0.5 and float(phi.max()) <= 0.995
+    assert 0.05 <= float(sigma.min()) < 0.07 and 0.8 < float(sigma.max()) <= 1.0
+    assert 0.15 < float(sigma.median()) < 0.3  # log-uniform: the geometric mean, 0.22, not the midpoint
+    domain = FAMILIES["stochastic_volatility"].task_domain(options)
+    assert (domain["phi"], domain["sigma"]) == ([0.5, 0.995], [0.05, 1.0])
+    default = sample_tasks("stochastic_volatility", 2, 256, 3, generator(4))
+    assert float(default.model.params["sigma"].min()) >= 0.2 and float(default.model.params["phi"].max()) <= 0.98
+    assert 0.4 < float(default.model.params["mu"].std()) < 0.6  # N(0, 0.5²)
+    for bad, field in (({"phi_range": [0.5, 1.0]}, "phi_range"), ({"sigma_range": [0.0, 1.0]}, "sigma_range")):
+        with pytest.raises(ValueError, match=rf"task options\.{field}"):
+            sample_tasks("stochastic_volatility", 1, 2, 3, generator(0), **bad)
+    with pytest.raises(ValueError, match=r"task options\.mu_range: a range"):
+        sample_tasks("stochastic_volatility", 1, 2, 3, generator(0), mu_range=[1.0, -1.0])
