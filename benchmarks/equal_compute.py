@@ -331,9 +331,7 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
     t0 = time.perf_counter()
     ref = reference(sc, model, obs, quick)
     ref_s = time.perf_counter() - t0
-    # the operator a plain mpf stream selects, and the newest one a stream may name, where they differ
-    records = (find_operator(sc.family, sc.dim), find_operator(sc.family, sc.dim, include_named_only=True))
-    operators = list(dict.fromkeys(r.name for r in records if r is not None))
+    operators = benchmarked_operators(sc.family, sc.dim)
     moves = get_updater("mpf").moves(model) > 0
     configurations = mpf_configurations(operators, not model.linear_gaussian, quick, moves=moves)
     mpf = [run_method("mpf", n, model, obs, sc, ref, **o) for n, o in configurations]
@@ -352,6 +350,13 @@ def run_scenario(sc: Scenario, streams: int, quick: bool, gpf: bool) -> dict[str
         "rows": [asdict(r) for r in rows],
         "equal_compute": equal_compute_rows(mpf, smc),
     }
+
+
+def benchmarked_operators(family: str, dim: int) -> list[str]:
+    """The operators whose ``mpf`` rows a scenario runs: the one a plain ``mpf`` stream of (family, d) selects, and
+    the newest one a stream may name (``"auto_select": false``), where they differ."""
+    records = (find_operator(family, dim), find_operator(family, dim, include_named_only=True))
+    return list(dict.fromkeys(r.name for r in records if r is not None))
 
 
 def mpf_configurations(

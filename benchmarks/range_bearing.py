@@ -15,9 +15,9 @@ The output's first table gives, per scenario, the share of sequences whose true 
 closest range (:func:`geometry`), with the reference's own error.
 
 S held-out sequences (seeds ``DATA_SEED_BASE + s``) from a truth x₀ ~ prior, the same prior for every filter, are
-filtered (:func:`benchmarks.equal_compute.run_method`: both compute regimes, one thread) by ``mpf`` at N = 256 (a
-trained operator for ``range_bearing`` when one is shipped; the base flow and its variants:
-``equal_compute.mpf_configurations``), ``ukf``, ``enkf`` (ETKF, N = 256),
+filtered (:func:`benchmarks.equal_compute.run_method`: both compute regimes, one thread) by ``mpf`` at N = 256 (the
+trained operators for ``range_bearing`` when shipped, ``equal_compute.benchmarked_operators``; the base flow and its
+variants: ``equal_compute.mpf_configurations``), ``ukf``, ``enkf`` (ETKF, N = 256),
 ``gpf`` (N = 256) and ``smc`` on the ladder ``equal_compute.SMC_LADDER``.
 
 **Reference** (:func:`smc_reference`): the bootstrap particle filter (``smc``) with M = 10⁶ particles (float32, as
@@ -53,7 +53,6 @@ from mpflow.operators.metrics import mean_error_sd
 from mpflow.operators.models import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.updaters import get_updater
-from mpflow.operators.updaters.mpf import find_operator
 from tqdm import tqdm
 
 from benchmarks import equal_compute, report
@@ -64,6 +63,7 @@ from benchmarks.equal_compute import (
     Reference,
     Scenario,
     _strict,
+    benchmarked_operators,
     equal_compute_rows,
     mpf_configurations,
     plot,
@@ -174,19 +174,19 @@ def run_scenario(sc: Scenario, budget: Budget) -> dict[str, Any]:
     t0 = time.perf_counter()
     ref, quality = smc_reference(sc, model, xs, obs, budget.reference_particles)
     ref_s = time.perf_counter() - t0
-    record = find_operator(sc.family, sc.dim)
-    operator = record.name if record else None
+    operators = benchmarked_operators(sc.family, sc.dim)
 
     def run(method: str, n: int = MPF_PARTICLES, **options: Any):
         return run_method(method, n, model, obs, sc, ref, **options)
 
-    configurations = mpf_configurations([operator] if operator else [], True, budget.quick, budget.corrected)
+    configurations = mpf_configurations(operators, True, budget.quick, budget.corrected)
     mpf = [run("mpf", n, **options) for n, options in configurations]
     baselines = [run("ukf"), run("enkf"), run("gpf")]
     smc = [run("smc", n) for n in budget.smc_ladder]
     return {
         "scenario": asdict(sc),
-        "operator": operator,
+        "operator": operators[-1] if operators else None,
+        "operators": operators,
         "streams": budget.streams,
         "geometry": geometry(model, xs),
         "reference": {"kind": ref.kind, "error_sd": ref.error_sd, "seconds": ref_s, **quality},
