@@ -55,8 +55,11 @@ class StochasticVolatility(ModelFamily):
         ranges = {}
         for key, default in cls.TASK_RANGES.items():
             value = options.get(key, default)
-            if len(value) != 2 or not float(value[0]) <= float(value[1]):
-                raise ValueError(f"task options.{key}: a range [lo, hi] with lo <= hi, got {value!r}")
+            numbers = isinstance(value, list | tuple) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in value
+            )
+            if not numbers or len(value) != 2 or not value[0] <= value[1]:
+                raise ValueError(f"task options.{key}: a range [lo, hi] of numbers with lo <= hi, got {value!r}")
             ranges[key] = (float(value[0]), float(value[1]))
         if not -1 < ranges["phi_range"][0] <= ranges["phi_range"][1] < 1:
             raise ValueError(f"task options.phi_range: inside (-1, 1), got {list(ranges['phi_range'])}")

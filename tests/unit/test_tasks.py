@@ -94,5 +94,6 @@ def test_stochastic_volatility_tasks_cover_the_ranges_asked_for():
     for bad, field in (({"phi_range": [0.5, 1.0]}, "phi_range"), ({"sigma_range": [0.0, 1.0]}, "sigma_range")):
         with pytest.raises(ValueError, match=rf"task options\.{field}"):
             sample_tasks("stochastic_volatility", 1, 2, 3, generator(0), **bad)
-    with pytest.raises(ValueError, match=r"task options\.mu_range: a range"):
-        sample_tasks("stochastic_volatility", 1, 2, 3, generator(0), mu_range=[1.0, -1.0])
+    for bad in ([1.0, -1.0], 0.5, "ab", [0.1, "x"], [0.1, 0.2, 0.3]):
+        with pytest.raises(ValueError, match=r"task options\.mu_range: a range"):
+            sample_tasks("stochastic_volatility", 1, 2, 3, generator(0), mu_range=bad)
