@@ -143,7 +143,10 @@ class Methods:
             return choice
         options = {**choice.options, **req.method_options}
         check_stream_options(choice.method, options)
-        return Choice(choice.method, choice.operator, options, choice.num_particles, choice.reason)
+        operator = choice.operator
+        if operator is not None and req.operator is None and not UPDATERS["mpf"].runs_operator(options):
+            operator = None  # an operator this server picked, which the stream's options rule out: the base flow
+        return Choice(choice.method, operator, options, choice.num_particles, choice.reason)
 
     def _choose(self, req: CreateStreamRequest, model: ModelFamily) -> Choice:
         method = req.method

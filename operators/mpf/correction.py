@@ -10,7 +10,9 @@ One step of a dynamic family, per stream:
               one Jacobian J_T for every particle of the stream, so x₁ has density p_pred(T⁻¹x₁) / |det J_T|;
 3. weight     the posterior is π(x₁) ∝ p(o | x₁) p_pred(x₁), so the importance weights of the moved particles are
                   wᵢ ∝ p(o | x₁ᵢ) p_pred(x₁ᵢ) / p_pred(x₀ᵢ)      (|det J_T| is shared and cancels),
-              with p_pred replaced by its Gaussian fit N(m, C) in both places (below);
+              with p_pred replaced by its Gaussian fit N(m, C) in both places (below); a stream whose weights' ESS
+              is below ``ess_threshold``·N runs steps 2–3 again in twice as many stages, up to ``max_substeps``
+              (:meth:`~mpflow.operators.updaters.mpf.MPFUpdater._staged_flow`);
 4. resample   systematic, every step, so the stored cloud stays uniformly weighted (with near-uniform weights
               systematic resampling keeps almost every particle once); weights whose ESS is below
               ``MIN_ESS_FRACTION``·N are first tempered (:func:`tempered_to_ess`).

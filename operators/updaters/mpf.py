@@ -19,7 +19,8 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                flow: not computed, the closed-form flow is exact for the predictive's Gaussian fit), low when the
                flow misrepresents it; a stream whose ESS is below ``ess_threshold``·N runs the step again in twice
                as many stages, up to ``max_substeps`` (default ``substeps``, no correction, for the base flow;
-               4 × ``substeps`` with a trained operator: ``OPERATOR_ON_DEMAND_STAGES``);
+               4 × ``substeps`` with a trained operator or ``correct``: ``OPERATOR_ON_DEMAND_STAGES``; the corrected
+               flow's health ESS is that of its own weights);
   6. moves     on a static family, ``moves`` Langevin (MALA) steps against the posterior with its last ``window``
                observations exact and the older ones as Gaussian sites (:mod:`mpflow.operators.mpf.posterior_moves`;
                ``auto``: where ``ModelFamily.posterior_moves``); the step reports their ``acceptance`` rate.
@@ -146,7 +147,12 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 #: default with an operator; the base flow's is ``substeps``). Measured with ``benchmarks.equal_compute`` (N = 256,
 #: 64 streams, mean error in posterior sd, one stage → on demand, at +0–20 % compute): gmm-d2-v4 0.096 → 0.096
 #: (s = 0.5, prior 4I, outside its domain: 0.277 → 0.195), stochastic_volatility-d2-v1 0.146 → 0.122 (μ = −1,
-#: φ = 0.98, σ = 0.15: 0.188 → 0.161), logistic-d10-v1 0.238 → 0.195
+#: φ = 0.98, σ = 0.15: 0.188 → 0.161), logistic-d10-v1 0.238 → 0.195. The corrected flow (``correct``) re-stages on
+#: its weights' ESS up to the same (``benchmarks.range_bearing``'s scenarios, 32 streams, N = 256 / 512, one stage →
+#: on demand: crossing behind the sensor 0.027 / 0.211 → 0.020 / 0.014, close pass 0.079 / 0.117 → 0.052 / 0.050;
+#: the one-stage errors were a few streams passing near the sensor whose weights collapsed to ESS ≈ 1; elsewhere in
+#: ``benchmarks.equal_compute`` no change beyond noise but logistic d = 30, 0.414 / 0.315 → 0.469 / 0.355, where
+#: joint weights in 30 dimensions degenerate at any number of stages)
 OPERATOR_ON_DEMAND_STAGES = 4
 
 
@@ -209,7 +215,9 @@ class MPFUpdater(Updater):
         if o["substeps"] is None:
             o["substeps"] = solver.get("substeps", 1)
         if o["max_substeps"] is None:
-            on_demand = OPERATOR_ON_DEMAND_STAGES * o["substeps"] if self.record is not None else o["substeps"]
+            on_demand = o["substeps"]
+            if self.record is not None or o["correct"]:
+                on_demand = OPERATOR_ON_DEMAND_STAGES * o["substeps"]
             o["max_substeps"] = solver.get("max_substeps", on_demand)
         for key in ("substeps", "max_substeps"):
             if not isinstance(o[key], int) or isinstance(o[key], bool) or not 1 <= o[key] <= 64:
@@ -231,6 +239,12 @@ class MPFUpdater(Updater):
                 "cancels); it does not run with an operator's learned residual or with track_density"
             )
         self._untrained: dict[int, MPFVelocity] = {}
+
+    @staticmethod
+    def runs_operator(options: dict) -> bool:
+        """Whether a stream with these ``options`` can run a trained operator: not with ``correct``, whose weights
+        are those of the base flow (its affine map's Jacobian cancels; a learned residual's would not)."""
+        return not options.get("correct", False)
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)
@@ -402,7 +416,7 @@ class MPFUpdater(Updater):
                 # and no Monte Carlo cross-terms in the fitted likelihood; a d = 1 operator: on B·d one-dimensional
                 # streams); the step's ESS is the smallest over dimensions
                 x_dims = correction.to_dimensions(x)
-                x1, _, n_eff = self._staged_flow(
+                x1, _, n_eff, _ = self._staged_flow(
                     net if net.dim == 1 else self.base_flow(1),
                     split,
                     correction.to_dimensions(obs),
@@ -413,22 +427,27 @@ class MPFUpdater(Updater):
                 )
                 x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
                 return state.replace(particles=x1), StepInfo(inc, n_eff)
-            x1, log_q1, n_eff = self._staged_flow(net, model, obs, x, log_q, white, track)
+            x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
 
-    def _staged_flow(self, net, model, obs, x, log_q, white, track: bool):
+    def _staged_flow(self, net, model, obs, x, log_q, white, track: bool, corrected: bool = False):
         """The flow of one Bayes step in ``substeps`` stages and its health ESS; the streams whose ESS is low run it
-        again in more stages (module docstring, 5.) → (x1, log q1, ESS [B])."""
+        again in more stages (module docstring, 5.) → (x1, log q1, ESS [B], None). ``corrected``: the health ESS is
+        that of the correction's weights (:func:`~mpflow.operators.mpf.correction.log_weights`, ``white`` the
+        predictive's fit), returned as the fourth item [B, N]."""
         o = self.options
         B, N, d = x.shape
         stages = o["substeps"]
         x1, log_q1, n_eff = self._flow(net, model, obs, x, log_q, white, stages, track)
+        log_w = correction.log_weights(model, obs, white, x1) if corrected else None
+        if corrected:
+            n_eff = ess(log_w)
         # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
         # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
         # tests/unit/test_tempered_substeps.py checks flow_ess there)
-        if d >= N or (model.linear_observation() and self.is_base_flow(net)):
-            return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64)
-        if n_eff is None:
+        elif d >= N or (model.linear_observation() and self.is_base_flow(net)):
+            return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64), None
+        elif n_eff is None:
             n_eff = flow_ess(model, obs, white, x1)
         # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
         # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and
@@ -442,15 +461,21 @@ class MPFUpdater(Updater):
             x1_rows, log_q1_rows, _ = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
             x1 = x1.index_copy(0, rows, x1_rows)
             log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
-            n_eff = n_eff.index_copy(0, rows, flow_ess(sub_model, sub_obs, sub_white, x1_rows))
-        return x1, log_q1, n_eff
+            if corrected:
+                log_w_rows = correction.log_weights(sub_model, sub_obs, sub_white, x1_rows)
+                log_w, n_eff_rows = log_w.index_copy(0, rows, log_w_rows), ess(log_w_rows)
+            else:
+                n_eff_rows = flow_ess(sub_model, sub_obs, sub_white, x1_rows)
+            n_eff = n_eff.index_copy(0, rows, n_eff_rows)
+        return x1, log_q1, n_eff, log_w
 
     def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in
-        ``substeps`` tempered stages, weight against the predictive's Gaussian fit and resample — per dimension where
-        the family factorises. A static family's resampled copies are then moved apart by the Liu–West kernel (it
-        keeps the cloud's mean and covariance), as ``smc`` does. The step's ``ess`` is the weights' (the smallest
-        over the dimensions)."""
+        ``substeps`` tempered stages, weight against the predictive's Gaussian fit (a stream whose weights' ESS is
+        below ``ess_threshold``·N flows again in twice as many stages, up to ``max_substeps``) and resample — per
+        dimension where the family factorises. A static family's resampled copies are then moved apart by the
+        Liu–West kernel (it keeps the cloud's mean and covariance), as ``smc`` does. The step's ``ess`` is the
+        weights' (the smallest over the dimensions)."""
         B, N, d = state.particles.shape
         x_prev = state.particles
         x, predictive = x_prev, None
@@ -469,9 +494,7 @@ class MPFUpdater(Updater):
         else:
             white = gaussian.whiten(x.double())
         base = self.base_flow(model.state_dim)
-        x1, _, _ = self._flow(base, model, obs, x, None, white, self.options["substeps"], False)
-        log_w = correction.log_weights(model, obs, white, x1)
-        n_eff = ess(log_w)
+        x1, _, n_eff, log_w = self._staged_flow(base, model, obs, x, None, white, False, corrected=True)
         log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N, current=n_eff)
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
         if rejuvenates(self.options["rejuvenate"], model):

@@ -54,3 +54,45 @@ def test_range_bearing_and_lorenz96_streams_run_through_the_api(redis_url):
         assert r.status_code == 201, r.text
 
     run(redis_url, body)
+
+
+def test_a_range_bearing_stream_without_a_method_gets_the_corrected_flow(redis_url):
+    """The measured default (service/default_methods.json, benchmarks.range_bearing): mpf with correct at N = 512,
+    the base flow (the trained range_bearing-d4-v1 serves only when named), through a crossing of the back axis, a
+    range alone and a step without a detection."""
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        spec = {k: v for k, v in TRACK.items() if k != "num_particles"}
+        r = await c.post("/v1/streams", json=spec)
+        assert r.status_code == 201, r.text
+        doc = r.json()
+        assert (doc["method"], doc["num_particles"], doc.get("operator")) == ("mpf", 512, None), doc
+        assert doc["method_options"] == {"correct": True}, doc
+        r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": TRACK_OBS})
+        assert r.status_code == 200, r.text
+        steps = r.json()["per_step"]
+        assert all(0 < s["ess"] <= 512 for s in steps[:3]), steps
+        named = await c.post("/v1/streams", json={**TRACK, "operator": "range_bearing-d4-v1"})
+        assert named.status_code == 201 and named.json()["operator"] == "range_bearing-d4-v1", named.text
+
+    run(redis_url, body)
+
+
+def test_a_corrected_mpf_stream_runs_the_base_flow_where_an_operator_would_fit(redis_url):
+    """gmm d = 2 has an operator the server picks for a plain mpf stream (gmm-d2-v4); a stream asking for the
+    corrected flow gets the base flow instead of a 422 about an operator it never named; naming both is refused."""
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        spec = {"model": {"family": "gmm"}, "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1, 0], [0, 1]]}}
+        plain = await c.post("/v1/streams", json={**spec, "method": "mpf"})
+        assert plain.status_code == 201 and plain.json()["operator"] == "gmm-d2-v4", plain.text
+        r = await c.post("/v1/streams", json={**spec, "method": "mpf", "method_options": {"correct": True}})
+        assert r.status_code == 201, r.text
+        assert r.json()["operator"] is None and r.json()["method_options"] == {"correct": True}, r.json()
+        r = await c.post(f"/v1/streams/{r.json()['stream_id']}/observations", json={"observations": [0.5, 1.0]})
+        assert r.status_code == 200, r.text
+        named = {**spec, "operator": "gmm-d2-v4", "method_options": {"correct": True}}
+        r = await c.post("/v1/streams", json=named)
+        assert r.status_code == 422 and "method_options.correct" in r.text, r.text
+
+    run(redis_url, body)

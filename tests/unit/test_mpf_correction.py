@@ -121,3 +121,29 @@ def test_scalar_flow_is_the_general_base_flow_in_one_dimension() -> None:
                     net, tempered(model, stages), obs, general, None, divergence="none", residual=False
                 )
         assert float((general - scalar_base_flow(model, obs, x, stages)[0]).abs().max()) < 1e-5
+
+
+def test_a_corrected_step_with_low_ess_runs_again_in_more_stages() -> None:
+    """range_bearing, a target 0.9 from the sensor with a predictive of sd 1 and a precise sensor: one stage's
+    Gaussian fit of the arc-shaped likelihood leaves few particles with weight. By default (``max_substeps``
+    4 × ``substeps`` with ``correct``) that stream runs the step again in 2, then 4 stages and its weights' ESS
+    rises; a stream far from the sensor keeps its one-stage step, whichever batch it is in."""
+    model = make_model("range_bearing", {"range_sd": 0.02, "bearing_sd": 0.02, "q": 0.01}, 4)
+    batch = type(model).stack([model] * 2)
+    means = torch.tensor([[0.9, 0.0, 0.0, 0.0], [8.0, 0.0, 0.0, 0.0]])
+    prior = GaussianMixture.gaussian(means, torch.diag(torch.tensor([1.0, 1.0, 0.1, 0.1])).expand(2, 4, 4))
+    obs = torch.tensor([[[0.7, 0.9]], [[8.1, 0.02]]])
+
+    def step(**options):
+        return run_filter(get_updater("mpf", correct=True, **options), batch, prior, obs, 512, [5, 6], keep_states=True)
+
+    assert get_updater("mpf", correct=True).options["max_substeps"] == 4
+    assert get_updater("mpf", correct=True, substeps=2).options["max_substeps"] == 8
+    assert get_updater("mpf").options["max_substeps"] == 1  # the uncorrected base flow: no re-staging by default
+    one, default = step(max_substeps=1), step()
+    assert float(one.ess[0, 0]) < 0.5 * 512 <= float(default.ess[0, 0]), (one.ess, default.ess)
+    assert float(one.ess[0, 1]) > 0.5 * 512  # far from the sensor: healthy in one stage
+    assert torch.equal(one.states[0].particles[1], default.states[0].particles[1])
+    alone = run_filter(get_updater("mpf", correct=True), model, GaussianMixture.gaussian(means[:1], prior.covs[:1, 0]),
+                       obs[:1], 512, [5], keep_states=True)  # fmt: skip
+    assert torch.allclose(alone.states[0].particles[0], default.states[0].particles[0], atol=1e-5)
