@@ -48,6 +48,9 @@ TARGETS = {"rss_growth": 0.10, "p99_ratio": 1.5}
 #: a run that takes longer than this (seconds: a base plus per update, ~20× the measured pace on 2 cores) has
 #: stalled, and fails with what the server logged instead of hanging
 STALL_BASE_S, STALL_PER_UPDATE_S = 60.0, 0.15
+#: the whole run (connect, create, update, read back) is stopped after this plus STALL_PER_UPDATE_S per update, so
+#: that a hang anywhere in it (not only in the updates) fails with where it was, before pytest's own timeout
+RUN_DEADLINE_S = 90.0
 
 
 def expected_state_bytes(num_particles: int, dim: int, method: str) -> dict[str, int]:
@@ -130,15 +133,24 @@ def tree_rss(proc) -> int:
 
 
 async def _soak_run(
-    service: ServiceProcess, store_url: str, streams: int, steps: int, show_progress: bool, sample_s: float
+    service: ServiceProcess,
+    store_url: str,
+    streams: int,
+    steps: int,
+    show_progress: bool,
+    sample_s: float,
+    where: dict[str, Any],
 ) -> dict[str, Any]:
+    """The soak itself; ``where`` says which phase it is in (and the updates done), for a run stopped from outside."""
     import psutil
 
+    where["phase"] = "connecting"
     rec = Recorder()
     proc = psutil.Process(service.pid)
     empty = await _redis_memory(store_url, "mpflow", [])
     samples: list[dict[str, float]] = []
     async with clients(service.url, streams, rec, Retry(attempts=3)) as cs:
+        where["phase"] = "creating the streams"
         pairs = await create_streams(cs, SOAK_MODEL, SOAK_METHOD, SOAK_PARTICLES, steps, "soak")
         runs = [r for _, r in pairs]
         ids = [r.stream_id for r in runs]
@@ -150,6 +162,7 @@ async def _soak_run(
 
         def on_steps(n: int) -> None:
             done[0] += n
+            where["updates"] = done[0]
             bar.update(n)
 
         async def sample() -> None:
@@ -169,6 +182,7 @@ async def _soak_run(
                 await asyncio.sleep(sample_s)
 
         sampler = asyncio.create_task(sample())
+        where["phase"] = "updating"
         budget = STALL_BASE_S + STALL_PER_UPDATE_S * streams * steps
         try:
             await asyncio.wait_for(
@@ -180,6 +194,7 @@ async def _soak_run(
                 f"{[len(r.acked) for r in runs]}, errors: {[dict(r.errors) for r in runs if r.errors]}"
             ) from None
         wall = time.monotonic() - t_start
+        where["phase"] = "reading the end state"
         await asyncio.sleep(sample_s)  # one sample after the end
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -295,10 +310,18 @@ def soak(streams: int = 100, steps: int = 1000, progress: bool = False, sample_s
                 service.start()
                 found = running_server(data_dir)
                 assert found is not None, "the server started no embedded redis-server"
+                where: dict[str, Any] = {"phase": "starting"}
+                deadline = RUN_DEADLINE_S + STALL_PER_UPDATE_S * streams * steps
+                store = f"unix://{found[1]}"
                 try:
-                    run = asyncio.run(_soak_run(service, f"unix://{found[1]}", streams, steps, progress, sample_s))
-                except Exception as exc:  # a stalled or failed run: say what the server said
-                    raise AssertionError(f"the soak stopped: {exc!r}\nserver log:\n{service.log_tail()}") from exc
+                    run = asyncio.run(
+                        asyncio.wait_for(_soak_run(service, store, streams, steps, progress, sample_s, where), deadline)
+                    )
+                except Exception as exc:  # a stalled or failed run: say where, and what the server said
+                    raise AssertionError(
+                        f"the soak stopped ({where}, {time.monotonic() - t0:.0f} s in): {exc!r}\n"
+                        f"server log:\n{service.log_tail()}"
+                    ) from exc
                 aof = sum(f.stat().st_size for f in data_dir.glob("appendonly*"))
                 redis_log = redis_log_warnings(Path(found[1]).parent / "redis.log")
             warnings = service.warnings()
