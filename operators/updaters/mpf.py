@@ -19,7 +19,7 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                flow: not computed, the closed-form flow is exact for the predictive's Gaussian fit), low when the
                flow misrepresents it; a stream whose ESS is below ``ess_threshold``·N runs the step again in twice
                as many stages, up to ``max_substeps`` (default ``substeps``, no correction, for the base flow;
-               4 × ``substeps`` with a trained operator or ``correct``: ``OPERATOR_ON_DEMAND_STAGES``; the corrected
+               4 × ``substeps`` with a trained operator or ``correct``: ``ON_DEMAND_STAGES``; the corrected
                flow's health ESS is that of its own weights);
   6. moves     on a static family, ``moves`` Langevin (MALA) steps against the posterior with its last ``window``
                observations exact and the older ones as Gaussian sites (:mod:`mpflow.operators.mpf.posterior_moves`;
@@ -153,7 +153,7 @@ def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.Operator
 #: the one-stage errors were a few streams passing near the sensor whose weights collapsed to ESS ≈ 1; elsewhere in
 #: ``benchmarks.equal_compute`` no change beyond noise but logistic d = 30, 0.414 / 0.315 → 0.469 / 0.355, where
 #: joint weights in 30 dimensions degenerate at any number of stages)
-OPERATOR_ON_DEMAND_STAGES = 4
+ON_DEMAND_STAGES = 4
 
 
 class MPFUpdater(Updater):
@@ -217,7 +217,7 @@ class MPFUpdater(Updater):
         if o["max_substeps"] is None:
             on_demand = o["substeps"]
             if self.record is not None or o["correct"]:
-                on_demand = OPERATOR_ON_DEMAND_STAGES * o["substeps"]
+                on_demand = ON_DEMAND_STAGES * o["substeps"]
             o["max_substeps"] = solver.get("max_substeps", on_demand)
         for key in ("substeps", "max_substeps"):
             if not isinstance(o[key], int) or isinstance(o[key], bool) or not 1 <= o[key] <= 64:
@@ -438,17 +438,23 @@ class MPFUpdater(Updater):
         o = self.options
         B, N, d = x.shape
         stages = o["substeps"]
+
+        def health(m, ob, wh, moved) -> tuple[torch.Tensor, torch.Tensor | None]:
+            """(ESS [B], the correction's log-weights [B, N] or None) of a flowed cloud."""
+            if not corrected:
+                return flow_ess(m, ob, wh, moved), None
+            lw = correction.log_weights(m, ob, wh, moved)
+            return ess(lw), lw
+
         x1, log_q1, n_eff = self._flow(net, model, obs, x, log_q, white, stages, track)
-        log_w = correction.log_weights(model, obs, white, x1) if corrected else None
-        if corrected:
-            n_eff = ess(log_w)
+        log_w = None
         # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
         # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
         # tests/unit/test_tempered_substeps.py checks flow_ess there)
-        elif d >= N or (model.linear_observation() and self.is_base_flow(net)):
+        if not corrected and (d >= N or (model.linear_observation() and self.is_base_flow(net))):
             return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64), None
-        elif n_eff is None:
-            n_eff = flow_ess(model, obs, white, x1)
+        if corrected or n_eff is None:  # the scalar flow's own ESS is the uncorrected health's
+            n_eff, log_w = health(model, obs, white, x1)
         # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
         # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and
         # a stream's result does not depend on the others in its batch)
@@ -461,12 +467,9 @@ class MPFUpdater(Updater):
             x1_rows, log_q1_rows, _ = self._flow(net, sub_model, sub_obs, x[rows], sub_log_q, sub_white, stages, track)
             x1 = x1.index_copy(0, rows, x1_rows)
             log_q1 = None if log_q1 is None else log_q1.index_copy(0, rows, log_q1_rows)
-            if corrected:
-                log_w_rows = correction.log_weights(sub_model, sub_obs, sub_white, x1_rows)
-                log_w, n_eff_rows = log_w.index_copy(0, rows, log_w_rows), ess(log_w_rows)
-            else:
-                n_eff_rows = flow_ess(sub_model, sub_obs, sub_white, x1_rows)
+            n_eff_rows, log_w_rows = health(sub_model, sub_obs, sub_white, x1_rows)
             n_eff = n_eff.index_copy(0, rows, n_eff_rows)
+            log_w = None if log_w is None else log_w.index_copy(0, rows, log_w_rows)
         return x1, log_q1, n_eff, log_w
 
     def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):

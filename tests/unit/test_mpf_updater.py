@@ -91,12 +91,12 @@ def test_a_trained_operator_restages_low_ess_steps_by_default(tmp_path):
     """``max_substeps``: ``substeps`` for the base flow, 4 × ``substeps`` with an operator (its config's solver or
     the stream's own option override it)."""
     from mpflow.operators.updaters import get_updater
-    from mpflow.operators.updaters.mpf import OPERATOR_ON_DEMAND_STAGES
+    from mpflow.operators.updaters.mpf import ON_DEMAND_STAGES
 
     record, _ = _save_operator(tmp_path)
     assert get_updater("mpf").options["max_substeps"] == 1
     assert get_updater("mpf", substeps=2).options["max_substeps"] == 2
-    assert get_updater("mpf", operator=str(record.path)).options["max_substeps"] == OPERATOR_ON_DEMAND_STAGES == 4
+    assert get_updater("mpf", operator=str(record.path)).options["max_substeps"] == ON_DEMAND_STAGES == 4
     assert get_updater("mpf", operator=str(record.path), substeps=2).options["max_substeps"] == 8
     assert get_updater("mpf", operator=str(record.path), max_substeps=1).options["max_substeps"] == 1
 
