@@ -247,3 +247,13 @@ def ess(log_weights: torch.Tensor) -> torch.Tensor:
     """Effective sample size 1 / Σ w_i² of normalised weights, per stream."""
     w = torch.softmax(log_weights, dim=-1)
     return 1.0 / (w * w).sum(-1)
+
+
+def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Indices [B, N] by systematic resampling: points (u_b + i)/N, i = 0..N−1, through the weights' CDF.
+    ``u`` [B] uniform in [0, 1)."""
+    B, N = log_weights.shape
+    cdf = torch.cumsum(torch.softmax(log_weights.to(torch.float64), -1), -1)
+    cdf[:, -1] = 1.0
+    points = (u.to(torch.float64)[:, None] + torch.arange(N, dtype=torch.float64)) / N
+    return torch.searchsorted(cdf, points).clamp_max(N - 1)

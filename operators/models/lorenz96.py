@@ -52,9 +52,10 @@ def parse_count(name: str, value, d: int, dtype) -> torch.Tensor:
 
 
 def parse_flag(name: str, value, d: int, dtype) -> torch.Tensor:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: must be true or false, got {value!r}")
-    return torch.tensor(float(value), dtype=dtype)
+    """true or false, or 1 or 0 (the REST API's model parameters are numbers)."""
+    if isinstance(value, bool) or (isinstance(value, int | float) and value in (0, 1)):
+        return torch.tensor(float(value), dtype=dtype)
+    raise ValueError(f"{name}: must be true or false (1 or 0), got {value!r}")
 
 
 parse_number.kind = "number"  # type: ignore[attr-defined]

@@ -49,15 +49,16 @@ from mpflow.operators.models.tempered import tempered
 from mpflow.operators.mpf import correction, posterior_moves
 from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS
 from mpflow.operators.mpf.health import flow_ess
+from mpflow.operators.mpf.kalman_particle import kalman_particle_step
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.posterior_moves import Sites
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
-from mpflow.operators.state import ParticleState, StepInfo, ess
+from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import Updater
 from mpflow.operators.updaters.enkf import check_inflation
-from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, systematic_resample
+from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates
 
 
 def find_operator(
@@ -127,6 +128,18 @@ def check_moves(options: dict) -> None:
         )
 
 
+def check_flow_fraction(options: dict) -> None:
+    """ValueError unless ``options`` has a ``flow_fraction`` γ in (0, 1], below 1 only with ``correct``."""
+    gamma = options["flow_fraction"]
+    if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0 < gamma <= 1:
+        raise ValueError(f"options.flow_fraction: a share γ of the likelihood in (0, 1], got {gamma!r}")
+    if gamma < 1 and not options["correct"]:
+        raise ValueError(
+            "options.flow_fraction: below 1 the rest of the likelihood enters as importance weights, which only the "
+            "corrected flow has: set correct to true"
+        )
+
+
 def _mixture(prior: Prior | None) -> bool:
     """Whether ``prior`` is a Gaussian mixture of several components (no Gaussian density for the moves' target)."""
     return isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1
@@ -166,6 +179,7 @@ class MPFUpdater(Updater):
             "max_substeps",
             "ess_threshold",
             "correct",
+            "flow_fraction",
             "rejuvenate",
             "shrinkage",
             "inflation",
@@ -184,6 +198,9 @@ class MPFUpdater(Updater):
         "ess_threshold": 0.5,
         "track_density": False,
         "correct": False,
+        # the corrected flow's share γ of a linear observation's likelihood; the weights take the rest (1: all
+        # to the flow; kalman_particle)
+        "flow_fraction": 1.0,
         # the corrected flow's Liu–West moves after resampling (as smc's): auto = static families only
         "rejuvenate": "auto",
         "shrinkage": gaussian.LIU_WEST_SHRINKAGE,
@@ -228,6 +245,7 @@ class MPFUpdater(Updater):
             raise ValueError(f"options.ess_threshold: a fraction of N in [0, 1], got {o['ess_threshold']!r}")
         if not isinstance(o["correct"], bool):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
+        check_flow_fraction(o)
         check_rejuvenation(o)
         check_inflation(o["inflation"])
         if o["linearisation"] not in LINEARISATIONS:
@@ -260,6 +278,11 @@ class MPFUpdater(Updater):
             raise ValueError(
                 f"options.track_density: the operator (d = {net.dim}) serves d = {model.state_dim} one dimension at "
                 "a time, where the joint density is not tracked: set track_density to false"
+            )
+        if self.options["flow_fraction"] < 1 and not (model.gaussian_observation and model.linear_observation()):
+            raise ValueError(
+                f"options.flow_fraction: the weighted share of the likelihood needs a linear observation "
+                f"o = H x + N(0, R); {model.name} observes here through a nonlinear h(x): set flow_fraction to 1"
             )
         if self.options["moves"] != "auto" and self.options["moves"] > 0:
             if model.dynamic:
@@ -478,7 +501,8 @@ class MPFUpdater(Updater):
         below ``ess_threshold``·N flows again in twice as many stages, up to ``max_substeps``) and resample — per
         dimension where the family factorises. A static family's resampled copies are then moved apart by the
         Liu–West kernel (it keeps the cloud's mean and covariance), as ``smc`` does. The step's ``ess`` is the
-        weights' (the smallest over the dimensions)."""
+        weights' (the smallest over the dimensions). With ``flow_fraction`` γ < 1 (a linear observation) the flow
+        takes γ of the likelihood and the weights the rest (:mod:`~mpflow.operators.mpf.kalman_particle`)."""
         B, N, d = state.particles.shape
         x_prev = state.particles
         x, predictive = x_prev, None
@@ -486,6 +510,15 @@ class MPFUpdater(Updater):
             x, mean, cov = model.propagate(x_prev, gens)
             predictive = [mean, cov * float(self.options["inflation"]) ** 2]
         inc = evidence.predictive(model.log_likelihood(obs, x))
+        if self.options["flow_fraction"] < 1:
+            rho = float(self.options["inflation"])
+            if predictive is None:
+                predictive = gaussian.moments(x.to(torch.float64))
+            elif rho != 1.0:  # the cloud's anomalies × ρ, as its covariance's ρ² above
+                x = torch.lerp(predictive[0][:, None].to(x.dtype), x, rho)
+            u = rand(gens, [1], torch.float64).reshape(-1)
+            x1, log_alpha = kalman_particle_step(model, obs, x, predictive[1], self.options["flow_fraction"], u, gens)
+            return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, ess(log_alpha))
         split = model.per_dimension(B)
         u = rand(gens, [d if split is not None else 1], torch.float64).reshape(-1)
         if split is not None:
@@ -500,8 +533,14 @@ class MPFUpdater(Updater):
         x1, _, n_eff, log_w = self._staged_flow(base, model, obs, x, None, white, False, corrected=True)
         log_w = correction.tempered_to_ess(log_w, correction.MIN_ESS_FRACTION * N, current=n_eff)
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
-        if rejuvenates(self.options["rejuvenate"], model):
-            x1 = liu_west_moves(x1, x1, None, gens, float(self.options["shrinkage"]))
         if split is not None:
             x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
-        return state.replace(particles=x1), StepInfo(inc, n_eff)
+        return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, n_eff)
+
+    def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
+        """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the
+        cloud's mean and covariance) where ``rejuvenate`` asks for it, as ``smc`` does."""
+        if not rejuvenates(self.options["rejuvenate"], model):
+            return state
+        x = state.particles
+        return state.replace(particles=liu_west_moves(x, x, None, gens, float(self.options["shrinkage"])))

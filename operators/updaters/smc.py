@@ -19,18 +19,8 @@ import torch
 from mpflow.operators import evidence, gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators, rand, randn
-from mpflow.operators.state import ParticleState, StepInfo, ess
+from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import Updater
-
-
-def systematic_resample(log_weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Indices [B, N] by systematic resampling: points (u_b + i)/N, i = 0..N−1, through the weights' CDF.
-    ``u`` [B] uniform in [0, 1)."""
-    B, N = log_weights.shape
-    cdf = torch.cumsum(torch.softmax(log_weights.to(torch.float64), -1), -1)
-    cdf[:, -1] = 1.0
-    points = (u.to(torch.float64)[:, None] + torch.arange(N, dtype=torch.float64)) / N
-    return torch.searchsorted(cdf, points).clamp_max(N - 1)
 
 
 def liu_west_moves(

@@ -52,6 +52,21 @@ def test_range_bearing_and_lorenz96_streams_run_through_the_api(redis_url):
             assert r.status_code == 422 and "lorenz96" in r.text and method in r.text, r.text
         r = await c.post("/v1/streams", json={**L96, "method": "enkf", "method_options": {"localisation": 2.0}})
         assert r.status_code == 201, r.text
+        # the corrected flow with a share of the likelihood weighted (a linear observation): a partial observation
+        # and a gap; where the observation is nonlinear (arctan, range-bearing) a 422 names the option
+        split = {"correct": True, "flow_fraction": 0.5}
+        r = await c.post("/v1/streams", json={**L96, "method": "mpf", "method_options": split})
+        assert r.status_code == 201 and r.json()["method_options"] == split, r.text
+        r = await c.post(
+            f"/v1/streams/{r.json()['stream_id']}/observations", json={"observations": [[1.0, None, 2.0], None]}
+        )
+        assert r.status_code == 200 and 1 <= r.json()["per_step"][0]["ess"] <= 32, r.text
+        arctan = {**L96, "model": {"family": "lorenz96", "params": {"obs_every": 2, "arctan": 1}}}
+        for spec in (arctan, TRACK):
+            r = await c.post("/v1/streams", json={**spec, "method": "mpf", "method_options": split})
+            assert r.status_code == 422 and "method_options.flow_fraction" in r.text, r.text
+        r = await c.post("/v1/streams", json={**L96, "method": "mpf", "method_options": {"flow_fraction": 0.5}})
+        assert r.status_code == 422 and "set correct to true" in r.text, r.text
 
     run(redis_url, body)
 

@@ -198,5 +198,9 @@ def test_the_linear_observation_is_given_as_h_and_r():
         assert torch.allclose(log_n.sum(-1), part.log_likelihood(o, x))
     arctan = make_model("lorenz96", {"arctan": True}, 6)
     assert not arctan.linear_observation()
+    assert not make_model("lorenz96", {"arctan": 1}, 6).linear_observation()  # the REST API sends numbers
+    assert make_model("lorenz96", {"arctan": 0}, 6).linear_observation()
+    with pytest.raises(ValueError, match=r"arctan: must be true or false \(1 or 0\), got 2"):
+        make_model("lorenz96", {"arctan": 2}, 6)
     with pytest.raises(TypeError, match="arctan"):
         arctan.observation_affine()

@@ -6,8 +6,8 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.rng import generator
+from mpflow.operators.state import systematic_resample
 from mpflow.operators.updaters import get_updater
-from mpflow.operators.updaters.smc import systematic_resample
 
 A = [[0.9, 0.2], [-0.15, 0.85]]
 B = [[1.0, 0.0], [0.4, 1.0]]
