@@ -67,6 +67,12 @@ def entropy(chol: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1) + 0.5 * d * (1 + LOG_2PI)
 
 
+def matvec(A: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A v for a batch of matrices A [..., m, n] and vectors v [..., n] → [..., m] (a matmul: torch.einsum's
+    Python dispatch costs more than the product at these sizes)."""
+    return (A @ v[..., None])[..., 0]
+
+
 def moments(x: torch.Tensor, log_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted mean [B, d] and covariance [B, d, d] of a particle cloud (the 1/N, biased estimate,
     as GPF eq. 15 uses: C = Σ_i w_i (x_i − m)(x_i − m)ᵀ)."""
@@ -86,7 +92,7 @@ def affine_push(
     mean: torch.Tensor, cov: torch.Tensor, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Moments of F x + c + N(0, Q) for x ~ N(mean, cov) (the Kalman predict step)."""
-    m = torch.einsum("bij,bj->bi", F, mean) + c
+    m = matvec(F, mean) + c
     C = F @ cov @ F.transpose(-1, -2) + Q
     return m, 0.5 * (C + C.transpose(-1, -2))
 

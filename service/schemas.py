@@ -268,6 +268,7 @@ class CreateStreamRequest(_Request):
     method_options: dict[str, Any] | None = Field(
         default=None,
         description="the stream's own method options: mpf substeps (1–64), max_substeps, ess_threshold, correct, "
+        "flow_fraction (0–1, with correct and a linear observation), "
         "rejuvenate, shrinkage, inflation, linearisation (posterior, stein, importance), moves (auto or 0–64, "
         "static families), window (0–16); smc ess_threshold, "
         "rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa. With no method they "

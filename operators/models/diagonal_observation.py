@@ -18,6 +18,7 @@ that of o_S (the convention of :mod:`mpflow.operators.models.linear_observation`
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import ClassVar
 
@@ -29,6 +30,14 @@ from mpflow.operators.rng import Generators, randn
 def wrap_angle(a: torch.Tensor) -> torch.Tensor:
     """a wrapped into [−π, π) (gradient 1 everywhere except at the jump)."""
     return torch.remainder(a + math.pi, 2 * math.pi) - math.pi
+
+
+@functools.lru_cache(maxsize=32)
+def _angular_mask(k: int, angular: tuple[int, ...]) -> torch.Tensor:
+    """[k] bool: True at the angular entries (shared and never written to)."""
+    mask = torch.zeros(k, dtype=torch.bool)
+    mask[list(angular)] = True
+    return mask
 
 
 class DiagonalGaussianObservation(ModelFamily):
@@ -57,12 +66,15 @@ class DiagonalGaussianObservation(ModelFamily):
         return torch.ones(self.observation_sd().shape, dtype=like.dtype) if seen is None else seen.to(like.dtype)
 
     def _wrapped(self, r: torch.Tensor) -> torch.Tensor:
+        """r [..., k] with the angular entries wrapped (a mask, not an indexed copy: this runs on every step)."""
         if not self.angular:
             return r
-        idx = list(self.angular)
-        r = r.clone()
-        r[..., idx] = wrap_angle(r[..., idx])
-        return r
+        return torch.where(_angular_mask(r.shape[-1], self.angular), wrap_angle(r), r)
+
+    def _weighted_by_seen(self, t: torch.Tensor) -> torch.Tensor:
+        """t [B, N, k] with the entries a partial observation does not have set to 0 (t itself when all are)."""
+        seen = self.params.get("seen")
+        return t if seen is None else t * seen.to(t.dtype)[:, None]
 
     def observation_residual(self, obs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """o ⊖ y: the angular entries wrapped into [−π, π)."""
@@ -72,7 +84,7 @@ class DiagonalGaussianObservation(ModelFamily):
         s = self.observation_sd().to(x.dtype)[:, None]
         r = self.observation_residual(obs.to(x.dtype), self.observed_mean(x))
         terms = -0.5 * (r / s) ** 2 - torch.log(s) - 0.5 * math.log(2 * math.pi)
-        return (terms * self._seen(x)[:, None]).sum(-1)
+        return self._weighted_by_seen(terms).sum(-1)
 
     def observation_function(self, x: torch.Tensor) -> torch.Tensor:
         """h(x), 0 at the gaps of a partial observation."""

@@ -99,9 +99,13 @@ class RangeBearing(DiagonalGaussianObservation):
     # ----------------------------------------------------------------- observation
     def observed_mean(self, x: torch.Tensor) -> torch.Tensor:
         """(‖p − s‖, atan2(p_y − s_y, p_x − s_x))."""
+        return self._geometry(x)[2]
+
+    def _geometry(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(p − s [B, N, 2], ‖p − s‖² [B, N, 1], h(x) [B, N, 2]) for x [B, N, 4]."""
         rel = x[..., :2] - self.params["sensor"][:, None].to(x.dtype)
-        rng = torch.sqrt((rel**2).sum(-1) + RANGE_EPS)
-        return torch.stack([rng, torch.atan2(rel[..., 1], rel[..., 0])], -1)
+        r2 = (rel * rel).sum(-1, keepdim=True)
+        return rel, r2, torch.cat([torch.sqrt(r2 + RANGE_EPS), torch.atan2(rel[..., 1:], rel[..., :1])], -1)
 
     def observation_sd(self) -> torch.Tensor:
         return torch.stack([self.params["range_sd"], self.params["bearing_sd"]], -1)
@@ -110,11 +114,10 @@ class RangeBearing(DiagonalGaussianObservation):
         """∇x log p = Jᵀ (r ⊘ s²) over the observed entries, J the Jacobian of h: ∂ρ/∂p = (p − s)/ρ,
         ∂θ/∂p = (−(p_y − s_y), p_x − s_x)/ρ²; the velocity is not observed."""
         s = self.observation_sd().to(x.dtype)[:, None]
-        w = self.observation_residual(obs.to(x.dtype), self.observed_mean(x)) / s**2 * self._seen(x)[:, None]
-        rel = x[..., :2] - self.params["sensor"][:, None].to(x.dtype)
-        r2 = (rel**2).sum(-1, keepdim=True)
-        d_range = rel / torch.sqrt(r2 + RANGE_EPS)
-        d_bearing = torch.stack([-rel[..., 1], rel[..., 0]], -1) / r2.clamp_min(torch.finfo(x.dtype).tiny)
+        rel, r2, h = self._geometry(x)
+        w = self._weighted_by_seen(self.observation_residual(obs.to(x.dtype), h) / (s * s))
+        d_range = rel / h[..., :1]
+        d_bearing = torch.cat([-rel[..., 1:], rel[..., :1]], -1) / r2.clamp_min(torch.finfo(x.dtype).tiny)
         grad_p = w[..., :1] * d_range + w[..., 1:] * d_bearing
         return torch.cat([grad_p, torch.zeros_like(grad_p)], -1)
 

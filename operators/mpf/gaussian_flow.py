@@ -83,12 +83,12 @@ def statistical_linearisation(
         mean, cov = gaussian.moments(x64, log_weights)
         chol = gaussian.cholesky(cov)
     xc = x64 - mean[:, None]
-    cross = torch.einsum("bn,bni,bnj->bij", w, s64, xc)  # E[s (x − m)ᵀ] ≈ −Λ C
+    cross = (s64 * w[..., None]).transpose(-1, -2) @ xc  # E[s (x − m)ᵀ] ≈ −Λ C
     prec = -torch.cholesky_solve(cross.transpose(-1, -2), chol).transpose(-1, -2)
     prec = 0.5 * (prec + prec.transpose(-1, -2))
     eig, vec = torch.linalg.eigh(prec)
     prec = vec @ torch.diag_embed(eig.clamp_min(0.0)) @ vec.transpose(-1, -2)
-    info = torch.einsum("bn,bnd->bd", w, s64) + torch.einsum("bij,bj->bi", prec, mean)
+    info = (w[:, None] @ s64)[:, 0] + gaussian.matvec(prec, mean)
     return GaussianLikelihood(prec, info)
 
 
@@ -228,11 +228,9 @@ def whitened_likelihood(white: gaussian.Whitened, likelihood: GaussianLikelihood
     prec = likelihood.precision.to(torch.float64)
     lam_z = L.transpose(-1, -2) @ prec @ L
     lam_z = 0.5 * (lam_z + lam_z.transpose(-1, -2))
-    eta_z = torch.einsum(
-        "bji,bj->bi", L, likelihood.information.to(torch.float64) - torch.einsum("bij,bj->bi", prec, m)
-    )
+    eta_z = gaussian.matvec(L.transpose(-1, -2), likelihood.information.to(torch.float64) - gaussian.matvec(prec, m))
     eigval, eigvec = torch.linalg.eigh(lam_z)
-    return WhitenedLikelihood(lam_z, eta_z, eigval, eigvec, torch.einsum("bji,bj->bi", eigvec, eta_z))
+    return WhitenedLikelihood(lam_z, eta_z, eigval, eigvec, gaussian.matvec(eigvec.transpose(-1, -2), eta_z))
 
 
 def gaussian_posterior_points(white: gaussian.Whitened, likelihood: GaussianLikelihood) -> torch.Tensor:
@@ -246,10 +244,22 @@ def gaussian_posterior_points(white: gaussian.Whitened, likelihood: GaussianLike
     return white.mean.to(torch.float64)[:, None] + y1 @ (L @ w.eigvec).transpose(-1, -2)
 
 
-def posterior_linearisation(
+@dataclass(frozen=True)
+class PosteriorFit:
+    """What :func:`posterior_fit` leaves: the kept fit, its Gaussian posterior's points x₁ (in the cloud's dtype)
+    and the normalised log-weights [B, N] that would correct them to the exact Bayes update of the cloud's
+    Gaussian (:func:`~mpflow.operators.mpf.correction.log_weights`) — the base flow's output and the corrected
+    flow's weights, had it run with this fit."""
+
+    likelihood: GaussianLikelihood
+    points: torch.Tensor
+    log_weights: torch.Tensor
+
+
+def posterior_fit(
     model, obs: torch.Tensor, x: torch.Tensor, white: gaussian.Whitened, score: torch.Tensor, iterations: int
-) -> GaussianLikelihood:
-    """Stein's fit re-fitted ``iterations`` times at the Gaussian posterior the previous fit gives (module
+) -> PosteriorFit:
+    """Stein's fit re-fitted ``iterations`` (≥ 1) times at the Gaussian posterior the previous fit gives (module
     docstring): (Λ, η) ← :func:`statistical_linearisation` at :func:`gaussian_posterior_points` (``white``: the
     prior cloud x [B, N, d], float64; ``score``: ∇x log p(o | x) at x).
 
@@ -257,26 +267,39 @@ def posterior_linearisation(
     a target passing close to the sensor: 6–9 posterior sd off in 2 of 32 streams). So the last re-fit and Stein's
     fit are scored by the effective sample size of the importance weights that would correct the Gaussian
     posterior each gives to the exact Bayes update of N(m, C) (:func:`~mpflow.operators.mpf.correction.log_weights`,
-    the flow's own health signal), and each stream keeps the better of the two."""
-    stein = lik = statistical_linearisation(x, score, whitened=white)
-    if not iterations:
-        return stein
+    the flow's own health signal), and each stream keeps the better of the two, with its points and weights."""
+    stein = statistical_linearisation(x, score, whitened=white)
 
     def moved(fit: GaussianLikelihood) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the posterior points of ``fit`` in x's dtype, their ESS [B])."""
+        """(the posterior points of ``fit`` in x's dtype, their correction's log-weights [B, N])."""
         x1 = gaussian_posterior_points(white, fit).to(x.dtype)
-        return x1, state.ess(correction.log_weights(model, obs, white, x1))
+        return x1, correction.log_weights(model, obs, white, x1)
 
-    x1, stein_ess = moved(stein)
+    stein_x1, stein_lw = moved(stein)
+    x1 = stein_x1
     for iteration in range(iterations):
         lik = statistical_linearisation(x1, model.score(obs, x1))
         if iteration < iterations - 1:
             x1 = gaussian_posterior_points(white, lik).to(x.dtype)
-    keep = (moved(lik)[1] >= stein_ess)[:, None]
-    return GaussianLikelihood(
-        torch.where(keep[..., None], lik.precision, stein.precision),
-        torch.where(keep, lik.information, stein.information),
+    lik_x1, lik_lw = moved(lik)
+    keep = state.ess(lik_lw) >= state.ess(stein_lw)
+    return PosteriorFit(
+        GaussianLikelihood(
+            torch.where(keep[:, None, None], lik.precision, stein.precision),
+            torch.where(keep[:, None], lik.information, stein.information),
+        ),
+        torch.where(keep[:, None, None], lik_x1, stein_x1),
+        torch.where(keep[:, None], lik_lw, stein_lw),
     )
+
+
+def posterior_linearisation(
+    model, obs: torch.Tensor, x: torch.Tensor, white: gaussian.Whitened, score: torch.Tensor, iterations: int
+) -> GaussianLikelihood:
+    """The likelihood of :func:`posterior_fit` (Stein's own fit with no ``iterations``)."""
+    if not iterations:
+        return statistical_linearisation(x, score, whitened=white)
+    return posterior_fit(model, obs, x, white, score, iterations).likelihood
 
 
 LINEARISATIONS = ("stein", "importance", "posterior")

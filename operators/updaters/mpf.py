@@ -47,7 +47,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
 from mpflow.operators.mpf import correction, posterior_moves
-from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS
+from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS, posterior_fit
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.kalman_particle import kalman_particle_step
 from mpflow.operators.mpf.network import MPFVelocity
@@ -469,14 +469,19 @@ class MPFUpdater(Updater):
             lw = correction.log_weights(m, ob, wh, moved)
             return ess(lw), lw
 
-        x1, log_q1, n_eff = self._flow(net, model, obs, x, log_q, white, stages, track)
         log_w = None
+        if corrected and stages == 1 and self._fitted_in_closed_form(model, x):
+            # the base flow in one stage is the posterior fit's own map: its points and weights, computed once
+            fit = posterior_fit(model, obs, x, white, model.score(obs, x), POSTERIOR_ITERATIONS)
+            x1, log_q1, n_eff, log_w = fit.points, None, ess(fit.log_weights), fit.log_weights
+        else:
+            x1, log_q1, n_eff = self._flow(net, model, obs, x, log_q, white, stages, track)
         # a cloud of N ≤ d has no Gaussian fit: no health signal; with a linear-Gaussian likelihood the step is the
         # exact base flow from the predictive's Gaussian fit, in closed form, whose weights are uniform (N;
         # tests/unit/test_tempered_substeps.py checks flow_ess there)
         if not corrected and (d >= N or (model.linear_observation() and self.is_base_flow(net))):
             return x1, log_q1, torch.full((B,), float(N), dtype=torch.float64), None
-        if corrected or n_eff is None:  # the scalar flow's own ESS is the uncorrected health's
+        if log_w is None and (corrected or n_eff is None):  # the scalar flow's own ESS is the uncorrected health's
             n_eff, log_w = health(model, obs, white, x1)
         # the correction a low ESS triggers: the streams below the threshold — only those — run the step again in
         # twice as many tempered stages, up to max_substeps (from the same predicted particles: deterministic, and
@@ -494,6 +499,14 @@ class MPFUpdater(Updater):
             n_eff = n_eff.index_copy(0, rows, n_eff_rows)
             log_w = None if log_w is None else log_w.index_copy(0, rows, log_w_rows)
         return x1, log_q1, n_eff, log_w
+
+    def _fitted_in_closed_form(self, model: ModelFamily, x: torch.Tensor) -> bool:
+        """Whether a one-stage base flow of ``model`` from the cloud x [B, N, d] is the map of
+        :func:`~mpflow.operators.mpf.gaussian_flow.posterior_fit` (the posterior linearisation of a nonlinear
+        observation in d > 1; d = 1 runs :mod:`~mpflow.operators.mpf.scalar_flow`), which also gives the corrected
+        flow's weights: then the step takes both from it instead of mapping and weighting the cloud again."""
+        linear = model.linear_observation()
+        return self.options["linearisation"] == "posterior" and not linear and 1 < x.shape[-1] < x.shape[1]
 
     def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in

@@ -141,3 +141,24 @@ def test_linearisation_is_a_checked_stream_option() -> None:
     assert get_updater("mpf").options["linearisation"] == "posterior"
     with pytest.raises(ValueError, match=r"options\.linearisation"):
         get_updater("mpf", linearisation="laplace")
+
+
+def test_the_fit_gives_the_base_flows_points_and_the_corrected_flows_weights() -> None:
+    """The corrected step takes its one-stage points and weights from ``posterior_fit`` (it computes both to choose
+    the fit): they are the base flow's map of the cloud and the correction's weights at it, to float32 rounding."""
+    from mpflow.operators.mpf.gaussian_flow import POSTERIOR_ITERATIONS, posterior_fit
+
+    model = make_model("range_bearing", {"range_sd": 0.2, "bearing_sd": 0.2}, 4)
+    batch = type(model).stack([model] * 3)
+    x = (_cloud(3, 400, 4) * 0.5 + torch.tensor([1.0, 0.4, 1.0, 0.0], dtype=F64)).float()
+    obs = torch.tensor([[1.1, 0.3], [0.9, 0.6], [1.3, -2.9]])
+    white = gaussian.whiten(x.double())
+    fit = posterior_fit(batch, obs, x, white, batch.score(obs, x), POSTERIOR_ITERATIONS)
+    with torch.no_grad():
+        base = MPFVelocity(4, linearisation="posterior").eval()
+        x1, _ = flow_step(base, batch, obs, x, None, divergence="none", whitened=white, residual=False)
+    assert float((fit.points - x1).abs().max()) < 1e-4
+    assert float((fit.log_weights - correction.log_weights(batch, obs, white, x1)).exp().sub(1).abs().max()) < 1e-2
+    assert torch.equal(
+        fit.likelihood.precision, posterior_linearisation(batch, obs, x, white, batch.score(obs, x), 3).precision
+    )
