@@ -13,7 +13,8 @@ RK4 step of 0.05 between them, a perfect model (no model noise):
   Published bootstrap particle filter RMSE at N = 800: 0.29 (Bocquet, Pires & Wu 2010, Fig. 1; DAPPER's regularised
   ``PartFilt(N=800, NER=0.2, reg=0.8)`` 0.25). Run: ``smc`` at N = 800, resampling below ESS 0.2 N
   (``ess_threshold``) with Liu–West jitter after each resampling (``rejuvenate="always"``, over a few shrinkages a;
-  the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), and ``enkf``.
+  the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), the plain SIR
+  filter that resamples at every step, and ``enkf``.
 
 ``mpf`` runs both (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.propagate``): the base flow
 at N = 48 (it needs N > d), at N = 48 and 64 with enkf's inflation ρ = 1.01 of the predictive's anomalies (with a
@@ -100,6 +101,8 @@ SETTINGS = [
                 for a in (0.8, 0.85, 0.9)
             ],
             ("smc", 400, {**BOCQUET_SMC, "shrinkage": 0.8}, 0.29, ""),
+            # the plain SIR filter: resampling at every step (ESS ≤ N < 2N)
+            ("smc", 800, {**BOCQUET_SMC, "ess_threshold": 2.0, "shrinkage": 0.8}, 0.29, "Bocquet 2010 Fig. 1"),
             *[("smc", n, {**BOCQUET_SMC, "shrinkage": 0.85}, 0.29, "") for n in (1600, 3200)],
             ("enkf", 10, {"inflation": 1.04}, None, ""),
             ("mpf", 64, {}, 0.29, ""),
