@@ -88,7 +88,7 @@ class DiagonalGaussianObservation(ModelFamily):
 
     def observation_function(self, x: torch.Tensor) -> torch.Tensor:
         """h(x), 0 at the gaps of a partial observation."""
-        return self.observed_mean(x) * self._seen(x)[:, None]
+        return self._weighted_by_seen(self.observed_mean(x))
 
     def observation_noise(self) -> torch.Tensor:
         """diag(s²), 1 at the gaps of a partial observation."""

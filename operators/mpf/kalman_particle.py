@@ -37,15 +37,9 @@ from __future__ import annotations
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.references.conjugate import kalman_gain
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import systematic_resample
-
-
-def _gain(P: torch.Tensor, H: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K = P Hᵀ S⁻¹ [B, d, k], the Cholesky factor of S = H P Hᵀ + R [B, k, k])."""
-    S = H @ P @ H.transpose(-1, -2) + R
-    L = gaussian.cholesky(0.5 * (S + S.transpose(-1, -2)))
-    return torch.cholesky_solve(H @ P, L).transpose(-1, -2), L
 
 
 def kalman_particle_step(
@@ -65,11 +59,11 @@ def kalman_particle_step(
     point's residual is o − H νᵢ = (I − H K_γ) eᵢ, its component's posterior mean νᵢ + K̃ (I − H K_γ) eᵢ
     = xᵢ + G eᵢ with G = K_γ + K̃ (I − H K_γ), and a draw's two perturbations enter as [ξ₁, ξ₂] M with ξ standard
     normal and M = [L₁ᵀ (K_γ − K̃ H K_γ)ᵀ; L₂ᵀ K̃ᵀ] (L₁ L₁ᵀ = R/γ, L₂ L₂ᵀ = R/(1−γ)): one product each."""
-    B, N, _ = x.shape
+    N = x.shape[1]
     H, R = (t.to(torch.float64) for t in model.observation_affine())
     e = model.observation_residual(obs, model.observation_function(x)).to(torch.float64)  # [B, N, k]
-    K, _ = _gain(cov.to(torch.float64), H, R / gamma)
-    K_rest, L_rest = _gain(K @ (R / gamma) @ K.transpose(-1, -2), H, R / (1.0 - gamma))
+    K, _ = kalman_gain(cov.to(torch.float64), H, R / gamma)
+    K_rest, L_rest = kalman_gain(K @ (R / gamma) @ K.transpose(-1, -2), H, R / (1.0 - gamma))
     HK = H @ K
     k = R.shape[-1]
     moved = torch.eye(k, dtype=torch.float64) - HK  # eᵢ ↦ o − H νᵢ

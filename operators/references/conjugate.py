@@ -13,17 +13,22 @@ import torch
 from mpflow.operators import gaussian
 
 
+def kalman_gain(cov: torch.Tensor, H: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K = P Hᵀ S⁻¹ [B, d, k], the Cholesky factor of S = H P Hᵀ + R [B, k, k]) for P = ``cov`` [B, d, d],
+    H [B, k, d], R [B, k, k], in their dtype."""
+    S = H @ cov @ H.transpose(-1, -2) + R
+    L = gaussian.cholesky(0.5 * (S + S.transpose(-1, -2)))
+    return torch.cholesky_solve(H @ cov, L).transpose(-1, -2), L
+
+
 def conjugate_update(
     mean: torch.Tensor, cov: torch.Tensor, H: torch.Tensor, R: torch.Tensor, obs: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mean [B, d], cov [B, d, d], H [B, k, d], R [B, k, k], obs [B, k] → (m', P', log p(o)) in float64."""
     mean, cov, H, R, obs = (t.to(torch.float64) for t in (mean, cov, H, R, obs))
-    S = H @ cov @ H.transpose(-1, -2) + R
-    S = 0.5 * (S + S.transpose(-1, -2))
-    L = gaussian.cholesky(S)
+    K, L = kalman_gain(cov, H, R)
     pred = torch.einsum("bkd,bd->bk", H, mean)
     log_pred = gaussian.log_prob(obs[:, None], pred, L)[:, 0]
-    K = torch.cholesky_solve(H @ cov, L).transpose(-1, -2)  # P Hᵀ S⁻¹  [B, d, k]
     m = mean + torch.einsum("bdk,bk->bd", K, obs - pred)
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
     IKH = eye - K @ H
