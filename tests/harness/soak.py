@@ -36,6 +36,7 @@ from mpflow.service.client import Retry
 from mpflow.service.embedded import running_server
 from mpflow.service.store import StreamStore
 
+from tests.harness.deadline import run_with_deadline
 from tests.harness.server import ServiceProcess, kill_embedded, redis_log_warnings
 from tests.harness.specs import STATE_DIM, TENANT
 from tests.harness.traffic import Recorder, clients, create_streams, drive, percentile, progress, tally
@@ -49,7 +50,8 @@ TARGETS = {"rss_growth": 0.10, "p99_ratio": 1.5}
 #: stalled, and fails with what the server logged instead of hanging
 STALL_BASE_S, STALL_PER_UPDATE_S = 60.0, 0.15
 #: the whole run (connect, create, update, read back) is stopped after this plus STALL_PER_UPDATE_S per update, so
-#: that a hang anywhere in it (not only in the updates) fails with where it was, before pytest's own timeout
+#: that a hang anywhere in it (not only in the updates) fails with where it was and every pending task's stack
+#: (:func:`~tests.harness.deadline.run_with_deadline`), before pytest's own timeout
 RUN_DEADLINE_S = 90.0
 
 
@@ -314,12 +316,12 @@ def soak(streams: int = 100, steps: int = 1000, progress: bool = False, sample_s
                 deadline = RUN_DEADLINE_S + STALL_PER_UPDATE_S * streams * steps
                 store = f"unix://{found[1]}"
                 try:
-                    run = asyncio.run(
-                        asyncio.wait_for(_soak_run(service, store, streams, steps, progress, sample_s, where), deadline)
+                    run = run_with_deadline(
+                        _soak_run(service, store, streams, steps, progress, sample_s, where), deadline
                     )
                 except Exception as exc:  # a stalled or failed run: say where, and what the server said
                     raise AssertionError(
-                        f"the soak stopped ({where}, {time.monotonic() - t0:.0f} s in): {exc!r}\n"
+                        f"the soak stopped ({where}, {time.monotonic() - t0:.0f} s in): {type(exc).__name__}: {exc}\n"
                         f"server log:\n{service.log_tail()}"
                     ) from exc
                 aof = sum(f.stat().st_size for f in data_dir.glob("appendonly*"))
