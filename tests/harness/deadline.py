@@ -5,7 +5,7 @@ stuck where a cancellation does not end it (a clean-up awaiting a peer that neve
 the cancellation) holds the caller past its deadline; ``asyncio.run`` likewise waits for every pending task at
 the end. :func:`run_with_deadline` runs the coroutine on a loop of its own; at the deadline it records the stack
 of every pending task, cancels them all, waits at most ``grace`` seconds, closes the loop whatever still pends
-and raises :class:`DeadlineExceeded` with the stacks — a hang becomes a failure that names its place.
+and raises :class:`DeadlineExceededError` with the stacks — a hang becomes a failure that names its place.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceededError(TimeoutError):
     """The coroutine was not done by the deadline; the message holds every pending task's stack."""
 
 
@@ -31,7 +31,7 @@ def pending_stacks(loop: asyncio.AbstractEventLoop) -> str:
 
 
 def run_with_deadline(coro: Coroutine[Any, Any, T], deadline: float, grace: float = 5.0) -> T:
-    """``coro``'s result, run on a new event loop; :class:`DeadlineExceeded` after ``deadline`` seconds (plus at
+    """``coro``'s result, run on a new event loop; :class:`DeadlineExceededError` after ``deadline`` seconds (plus at
     most ``grace`` for the cancelled tasks to end), whatever the coroutine is doing (module docstring)."""
     loop = asyncio.new_event_loop()
     try:
@@ -44,7 +44,7 @@ def run_with_deadline(coro: Coroutine[Any, Any, T], deadline: float, grace: floa
         for t in pending:
             t.cancel()
         loop.run_until_complete(asyncio.wait(pending, timeout=grace))
-        raise DeadlineExceeded(f"not done in {deadline:.0f} s; the pending tasks were at:\n{stacks}")
+        raise DeadlineExceededError(f"not done in {deadline:.0f} s; the pending tasks were at:\n{stacks}")
     finally:
         closing = loop.create_task(loop.shutdown_asyncgens())
         loop.run_until_complete(asyncio.wait({closing}, timeout=grace))
