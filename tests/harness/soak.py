@@ -27,7 +27,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,27 +99,36 @@ def expected_state_bytes(num_particles: int, dim: int, method: str) -> dict[str,
     }
 
 
-async def _redis_memory(store_url: str, prefix: str, stream_ids: Sequence[str]) -> dict[str, Any]:
-    store = StreamStore.from_url(store_url, prefix=prefix)
-    try:
-        r = store.client
-        info = await r.info("memory")
-        strlen, state_mem, meta_mem = [], [], []
-        for sid in stream_ids:
-            meta_key, state_key = store.keys(TENANT, sid)
-            strlen.append(await r.strlen(state_key))
-            state_mem.append(await r.memory_usage(state_key, samples=0))
-            meta_mem.append(await r.memory_usage(meta_key, samples=0))
-        return {
-            "used_memory": int(info["used_memory"]),
-            "used_memory_dataset": int(info.get("used_memory_dataset", 0)),
-            "mem_clients_normal": int(info.get("mem_clients_normal", 0)),
-            "state_strlen": strlen,
-            "state_memory_usage": state_mem,
-            "meta_memory_usage": meta_mem,
-        }
-    finally:
-        await store.aclose()
+async def _redis_memory(store: StreamStore, stream_ids: Sequence[str]) -> dict[str, Any]:
+    r = store.client
+    info = await r.info("memory")
+    strlen, state_mem, meta_mem = [], [], []
+    for sid in stream_ids:
+        meta_key, state_key = store.keys(TENANT, sid)
+        strlen.append(await r.strlen(state_key))
+        state_mem.append(await r.memory_usage(state_key, samples=0))
+        meta_mem.append(await r.memory_usage(meta_key, samples=0))
+    return {
+        "used_memory": int(info["used_memory"]),
+        "used_memory_dataset": int(info.get("used_memory_dataset", 0)),
+        "mem_clients_normal": int(info.get("mem_clients_normal", 0)),
+        "state_strlen": strlen,
+        "state_memory_usage": state_mem,
+        "meta_memory_usage": meta_mem,
+    }
+
+
+async def sample_until(stop: asyncio.Event, interval: float, take: Callable[[], Awaitable[None]]) -> None:
+    """``take()`` every ``interval`` seconds until ``stop`` is set (then at most one more ``take`` finishes).
+
+    The sampler is stopped by the event, never by ``Task.cancel()``: redis-py's asyncio client (8.1.0) now and then
+    swallows a cancellation that lands inside a command (about one in ten cancels of a loop of ``INFO`` calls,
+    measured against a local Redis; redis/redis-py#2028 describes the same for blocking commands), and the task
+    then runs on. The soak's sampler was cancelled that way, and the run waited on it for ever: CI's soak hangs."""
+    while not stop.is_set():
+        await take()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
 
 
 def tree_rss(proc) -> int:
@@ -149,27 +158,30 @@ async def _soak_run(
     where["phase"] = "connecting"
     rec = Recorder()
     proc = psutil.Process(service.pid)
-    empty = await _redis_memory(store_url, "mpflow", [])
+    memory_store = StreamStore.from_url(store_url, prefix="mpflow")
+    stop = asyncio.Event()
+    sampler: asyncio.Task | None = None
     samples: list[dict[str, float]] = []
-    async with clients(service.url, streams, rec, Retry(attempts=3)) as cs:
-        where["phase"] = "creating the streams"
-        pairs = await create_streams(cs, SOAK_MODEL, SOAK_METHOD, SOAK_PARTICLES, steps, "soak")
-        runs = [r for _, r in pairs]
-        ids = [r.stream_id for r in runs]
-        created = await _redis_memory(store_url, "mpflow", ids)
-        operator = pairs[0][0].document.get("operator") if pairs[0][0].document else None
-        bar = progress(streams * steps, "soak", show_progress)
-        done = [0]
-        t_start = time.monotonic()
+    try:
+        empty = await _redis_memory(memory_store, [])
+        async with clients(service.url, streams, rec, Retry(attempts=3)) as cs:
+            where["phase"] = "creating the streams"
+            pairs = await create_streams(cs, SOAK_MODEL, SOAK_METHOD, SOAK_PARTICLES, steps, "soak")
+            runs = [r for _, r in pairs]
+            ids = [r.stream_id for r in runs]
+            created = await _redis_memory(memory_store, ids)
+            operator = pairs[0][0].document.get("operator") if pairs[0][0].document else None
+            bar = progress(streams * steps, "soak", show_progress)
+            done = [0]
+            t_start = time.monotonic()
 
-        def on_steps(n: int) -> None:
-            done[0] += n
-            where["updates"] = done[0]
-            bar.update(n)
+            def on_steps(n: int) -> None:
+                done[0] += n
+                where["updates"] = done[0]
+                bar.update(n)
 
-        async def sample() -> None:
-            while True:
-                mem = await _redis_memory(store_url, "mpflow", [])
+            async def sample() -> None:
+                mem = await _redis_memory(memory_store, [])
                 samples.append(
                     {
                         "t": round(time.monotonic() - t_start, 3),
@@ -181,29 +193,32 @@ async def _soak_run(
                         "load1": os.getloadavg()[0],
                     }
                 )
-                await asyncio.sleep(sample_s)
 
-        sampler = asyncio.create_task(sample())
-        where["phase"] = "updating"
-        budget = STALL_BASE_S + STALL_PER_UPDATE_S * streams * steps
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(*(drive(s, r, 1, on_steps, keep_means=False) for s, r in pairs)), budget
-            )
-        except TimeoutError:
-            raise RuntimeError(
-                f"{done[0]} of {streams * steps} updates in {budget:.0f} s; per stream acknowledged: "
-                f"{[len(r.acked) for r in runs]}, errors: {[dict(r.errors) for r in runs if r.errors]}"
-            ) from None
-        wall = time.monotonic() - t_start
-        where["phase"] = "reading the end state"
-        await asyncio.sleep(sample_s)  # one sample after the end
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+            sampler = asyncio.create_task(sample_until(stop, sample_s, sample))
+            where["phase"] = "updating"
+            budget = STALL_BASE_S + STALL_PER_UPDATE_S * streams * steps
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(drive(s, r, 1, on_steps, keep_means=False) for s, r in pairs)), budget
+                )
+            except TimeoutError:
+                raise RuntimeError(
+                    f"{done[0]} of {streams * steps} updates in {budget:.0f} s; per stream acknowledged: "
+                    f"{[len(r.acked) for r in runs]}, errors: {[dict(r.errors) for r in runs if r.errors]}"
+                ) from None
+            wall = time.monotonic() - t_start
+            where["phase"] = "reading the end state"
+            await asyncio.sleep(sample_s)  # one sample after the end
+            stop.set()
             await sampler
-        bar.close()
-        final = await _redis_memory(store_url, "mpflow", ids)
-        steps_stored = [int((await s.get())["step"]) for s, _ in pairs]
+            bar.close()
+            final = await _redis_memory(memory_store, ids)
+            steps_stored = [int((await s.get())["step"]) for s, _ in pairs]
+    finally:
+        stop.set()
+        if sampler is not None and not sampler.done():
+            await asyncio.wait({sampler}, timeout=10.0)
+        await memory_store.aclose()
     lat = sorted(((t - t_start, x) for r in runs for t, x in r.latencies), key=lambda p: p[0])
     return {
         "operator": operator,

@@ -12,11 +12,12 @@ at step 0 and at the end, and Redis holds it with at most allocator-sized overhe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from mpflow.service.store import MAX_CONNECTIONS, StreamStore
 
 from tests.harness.server import RedisProcess
-from tests.harness.soak import SOAK_PARTICLES, expected_state_bytes, soak
+from tests.harness.soak import SOAK_PARTICLES, expected_state_bytes, sample_until, soak
 from tests.harness.specs import STATE_DIM
 
 STREAMS, STEPS = 10, 100
@@ -73,3 +74,31 @@ def test_store_waits_for_a_connection_instead_of_failing(tmp_path, redis_server_
     got = asyncio.run(main())
     assert [g for g in got if isinstance(g, BaseException)] == []
     assert len(got) == calls and all(g[1] == b"state" for g in got)
+
+
+def test_the_sampler_stops_on_its_event_when_a_call_swallows_the_cancellation():
+    """The soak's sampler calls redis-py, which now and then swallows a ``Task.cancel()`` landing inside a command
+    (the task runs on; the soak once waited on it for ever). ``sample_until`` stops on an event instead: here every
+    call swallows the cancellation, the cancelled sampler keeps sampling, and setting the event ends it."""
+
+    async def main() -> tuple[bool, int, bool]:
+        stop = asyncio.Event()
+        calls = [0]
+
+        async def swallowing_call() -> None:
+            calls[0] += 1
+            with contextlib.suppress(asyncio.CancelledError):  # what redis-py's client does to some cancellations
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(sample_until(stop, 0.001, swallowing_call))
+        await asyncio.sleep(0.02)  # inside the first call
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.3)
+        ran_on, calls_after_cancel = not task.done(), calls[0]
+        stop.set()
+        await asyncio.wait({task}, timeout=0.5)
+        return ran_on, calls_after_cancel, task.done()
+
+    ran_on, calls, stopped = asyncio.run(main())
+    assert ran_on and calls > 1  # the hazard: a cancel() did not stop it
+    assert stopped
