@@ -67,10 +67,21 @@ class Setting:
     params: dict[str, Any]
     #: (method, N, options, published RMSE or None, where it is published)
     runs: list[tuple[str, int, dict[str, Any], float | None, str]] = field(default_factory=list)
+    #: twin experiments, run as one batch of streams
+    streams: int = 4
 
 
 #: the particle filter's options on ``bocquet2010`` (a shrinkage a is added per row)
 BOCQUET_SMC = {"ess_threshold": 0.2, "rejuvenate": "always"}
+#: the corrected flow with its share chosen per step on ``bocquet2010``: weights carried, resampled below ESS 0.3 N
+#: with smc's Liu–West moves
+BOCQUET_AUTO = {
+    "correct": True,
+    "flow_fraction": "auto",
+    "ess_threshold": 0.3,
+    "rejuvenate": "always",
+    "shrinkage": 0.85,
+}
 
 SETTINGS = [
     Setting(
@@ -99,7 +110,7 @@ SETTINGS = [
                     0.29,
                     "Bocquet 2010 Fig. 1; DAPPER's regularised PartFilt: 0.25",
                 )
-                for a in (0.8, 0.85, 0.9)
+                for a in (0.7, 0.75, 0.8, 0.85, 0.9)
             ],
             ("smc", 400, {**BOCQUET_SMC, "shrinkage": 0.8}, 0.29, ""),
             # the plain SIR filter: resampling at every step (ESS ≤ N < 2N)
@@ -112,7 +123,9 @@ SETTINGS = [
                 ("mpf", n, {"correct": True, "flow_fraction": g}, 0.29, "")
                 for n, g in ((400, 0.5), (800, 0.5), (800, 0.3))
             ],
+            *[("mpf", n, BOCQUET_AUTO, 0.29, "") for n in (400, 800)],
         ],
+        streams=64,
     ),
 ]
 #: the methods that refuse a nonlinear transition, reported with their message
@@ -143,8 +156,9 @@ def lost_threshold(model: ModelFamily) -> float:
 
 
 def filter_rmse(method: str, n: int, options: dict[str, Any], model, xs, obs, prior, burn_in: int) -> dict[str, Any]:
-    """Run the method over every step: per-stream mean analysis RMSE after ``burn_in``, how many streams lost the
-    truth (:func:`lost_threshold`), the RMSE curve (mean over streams) and the wall time per step."""
+    """Run the method over every step: per-stream mean analysis RMSE after ``burn_in`` (their mean, spread and
+    median, and the mean over the streams that kept the truth), how many streams lost the truth
+    (:func:`lost_threshold`), the RMSE curve (mean over streams) and the wall time per step."""
     u = get_updater(method, **options)
     B, T, _ = xs.shape
     state = u.init(prior, model, n, seed=[100 + b for b in range(B)])
@@ -158,11 +172,14 @@ def filter_rmse(method: str, n: int, options: dict[str, Any], model, xs, obs, pr
     ms = 1000 * (time.perf_counter() - t0) / T
     rmse = torch.stack(curve, 1)  # [B, T]
     per_stream = rmse[:, burn_in:].mean(1)
+    lost = per_stream > lost_threshold(model)
     return {
         "rmse": float(per_stream.mean()),
         "rmse_sd_over_streams": float(per_stream.std()) if B > 1 else 0.0,
+        "rmse_median": float(per_stream.median()),
+        "rmse_kept": float(per_stream[~lost].mean()) if not bool(lost.all()) else None,
         "rmse_per_stream": [round(float(v), 4) for v in per_stream],
-        "streams_lost": int((per_stream > lost_threshold(model)).sum()),
+        "streams_lost": int(lost.sum()),
         "ms_per_step": round(ms, 2),
         "curve": [round(float(v), 4) for v in rmse.mean(0)],
     }
@@ -182,6 +199,7 @@ def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], floa
 
 
 def run_setting(setting: Setting, streams: int, steps: int, burn_in: int) -> dict[str, Any]:
+    """Every row of ``setting`` on the same ``streams`` twin experiments (one batch)."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=0)
     rows = []
     for method, n, options, published, source in [*setting.runs, *operator_runs(setting)]:
@@ -200,7 +218,14 @@ def run_setting(setting: Setting, streams: int, steps: int, burn_in: int) -> dic
         )
         print(f"  {setting.name} {method} N={n} {options}: RMSE {out['rmse']:.3f} ({out['ms_per_step']} ms/step)")
     refused = {method: UPDATERS[method].refusal(type(model)) for method in REFUSED}
-    result = {"setting": setting.name, "d": setting.d, "params": setting.params, "rows": rows, "refused": refused}
+    result = {
+        "setting": setting.name,
+        "d": setting.d,
+        "params": setting.params,
+        "streams": streams,
+        "rows": rows,
+        "refused": refused,
+    }
     result["equal_compute"] = equal_compute(result)
     return result
 
@@ -237,7 +262,8 @@ def equal_compute(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _lost(row: dict[str, Any]) -> str:
     """A row that lost the truth on some experiments, in words: ``smc N=400 (a=0.8): 2 of 4 lost``."""
     a = row["options"].get("shrinkage")
-    shrinkage = f" (a={a})" if a else ""
+    every_step = row["options"].get("ess_threshold", 0) >= 1  # resampling at every step: the SIR filter
+    shrinkage = f" (a={a}{', SIR' if every_step else ''})" if a else ""
     return f"{row['method']} N={row['N']}{shrinkage}: {row['streams_lost']} of {len(row['rmse_per_stream'])} lost"
 
 
@@ -313,19 +339,25 @@ def table(results: list[dict[str, Any]]) -> str:
                     row["method"],
                     row["N"],
                     opts,
-                    f"{row['rmse']:.3f} ± {row['rmse_sd_over_streams']:.3f}"
-                    + (f" ({row['streams_lost']} lost)" if row["streams_lost"] else ""),
+                    f"{row['rmse']:.3f} ± {row['rmse_sd_over_streams']:.3f}" + _lost_note(row),
+                    f"{row['rmse_median']:.3f}",
                     fmt(row["published"], ".2f") + (f" ({row['source']})" if row["source"] else ""),
                     fmt(row["ratio_to_published"], ".2f"),
                     row["ms_per_step"],
                 ]
             )
         for method in r["refused"]:
-            body.append(
-                [r["setting"], method, "—", "refused (nonlinear transition; message in the JSON)", "—", "—", "—", "—"]
-            )
-    header = ["setting", "method", "N", "options", "analysis RMSE", "published", "ratio", "ms/step"]
-    return report.markdown_table(header, body, "llrllrrr")
+            body.append([r["setting"], method, "—", "refused (nonlinear transition; message in the JSON)", *["—"] * 5])
+    header = ["setting", "method", "N", "options", "analysis RMSE", "median", "published", "ratio", "ms/step"]
+    return report.markdown_table(header, body, "llrllrrrr")
+
+
+def _lost_note(row: dict[str, Any]) -> str:
+    """`` (2 lost; the rest 0.241)`` for a row that lost the truth on some experiments, else empty."""
+    if not row["streams_lost"]:
+        return ""
+    rest = "—" if row["rmse_kept"] is None else f"{row['rmse_kept']:.3f}"
+    return f" ({row['streams_lost']} lost; the rest {rest})"
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -365,7 +397,7 @@ def plot(results: list[dict[str, Any]], burn_in: int, path) -> None:
             top.legend(fontsize=6, ncol=2)
             bottom.set(
                 title="accuracy against cost (triangle: an experiment lost)",
-                xlabel="ms per step (4 streams batched, one thread)",
+                xlabel=f"ms per step ({r['streams']} streams batched, one thread)",
                 ylabel="analysis RMSE (above 2 drawn at 2)",
             )
 
@@ -373,23 +405,24 @@ def plot(results: list[dict[str, Any]], burn_in: int, path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = report.parser("lorenz96", __doc__, "400 steps after a burn-in of 100, 2 streams")
     p.add_argument("--steps", type=int, default=None, help="steps after the burn-in (2000; 400 with --quick)")
-    p.add_argument("--streams", type=int, default=None, help="twin experiments per setting (4; 2 with --quick)")
+    p.add_argument(
+        "--streams", type=int, default=None, help="twin experiments per setting (4, 64 for bocquet2010; 2 with --quick)"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     steps = args.steps or (400 if args.quick else 2000)
     burn_in = 100 if args.quick else 200
-    streams = args.streams or (2 if args.quick else 4)
     load = os.getloadavg()
     t0 = time.perf_counter()
-    results = [run_setting(s, streams, steps, burn_in) for s in SETTINGS]
+    results = [run_setting(s, args.streams or (2 if args.quick else s.streams), steps, burn_in) for s in SETTINGS]
     print(table(results))
     print("\n" + equal_compute_table(results))
-    defaults = [default_entry(r, streams) for r in results]
+    defaults = [default_entry(r, r["streams"]) for r in results]
     meta = {
         "benchmark": "lorenz96",
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "threads": 1,
-        "streams": streams,
+        "streams": {r["setting"]: r["streams"] for r in results},
         "steps": steps,
         "burn_in": burn_in,
         "quick": args.quick,

@@ -54,9 +54,10 @@ T = TypeVar("T")
 
 #: (method, family, batch size, seconds of operator compute) after every operator call
 BatchObserver = Callable[[str, str, int, float], None]
-#: (method, ESS / N of every stream of the call, the acceptance rate of its posterior moves or None) after every
-#: operator call: the steps' health
-HealthObserver = Callable[[str, torch.Tensor, torch.Tensor | None], None]
+#: (method, ESS / N of every stream of the call, the call's per-stream extras — the acceptance rate of posterior
+#: moves, the automatic flow's share and rescues, where the method reports them) after every operator call: the
+#: steps' health
+HealthObserver = Callable[[str, torch.Tensor, dict[str, torch.Tensor]], None]
 
 
 def _one_thread() -> None:
@@ -326,7 +327,7 @@ class UpdateEngine:
         if self.observer is not None:
             self.observer(first.method, first.model.name, len(jobs), elapsed)
         if self.health_observer is not None:
-            self.health_observer(first.method, info.ess / state.particles.shape[1], info.extras.get("acceptance"))
+            self.health_observer(first.method, info.ess / state.particles.shape[1], info.extras)
         states = new.unbind() if len(jobs) > 1 else [new]
         infos = _split_info(info, len(jobs)) if len(jobs) > 1 else [info]
         rows = self.summarise(new) if self.summarise is not None else [None] * len(jobs)

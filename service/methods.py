@@ -169,6 +169,11 @@ class Methods:
     def _default(self, model: ModelFamily) -> Choice:
         dm = default_method(model.name, model.state_dim, model.linear_gaussian)
         options = {k: v for k, v in dm.options.items() if k != "operator"}
+        try:  # measured at the benchmark's parameters: its options may not run this model's (lorenz96's arctan)
+            get_updater(dm.method, **options).check_compatible(model)
+        except ValueError as exc:
+            reason = f"{dm.reason}. That default does not run these parameters ({exc}), so smc, the safe default"
+            return Choice("smc", None, {}, None, reason)
         if dm.method != "mpf":
             return Choice(dm.method, None, options, dm.num_particles, dm.reason)
         # the benchmark's operator when this server has it; a newer fitting one otherwise (or the base flow)

@@ -21,6 +21,9 @@ its weights' before resampling, for ``mpf`` the flow's health (the ESS of the we
 :mod:`mpflow.operators.mpf.health`), 1 for methods with uniform particles.
 ``mpflow_update_move_acceptance`` (histogram; method) is the acceptance rate of the posterior moves of each stream-step
 that ran them (:mod:`mpflow.operators.mpf.posterior_moves`): a second health signal, near 0 when the moves stall.
+``mpflow_update_rescues_total`` (counter; method) counts the stream-steps whose observation was inconsistent with
+the predictive, so that the step inflated the cloud before its flow pulled it back (``mpf`` with ``flow_fraction:
+"auto"``, :mod:`mpflow.operators.mpf.consistency`): a filter that had lost the truth.
 ``mpflow_streams_outside_operator_domain_total`` (counter; family, operator) counts the streams created with a
 model or prior outside their trained operator's training domain (the stream document's ``operator_domain``).
 
@@ -127,6 +130,13 @@ class Metrics:
             buckets=_ACCEPTANCE_BUCKETS,
             registry=r,
         )
+        self.rescues = Counter(
+            "mpflow_update_rescues_total",
+            "stream-steps whose observation was inconsistent with the predictive (a chi-square test at 1e-7), so the "
+            'step inflated the cloud before its flow pulled it back (mpf with flow_fraction "auto")',
+            ["method"],
+            registry=r,
+        )
         self.outside_domain = Counter(
             "mpflow_streams_outside_operator_domain_total",
             "streams created whose model or prior lies outside their trained operator's training domain",
@@ -148,10 +158,16 @@ class Metrics:
         """The stream service's hook: one step of ``method`` fell back to ``fallback`` (or ``"none"``)."""
         self.fallbacks.labels(family, method, fallback).inc()
 
-    def observe_health(self, method: str, ess_fraction: torch.Tensor, acceptance: torch.Tensor | None = None) -> None:
-        """The engine's health observer: ESS / N of every stream of one operator call and, where the call ran
-        posterior moves, their acceptance rates."""
-        for histogram, rates in ((self.ess_fraction, ess_fraction), (self.move_acceptance, acceptance)):
+    def observe_health(
+        self, method: str, ess_fraction: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """The engine's health observer: ESS / N of every stream of one operator call and, from the call's
+        ``extras``, the acceptance rates of its posterior moves and the streams it rescued."""
+        extras = extras or {}
+        rescued = extras.get("rescued")
+        if rescued is not None and bool(rescued.any()):
+            self.rescues.labels(method).inc(int(rescued.sum()))
+        for histogram, rates in ((self.ess_fraction, ess_fraction), (self.move_acceptance, extras.get("acceptance"))):
             if rates is not None:
                 labelled = histogram.labels(method)
                 for value in rates.tolist():

@@ -268,7 +268,7 @@ class CreateStreamRequest(_Request):
     method_options: dict[str, Any] | None = Field(
         default=None,
         description="the stream's own method options: mpf substeps (1–64), max_substeps, ess_threshold, correct, "
-        "flow_fraction (0–1, with correct and a linear observation), "
+        'flow_fraction (0–1 or "auto", with correct and a linear observation), '
         "rejuvenate, shrinkage, inflation, linearisation (posterior, stein, importance), moves (auto or 0–64, "
         "static families), window (0–16); smc ess_threshold, "
         "rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa. With no method they "
@@ -378,6 +378,17 @@ class StepSummary(BaseModel):
         description="present when the step ran posterior moves (mpf on a static family, method_options.moves): the "
         "mean Metropolis acceptance rate of its MALA moves, 0.5–0.6 when healthy; near 0 the moves left the cloud "
         "where the flow put it",
+    )
+    flow_fraction: float | None = Field(
+        default=None,
+        description='present for mpf with method_options.flow_fraction "auto": the share γ of the likelihood the '
+        "step's Kalman flow took (0: none, the bootstrap update; the weights took the rest)",
+    )
+    rescued: bool | None = Field(
+        default=None,
+        description='present for mpf with method_options.flow_fraction "auto": true when the observation was '
+        "inconsistent with the predictive (a χ² test at 1e-7) and the step inflated the cloud before its flow "
+        "pulled it back onto the observations — the filter had lost the truth",
     )
     fallback: FallbackName | None = Field(
         default=None,

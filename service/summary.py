@@ -2,7 +2,7 @@
 
 A state represents its posterior either exactly — the ``kalman`` method keeps the filtering Gaussian
 N(m, P) in ``extras["mean"]``/``extras["cov"]`` (float64) — or by a particle cloud {x_i} with normalised
-weights w_i (uniform for every method but ``smc``). From it, in float64:
+weights w_i (uniform for every method but ``smc`` and ``mpf`` with ``flow_fraction: "auto"``). From it, in float64:
 
 * mean m = Σ w_i x_i and covariance C = Σ w_i (x_i − m)(x_i − m)ᵀ (GPF eq. 15,
   :func:`mpflow.operators.gaussian.moments`),
@@ -14,8 +14,8 @@ weights w_i (uniform for every method but ``smc``). From it, in float64:
 Draws (``n`` may exceed N):
 
 * exact Gaussian: m + L ξ, L Lᵀ = P;
-* weighted clouds (``smc``): multinomial resampling of the particles by their weights — the SMC approximation
-  itself;
+* weighted clouds (``smc``; any cloud whose weights are not uniform, as ``mpf``'s with ``flow_fraction:
+  "auto"``): multinomial resampling of the particles by their weights — the SMC approximation itself;
 * unweighted clouds of a model whose posterior is Gaussian (linear-Gaussian families): the Gaussian N(m, C) the
   cloud represents. GPF eq. 16 (x = m + Σ_i √w_i (x_i − m) ξ_i,
   :class:`~mpflow.operators.samplers.GaussianFlowResampler`)
@@ -146,8 +146,9 @@ def summary(state: ParticleState) -> dict:
 
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
-    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess, and
-    ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family).
+    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess,
+    ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
+    ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
     if state_summary is None:
         mean, cov = Posterior.of(state).moments()
@@ -162,6 +163,10 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     acceptance = info.extras.get("acceptance")
     if acceptance is not None:
         entry["acceptance"] = float(acceptance[row])
+    share = info.extras.get("flow_fraction")
+    if share is not None:
+        entry["flow_fraction"] = float(share[row])
+        entry["rescued"] = bool(info.extras["rescued"][row])
     return entry
 
 
@@ -177,7 +182,7 @@ def draw(state: ParticleState, n: int, *, weighted: bool, seed: int, gaussian_po
     post = Posterior.of(state)
     g = generator(seed)
     n_particles, d = post.x.shape
-    if post.exact is None and weighted:
+    if post.exact is None and (weighted or bool((post.w != post.w[0]).any())):
         idx = torch.multinomial(post.w, n, replacement=True, generator=g)
         return post.x[idx]
     if post.exact is None and not gaussian_posterior and n_particles > d:

@@ -27,6 +27,14 @@ from degenerating (the particle filter at N = 400 loses the truth on some of Boc
 keep the predictive's shape. Measured on Bocquet 2010 (``benchmarks.lorenz96``, 4 experiments × 2000 steps):
 docs/benchmarks.md.
 
+γ = ``"auto"`` (:func:`adaptive_kalman_particle_step`) chooses the share per stream and step as Frei & Künsch
+(§3) propose: the smallest γ whose weights keep an effective sample size of at least a floor (``ess_threshold``·N),
+so that the update stays as close to the particle filter's as the weights allow. On most steps of a well-tuned
+cloud that is γ = 0, the bootstrap update with no flow and no Gaussian bias; the flow enters on the steps whose
+likelihood would collapse the weights. The weights are then carried between steps (w ← w α) and each particle is
+drawn from its own component's posterior without resampling; the updater resamples when the carried weights' ESS
+falls below the floor, as ``smc`` does.
+
 Innovations are the family's residuals (:meth:`~mpflow.operators.models.base.ModelFamily.observation_residual` of
 ``observation_function``): 0 at a partial observation's gaps, where H's row is 0 and R's entry 1
 (``observation_affine``), so a gap moves and weighs nothing.
@@ -39,7 +47,47 @@ from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.references.conjugate import kalman_gain
 from mpflow.operators.rng import Generators, randn
-from mpflow.operators.state import systematic_resample
+from mpflow.operators.state import ess, systematic_resample
+
+#: the shares γ the automatic choice tries, smallest first, after γ = 0 (the bootstrap update); the largest is
+#: taken where none keeps the floor
+AUTO_FLOW_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+
+def tempered_maps(
+    cov: torch.Tensor, H: torch.Tensor, R: torch.Tensor, gammas: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The affine maps of one EnKPF step (module docstring) for each share γ of ``gammas`` [G] (each in (0, 1)),
+    given the predictive's covariance C = ``cov`` [B, d, d] and the observation's H [B, k, d], R [B, k, k]
+    → float64 (A [G, B, k, k], G [G, B, d, k], M [G, B, 2k, d]).
+
+    A particle's every quantity is affine in its residual eᵢ = o − H xᵢ: the moved point's residual is
+    o − H νᵢ = (I − H K_γ) eᵢ, so its component's weight is log αᵢ = −½ ‖A eᵢ‖² + const with A = L⁻¹ (I − H K_γ),
+    L Lᵀ = H Q_γ Hᵀ + R/(1−γ) (eq. 6); the component's posterior mean is νᵢ + K̃ (I − H K_γ) eᵢ = xᵢ + G eᵢ with
+    G = K_γ + K̃ (I − H K_γ); and a draw's two perturbations enter as [ξ₁, ξ₂] M with ξ standard normal and
+    M = [L₁ᵀ (K_γ − K̃ H K_γ)ᵀ; L₂ᵀ K̃ᵀ] (L₁ L₁ᵀ = R/γ, L₂ L₂ᵀ = R/(1−γ); eq. 7)."""
+    g = gammas.to(torch.float64)[:, None, None, None]
+    cov, H, R = (t.to(torch.float64).expand(len(gammas), *t.shape) for t in (cov, H, R))
+    R_flow, R_rest = R / g, R / (1.0 - g)
+    K, _ = kalman_gain(cov, H, R_flow)
+    K_rest, L_rest = kalman_gain(K @ R_flow @ K.mT, H, R_rest)
+    HK = H @ K
+    moved = torch.eye(R.shape[-1], dtype=torch.float64) - HK  # eᵢ ↦ o − H νᵢ
+    A = torch.linalg.solve_triangular(L_rest, moved, upper=False)
+    G = K + K_rest @ moved
+    M = torch.cat([gaussian.cholesky(R_flow).mT @ (K - K_rest @ HK).mT, gaussian.cholesky(R_rest).mT @ K_rest.mT], -2)
+    return A, G, M
+
+
+def _residuals(model: ModelFamily, obs: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(e = o − H x [B, N, k], H, R) in float64."""
+    H, R = (t.to(torch.float64) for t in model.observation_affine())
+    return model.observation_residual(obs, model.observation_function(x)).to(torch.float64), H, R
+
+
+def _component_weights(e: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """Normalised log αᵢ = −½ ‖A eᵢ‖² [..., B, N] of residuals e [B, N, k] under maps A [..., B, k, k]."""
+    return torch.log_softmax(-0.5 * (e @ A.mT).square().sum(-1), -1)
 
 
 def kalman_particle_step(
@@ -53,31 +101,51 @@ def kalman_particle_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One EnKPF step (module docstring) of the predicted cloud x [B, N, d] with the predictive's covariance
     ``cov`` [B, d, d], flow fraction ``gamma`` ∈ (0, 1) and resampling uniforms ``u`` [B] → (the posterior cloud
-    [B, N, d], uniformly weighted, in x's dtype; the log-weights α [B, N] of step 2, normalised).
-
-    The observation being linear, every quantity of a particle is affine in its residual eᵢ = o − H xᵢ: the moved
-    point's residual is o − H νᵢ = (I − H K_γ) eᵢ, its component's posterior mean νᵢ + K̃ (I − H K_γ) eᵢ
-    = xᵢ + G eᵢ with G = K_γ + K̃ (I − H K_γ), and a draw's two perturbations enter as [ξ₁, ξ₂] M with ξ standard
-    normal and M = [L₁ᵀ (K_γ − K̃ H K_γ)ᵀ; L₂ᵀ K̃ᵀ] (L₁ L₁ᵀ = R/γ, L₂ L₂ᵀ = R/(1−γ)): one product each."""
+    [B, N, d], uniformly weighted, in x's dtype; the log-weights α [B, N] of step 2, normalised). One product per
+    quantity through :func:`tempered_maps`."""
     N = x.shape[1]
-    H, R = (t.to(torch.float64) for t in model.observation_affine())
-    e = model.observation_residual(obs, model.observation_function(x)).to(torch.float64)  # [B, N, k]
-    K, _ = kalman_gain(cov.to(torch.float64), H, R / gamma)
-    K_rest, L_rest = kalman_gain(K @ (R / gamma) @ K.transpose(-1, -2), H, R / (1.0 - gamma))
-    HK = H @ K
-    k = R.shape[-1]
-    moved = torch.eye(k, dtype=torch.float64) - HK  # eᵢ ↦ o − H νᵢ
-    white = torch.linalg.solve_triangular(L_rest, moved @ e.transpose(-1, -2), upper=False)
-    log_alpha = torch.log_softmax(-0.5 * white.square().sum(-2), -1)
-    G = K + K_rest @ moved
-    mean = x.to(torch.float64) + e @ G.transpose(-1, -2)  # each component's posterior mean
-    M = torch.cat(
-        [
-            gaussian.cholesky(R / gamma).transpose(-1, -2) @ (K - K_rest @ HK).transpose(-1, -2),
-            gaussian.cholesky(R / (1.0 - gamma)).transpose(-1, -2) @ K_rest.transpose(-1, -2),
-        ],
-        -2,
-    )
+    e, H, R = _residuals(model, obs, x)
+    A, G, M = (t[0] for t in tempered_maps(cov, H, R, torch.tensor([gamma])))
+    log_alpha = _component_weights(e, A)
+    mean = x.to(torch.float64) + e @ G.mT  # each component's posterior mean
     idx = systematic_resample(log_alpha, u)[..., None].expand(-1, -1, mean.shape[-1])
-    noise = randn(gens, [N, 2 * k], x.dtype).to(torch.float64)
+    noise = randn(gens, [N, M.shape[-2]], x.dtype).to(torch.float64)
     return torch.baddbmm(torch.gather(mean, 1, idx), noise, M).to(x.dtype), log_alpha
+
+
+def adaptive_kalman_particle_step(
+    model: ModelFamily,
+    obs: torch.Tensor,
+    x: torch.Tensor,
+    log_likelihood: torch.Tensor,
+    cov: torch.Tensor,
+    ess_floor: float,
+    gens: Generators,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The EnKPF step with γ chosen per stream (module docstring) for the predicted cloud x [B, N, d], its
+    log-likelihoods [B, N] and the predictive's covariance ``cov`` [B, d, d] → (the moved cloud in x's dtype, the
+    step's normalised log-weights log α [B, N] — the particles' incremental weights — and γ [B], 0 for the
+    bootstrap update). γ is the smallest of 0 and :data:`AUTO_FLOW_FRACTIONS` whose α have an ESS of at least
+    ``ess_floor``·N (the largest where none does); a stream with γ > 0 draws its particles from their components'
+    posteriors from its own generator, so a stream's random sequence does not depend on its batch."""
+    B, N, _ = x.shape
+    log_alpha = torch.log_softmax(log_likelihood.to(torch.float64), -1)
+    gamma = torch.zeros(B, dtype=torch.float64)
+    flows = ess(log_alpha) < ess_floor * N
+    if not bool(flows.any()):
+        return x, log_alpha, gamma
+    rows = flows.nonzero().flatten()
+    e, H, R = _residuals(model.select(rows), obs[rows], x[rows])
+    shares = torch.tensor(AUTO_FLOW_FRACTIONS, dtype=torch.float64)
+    A, G, M = tempered_maps(cov[rows], H, R, shares)
+    candidates = _component_weights(e, A)  # [G, b, N]
+    keeps = ess(candidates) >= ess_floor * N
+    pick = torch.where(keeps.any(0), keeps.to(torch.int8).argmax(0), len(shares) - 1)
+    b = torch.arange(len(rows))
+    noise = randn([gens[i] for i in rows.tolist()], [N, M.shape[-2]], torch.float64)
+    moved = x[rows].to(torch.float64) + e @ G[pick, b].mT + noise @ M[pick, b]
+    return (
+        x.index_copy(0, rows, moved.to(x.dtype)),
+        log_alpha.index_copy(0, rows, candidates[pick, b]),
+        gamma.index_copy(0, rows, shares[pick]),
+    )

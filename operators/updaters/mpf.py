@@ -37,6 +37,7 @@ and N > d the particles are mapped onto the prior's exact mean and covariance.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -46,10 +47,10 @@ from mpflow.operators.models import FAMILIES, family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
-from mpflow.operators.mpf import correction, posterior_moves
+from mpflow.operators.mpf import consistency, correction, posterior_moves
 from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS, posterior_fit
 from mpflow.operators.mpf.health import flow_ess
-from mpflow.operators.mpf.kalman_particle import kalman_particle_step
+from mpflow.operators.mpf.kalman_particle import adaptive_kalman_particle_step, kalman_particle_step
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.posterior_moves import Sites
 from mpflow.operators.mpf.scalar_flow import scalar_base_flow
@@ -58,7 +59,7 @@ from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import Updater
 from mpflow.operators.updaters.enkf import check_inflation
-from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates
+from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
 
 
 def find_operator(
@@ -128,15 +129,20 @@ def check_moves(options: dict) -> None:
         )
 
 
+#: ``flow_fraction`` for the share chosen per step (:mod:`~mpflow.operators.mpf.kalman_particle`)
+AUTO = "auto"
+
+
 def check_flow_fraction(options: dict) -> None:
-    """ValueError unless ``options`` has a ``flow_fraction`` γ in (0, 1], below 1 only with ``correct``."""
+    """ValueError unless ``options`` has a ``flow_fraction`` γ in (0, 1] or ``"auto"``, other than 1 only with
+    ``correct``."""
     gamma = options["flow_fraction"]
-    if not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0 < gamma <= 1:
-        raise ValueError(f"options.flow_fraction: a share γ of the likelihood in (0, 1], got {gamma!r}")
-    if gamma < 1 and not options["correct"]:
+    if gamma != AUTO and (not isinstance(gamma, int | float) or isinstance(gamma, bool) or not 0 < gamma <= 1):
+        raise ValueError(f'options.flow_fraction: a share γ of the likelihood in (0, 1] or "auto", got {gamma!r}')
+    if gamma != 1 and not options["correct"]:
         raise ValueError(
-            "options.flow_fraction: below 1 the rest of the likelihood enters as importance weights, which only the "
-            "corrected flow has: set correct to true"
+            "options.flow_fraction: below 1 (or auto) the rest of the likelihood enters as importance weights, "
+            "which only the corrected flow has: set correct to true"
         )
 
 
@@ -199,7 +205,7 @@ class MPFUpdater(Updater):
         "track_density": False,
         "correct": False,
         # the corrected flow's share γ of a linear observation's likelihood; the weights take the rest (1: all
-        # to the flow; kalman_particle)
+        # to the flow; auto: the smallest share that keeps the weights' ESS ≥ ess_threshold·N; kalman_particle)
         "flow_fraction": 1.0,
         # the corrected flow's Liu–West moves after resampling (as smc's): auto = static families only
         "rejuvenate": "auto",
@@ -246,6 +252,8 @@ class MPFUpdater(Updater):
         if not isinstance(o["correct"], bool):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
         check_flow_fraction(o)
+        #: the automatic share carries its weights between steps, as smc does
+        self.weighted = o["flow_fraction"] == AUTO
         check_rejuvenation(o)
         check_inflation(o["inflation"])
         if o["linearisation"] not in LINEARISATIONS:
@@ -279,7 +287,7 @@ class MPFUpdater(Updater):
                 f"options.track_density: the operator (d = {net.dim}) serves d = {model.state_dim} one dimension at "
                 "a time, where the joint density is not tracked: set track_density to false"
             )
-        if self.options["flow_fraction"] < 1 and not (model.gaussian_observation and model.linear_observation()):
+        if self.options["flow_fraction"] != 1 and not (model.gaussian_observation and model.linear_observation()):
             raise ValueError(
                 f"options.flow_fraction: the weighted share of the likelihood needs a linear observation "
                 f"o = H x + N(0, R); {model.name} observes here through a nonlinear h(x): set flow_fraction to 1"
@@ -516,6 +524,8 @@ class MPFUpdater(Updater):
         Liu–West kernel (it keeps the cloud's mean and covariance), as ``smc`` does. The step's ``ess`` is the
         weights' (the smallest over the dimensions). With ``flow_fraction`` γ < 1 (a linear observation) the flow
         takes γ of the likelihood and the weights the rest (:mod:`~mpflow.operators.mpf.kalman_particle`)."""
+        if self.options["flow_fraction"] == AUTO:
+            return self._auto_flow_update(state, obs, model, gens)
         B, N, d = state.particles.shape
         x_prev = state.particles
         x, predictive = x_prev, None
@@ -557,3 +567,41 @@ class MPFUpdater(Updater):
             return state
         x = state.particles
         return state.replace(particles=liu_west_moves(x, x, None, gens, float(self.options["shrinkage"])))
+
+    def _auto_flow_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """The corrected flow with its share γ chosen per stream and step, weights carried (``flow_fraction:
+        "auto"``; :func:`~mpflow.operators.mpf.kalman_particle.adaptive_kalman_particle_step`):
+
+        1. predict    the particles through the transition, with the weighted moments (m, C) of the result, its
+                      anomalies × ``inflation`` ρ;
+        2. rescue     a stream whose innovation fails the consistency test has its anomalies inflated until the
+                      predictive's spread matches it (:mod:`~mpflow.operators.mpf.consistency`);
+        3. evidence   log p(o_m | o_<m) ≈ log Σᵢ w̄ᵢ p(o_m | xᵢ), as ``smc``'s;
+        4. flow       the smallest share γ whose component weights α keep ESS ≥ ``ess_threshold``·N (0 on most
+                      steps: the bootstrap update), weights w ← w α;
+        5. resample   the streams whose weights' ESS fell below ``ess_threshold``·N (systematic), their copies moved
+                      apart by the Liu–West kernel where ``rejuvenate`` asks for it, as ``smc`` does.
+
+        The step reports the weights' ESS before resampling, the share it took (``flow_fraction``, 0: none) and
+        whether it rescued the stream (``rescued``)."""
+        B, N, d = state.particles.shape
+        prev_lw = torch.log_softmax(state.log_weights.to(torch.float64), -1)
+        if model.dynamic:
+            x, mean, cov = model.propagate(state.particles, gens, state.log_weights)
+        else:
+            x = state.particles
+            mean, cov = gaussian.moments(x.to(torch.float64), state.log_weights)
+        rho = float(self.options["inflation"])
+        if rho != 1.0:
+            x, cov = torch.lerp(mean[:, None].to(x.dtype), x, rho), cov * rho**2
+        x, cov, rescued = consistency.inflate_diverged(model, obs, x, mean, cov)
+        ll = torch.nan_to_num(model.log_likelihood(obs, x).to(torch.float64), nan=-math.inf)
+        inc = evidence.predictive(ll, prev_lw)
+        floor = float(self.options["ess_threshold"])
+        x, log_alpha, gamma = adaptive_kalman_particle_step(model, obs, x, ll, cov, floor, gens)
+        lw = torch.log_softmax(prev_lw + log_alpha, -1)
+        n_eff = ess(lw)
+        a = float(self.options["shrinkage"]) if rejuvenates(self.options["rejuvenate"], model) else None
+        x, lw = resample_low_ess(x, lw, n_eff < floor * N, gens, a)
+        info = StepInfo(inc, n_eff, None, {"flow_fraction": gamma, "rescued": rescued})
+        return state.replace(particles=x, log_weights=lw.to(state.log_weights.dtype)), info

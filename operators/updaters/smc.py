@@ -35,6 +35,26 @@ def liu_west_moves(
     return gaussian.liu_west(resampled, mean.to(cloud.dtype), L, a, xi)
 
 
+def resample_low_ess(
+    x: torch.Tensor, log_weights: torch.Tensor, rows: torch.Tensor, gens: Generators, shrinkage: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weighted cloud x [B, N, d], ``log_weights`` [B, N] with the streams ``rows`` [B] (bool) resampled
+    (systematic) to uniform weights, their copies moved apart by the Liu–West kernel with ``shrinkage`` a (None: no
+    moves). Only the resampling streams draw, from their own generators, so a stream's random sequence does not
+    depend on whether other streams of its batch resample."""
+    if not bool(rows.any()):
+        return x, log_weights
+    B, N, d = x.shape
+    rs = rows.nonzero().flatten()
+    sub_gens = [gens[b] for b in rs.tolist()]
+    x_rs, lw_rs = x[rs], log_weights[rs]
+    idx = systematic_resample(lw_rs, rand(sub_gens, [1], torch.float64)[:, 0])
+    xr = torch.gather(x_rs, 1, idx[..., None].expand(len(rs), N, d))
+    if shrinkage is not None:
+        xr = liu_west_moves(xr, x_rs, lw_rs, sub_gens, shrinkage)
+    return x.index_copy(0, rs, xr), log_weights.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
+
+
 REJUVENATE_MODES = ("auto", "always", "never")
 
 
@@ -88,20 +108,6 @@ class SMCUpdater(Updater):
         lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_lw)
         log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
         ess_now = ess(lw)
-        resample = ess_now < self.options["ess_threshold"] * N
-        if bool(resample.any()):
-            # only the resampling streams draw (from their own generators), so a stream's random sequence
-            # does not depend on whether other streams of its batch resample
-            rs = resample.nonzero().flatten()
-            sub_gens = [gens[b] for b in rs.tolist()]
-            x_rs, lw_rs = x[rs], lw[rs]
-            idx = systematic_resample(lw_rs, rand(sub_gens, [1], torch.float64)[:, 0])
-            xr = torch.gather(x_rs, 1, idx[..., None].expand(len(rs), N, d))
-            if rejuvenates(self.options["rejuvenate"], model):
-                xr = self._liu_west(xr, x_rs, lw_rs, sub_gens)
-            x = x.index_copy(0, rs, xr)
-            lw = lw.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
+        a = float(self.options["shrinkage"]) if rejuvenates(self.options["rejuvenate"], model) else None
+        x, lw = resample_low_ess(x, lw, ess_now < self.options["ess_threshold"] * N, gens, a)
         return state.replace(particles=x, log_weights=lw), StepInfo(log_pred, ess_now.to(torch.float64))
-
-    def _liu_west(self, xr: torch.Tensor, x: torch.Tensor, lw: torch.Tensor, gens: Generators) -> torch.Tensor:
-        return liu_west_moves(xr, x, lw, gens, float(self.options["shrinkage"]))

@@ -67,6 +67,24 @@ def test_range_bearing_and_lorenz96_streams_run_through_the_api(redis_url):
             assert r.status_code == 422 and "method_options.flow_fraction" in r.text, r.text
         r = await c.post("/v1/streams", json={**L96, "method": "mpf", "method_options": {"flow_fraction": 0.5}})
         assert r.status_code == 422 and "set correct to true" in r.text, r.text
+        # the automatic share: weights carried, each step says which share it took and whether it rescued the cloud
+        auto = {"correct": True, "flow_fraction": "auto", "ess_threshold": 0.3, "rejuvenate": "always"}
+        r = await c.post("/v1/streams", json={**L96, "method": "mpf", "method_options": auto})
+        assert r.status_code == 201 and r.json()["method_options"] == auto, r.text
+        sid = r.json()["stream_id"]
+        r = await c.post(f"/v1/streams/{sid}/observations", json={"observations": [[8.5, 2.0, 4.0], [1.0, None, 2.0]]})
+        assert r.status_code == 200, r.text
+        for entry in r.json()["per_step"]:
+            assert 0 <= entry["flow_fraction"] < 1 and isinstance(entry["rescued"], bool), entry
+        particles = (await c.get(f"/v1/streams/{sid}/particles")).json()
+        samples = (await c.get(f"/v1/streams/{sid}/samples", params={"n": 50})).json()["samples"]
+        assert len(particles["log_weights"]) == 32 and len(samples) == 50
+        assert all(s in particles["particles"] for s in samples)  # weighted clouds are drawn by resampling
+        for bad in ("Auto", "yes"):
+            r = await c.post(
+                "/v1/streams", json={**L96, "method": "mpf", "method_options": {**auto, "flow_fraction": bad}}
+            )
+            assert r.status_code == 422 and "method_options.flow_fraction" in r.text, r.text
 
     run(redis_url, body)
 
@@ -109,5 +127,30 @@ def test_a_corrected_mpf_stream_runs_the_base_flow_where_an_operator_would_fit(r
         named = {**spec, "operator": "gmm-d2-v4", "method_options": {"correct": True}}
         r = await c.post("/v1/streams", json=named)
         assert r.status_code == 422 and "method_options.correct" in r.text, r.text
+
+    run(redis_url, body)
+
+
+def test_a_lorenz96_stream_without_a_method_gets_the_measured_default_where_it_runs(redis_url):
+    """The measured default for Lorenz-96 at d = 10 (benchmarks.lorenz96 on Bocquet 2010) is the corrected flow with
+    its share chosen per step, which needs a linear observation: with ``arctan`` the stream gets smc instead, and
+    its method_reason says why."""
+    eye = [[float(i == j) for j in range(10)] for i in range(10)]
+    prior = {"type": "gaussian", "mean": [8.0] + [1.0] * 9, "cov": eye}
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        linear = {"model": {"family": "lorenz96", "params": {"obs_every": 2, "R": 1.5}}, "prior": prior, "seed": 3}
+        r = await c.post("/v1/streams", json=linear)
+        assert r.status_code == 201, r.text
+        doc = r.json()
+        assert doc["method"] == "mpf" and doc["method_options"]["flow_fraction"] == "auto", doc
+        r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[8.0] * 5, None]})
+        assert r.status_code == 200 and "rescued" in r.json()["per_step"][0], r.text
+        arctan = {**linear, "model": {"family": "lorenz96", "params": {"obs_every": 2, "arctan": 1}}}
+        r = await c.post("/v1/streams", json=arctan)
+        assert r.status_code == 201, r.text
+        doc = r.json()
+        assert doc["method"] == "smc" and "does not run these parameters" in doc["method_reason"], doc
+        assert "options.flow_fraction" in doc["method_reason"], doc
 
     run(redis_url, body)

@@ -53,19 +53,25 @@ def test_the_weights_carry_what_the_gaussian_fit_misses() -> None:
     assert errors[0] > errors[1] + 0.02 > errors[2] + 0.2, errors  # measured 0.86, 0.84, 0.55
 
 
-def test_lorenz96_partial_observation_and_inflation() -> None:
-    """Bocquet 2010's Lorenz-96 (d = 10, every other variable, R = 1.5) with a gap in the observation: the step
-    runs, the gap's variable moves only through its correlations, and the filter tracks the truth."""
+def _bocquet_twin(steps: int):
+    """Two twin experiments of Bocquet 2010's Lorenz-96 (d = 10, every other variable, R = 1.5) spun up onto the
+    attractor, with a gap at step 30 → (model [2], truths [2, T, d], float32 observations, prior N(x₀, I))."""
     model = make_model("lorenz96", {"R": 1.5, "obs_every": 2}, 10)
     batch = type(model).stack([model] * 2)
     gens = [generator(b) for b in range(2)]
     x0 = 8.0 + torch.stack([torch.randn(10, generator=g, dtype=torch.float64) for g in gens])
     for _ in range(500):
         x0 = batch.transition_mean(x0[:, None])[:, 0]
-    xs, obs = batch.simulate(60, x0, gens)
+    xs, obs = batch.simulate(steps, x0, gens)
     obs = obs.float()
     obs[:, 30, 1] = float("nan")
-    prior = GaussianMixture.gaussian(x0.float(), torch.eye(10).expand(2, 10, 10))
+    return batch, xs, obs, GaussianMixture.gaussian(x0.float(), torch.eye(10).expand(2, 10, 10))
+
+
+def test_lorenz96_partial_observation_and_inflation() -> None:
+    """Bocquet 2010's Lorenz-96 (d = 10, every other variable, R = 1.5) with a gap in the observation: the step
+    runs, the gap's variable moves only through its correlations, and the filter tracks the truth."""
+    batch, xs, obs, prior = _bocquet_twin(60)
     u = get_updater("mpf", correct=True, flow_fraction=0.5, inflation=1.01)
     state = u.init(prior, batch.to(torch.float32), 400, seed=[0, 1])
     errors = []
@@ -106,3 +112,103 @@ def test_kalman_filter_reference_agrees_on_a_linear_dynamic_model() -> None:
         err = state.particles.double().mean(1) - km[:, t]
         sd = kc[:, t].diagonal(0, -2, -1).sqrt()
         assert float((err / sd).abs().max()) < 0.15, t
+
+
+# ---------------------------------------------------------------- flow_fraction "auto"
+AUTO = {"correct": True, "flow_fraction": "auto", "ess_threshold": 0.3}
+
+
+def _scalar(R: float, B: int = 1):
+    model = make_model("linear_gaussian", {"H": [[1.0]], "R": [[R]]}, 1)
+    return type(model).stack([model] * B)
+
+
+def test_auto_takes_no_flow_while_the_bootstrap_weights_hold() -> None:
+    """A broad likelihood (R = 25 against a prior sd of 1) keeps the bootstrap weights' ESS near N: γ = 0, the
+    particles stay where they are (a static family) and their weights are the likelihood's."""
+    model = _scalar(25.0)
+    u = get_updater("mpf", rejuvenate="never", **AUTO)
+    state = u.init(GaussianMixture.gaussian(torch.zeros(1, 1), torch.ones(1, 1, 1)), model, 2000, seed=[0])
+    obs = torch.tensor([[1.5]])
+    new, info = u.update(state, obs, model)
+    assert float(info.extras["flow_fraction"][0]) == 0.0 and not bool(info.extras["rescued"][0])
+    assert torch.equal(new.particles, state.particles)
+    want = torch.log_softmax(model.log_likelihood(obs, state.particles).double(), -1)
+    assert torch.allclose(torch.log_softmax(new.log_weights.double(), -1), want, atol=1e-6)
+    assert u.weighted and not get_updater("mpf").weighted
+
+
+def test_auto_flows_where_the_weights_would_collapse_and_stays_exact_for_a_gaussian() -> None:
+    """A sharp likelihood (R = 0.01 against a prior variance of 4) would leave the bootstrap filter a few
+    particles: the step takes a share γ > 0, keeps the weights' ESS at the floor, and — the predictive being
+    Gaussian — its weighted cloud has Kalman's mean and variance."""
+    u = get_updater("mpf", rejuvenate="never", **AUTO)
+    model = _scalar(0.01)
+    state = u.init(GaussianMixture.gaussian(torch.zeros(1, 1), 4.0 * torch.ones(1, 1, 1)), model, N, seed=[3])
+    obs = torch.tensor([[1.2]])
+    new, info = u.update(state, obs, model)
+    gamma = float(info.extras["flow_fraction"][0])
+    bootstrap_ess = float(1 / torch.softmax(model.log_likelihood(obs, state.particles).double(), -1).square().sum())
+    assert bootstrap_ess < 0.1 * N and 0 < gamma < 1 and float(info.ess[0]) >= 0.3 * N
+    w = torch.softmax(new.log_weights[0].double(), -1)
+    x = new.particles[0, :, 0].double()
+    mean = float((w * x).sum())
+    var = float((w * (x - mean) ** 2).sum())
+    exact_var = 1 / (1 / 4 + 1 / 0.01)
+    assert abs(mean - 1.2 * 4 / 4.01) < 0.01 and abs(var / exact_var - 1) < 0.05, (mean, var)
+
+
+def test_a_cloud_that_lost_the_truth_is_inflated_and_pulled_back() -> None:
+    """The consistency test (operators.mpf.consistency): a narrow cloud 6 observation sds from the truth fails it
+    and is inflated so that its spread matches the innovation; the automatic flow then pulls it onto the
+    observation. Clouds consistent with their observations (a thousand draws from their own predictive) pass."""
+    from mpflow.operators.mpf.consistency import inflate_diverged
+
+    gens = [generator(7)]
+    model = _scalar(1.0, 1000)
+    mean, cov = torch.zeros(1000, 1), torch.full((1000, 1, 1), 0.04)
+    x = 0.2 * torch.randn(1000, 64, 1, generator=gens[0])
+    obs = 0.2 * torch.randn(1000, 1, generator=gens[0]) + torch.randn(1000, 1, generator=gens[0])
+    _, _, diverged = inflate_diverged(model, obs, x, mean, cov)
+    assert not bool(diverged.any())
+    model = _scalar(1.0)
+    x1, cov1, diverged = inflate_diverged(model, torch.tensor([[6.0]]), x[:1], mean[:1], cov[:1])
+    assert bool(diverged[0])
+    assert abs(float(cov1[0, 0, 0]) - (36.0 - 1.0)) < 1e-4  # ρ² C = ν² − R
+    assert torch.allclose(x1, x[:1] * (35.0 / 0.04) ** 0.5, atol=1e-4)
+    u = get_updater("mpf", rejuvenate="never", **AUTO)
+    state = u.init(GaussianMixture.gaussian(torch.zeros(1, 1), torch.full((1, 1, 1), 0.04)), model, 4000, seed=[1])
+    new, info = u.update(state, torch.tensor([[6.0]]), model)
+    w = torch.softmax(new.log_weights[0].double(), -1)
+    assert bool(info.extras["rescued"][0]) and float(info.extras["flow_fraction"][0]) > 0
+    assert float((w * new.particles[0, :, 0].double()).sum()) > 4.0  # without the rescue: 0.22
+
+
+def test_auto_on_bocquets_lorenz96_with_a_gap_tracks_the_truth_with_weights() -> None:
+    """Bocquet 2010's twin at N = 400 with Liu–West moves on resampling (a perfect model) and a gap: the filter
+    tracks the truth, its weights are carried between resamplings, and most steps take no flow."""
+    batch, xs, obs, prior = _bocquet_twin(80)
+    u = get_updater("mpf", rejuvenate="always", shrinkage=0.85, **AUTO)
+    model32 = batch.to(torch.float32)
+    state = u.init(prior, model32, 400, seed=[0, 1])
+    errors, shares, weighted = [], [], 0
+    for t in range(80):
+        state, info = u.update(state, obs[:, t], model32)
+        assert torch.isfinite(state.particles).all() and float(info.ess.min()) > 1
+        w = torch.softmax(state.log_weights.double(), -1)
+        weighted += int((w.max(-1).values > 1.01 / 400).sum())
+        shares.append(info.extras["flow_fraction"])
+        errors.append(float(((w[..., None] * state.particles.double()).sum(1) - xs[:, t]).pow(2).mean().sqrt()))
+    assert sum(errors[20:]) / 60 < 0.6  # Bocquet's bootstrap filter: 0.29 at N = 800; obs noise sd 1.22
+    assert weighted > 80 and float((torch.stack(shares) == 0).double().mean()) > 0.5
+
+
+def test_auto_is_checked_like_any_share() -> None:
+    get_updater("mpf", correct=True, flow_fraction="auto")
+    for bad in ("Auto", "automatic", None):
+        with pytest.raises(ValueError, match=r"options\.flow_fraction"):
+            get_updater("mpf", correct=True, flow_fraction=bad)
+    with pytest.raises(ValueError, match=r"options\.flow_fraction: .*correct"):
+        get_updater("mpf", flow_fraction="auto")
+    with pytest.raises(ValueError, match=r"options\.flow_fraction: .*linear observation"):
+        get_updater("mpf", correct=True, flow_fraction="auto").check_compatible(make_model("range_bearing", {}, 4))

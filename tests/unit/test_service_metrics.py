@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from mpflow.service.metrics import MULTIPROC_ENV, Metrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -42,6 +43,21 @@ def test_metrics_without_multiproc_dir_render_their_own_registry(monkeypatch: py
     assert not any(name == "mpflow_updates_total" and dict(labels)["method"] == "kalman" for name, labels in got)
     assert other[("mpflow_updates_total", (("family", "lds"), ("method", "kalman")))] == 5
     assert other[("mpflow_batch_size_sum", ())] == 5 and other[("mpflow_streams", ())] == 0
+
+
+def test_health_counts_the_rescued_streams_and_the_move_acceptance(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    m = Metrics()
+    ess = torch.tensor([0.5, 0.9, 1.0])
+    m.observe_health("mpf", ess, {"rescued": torch.tensor([True, False, True]), "flow_fraction": torch.zeros(3)})
+    m.observe_health("mpf", ess, {"rescued": torch.tensor([False, False, False])})
+    m.observe_health("mpf", ess[:1], {"acceptance": torch.tensor([0.55])})
+    m.observe_health("smc", ess)
+    got = values(m)
+    assert got[("mpflow_update_rescues_total", (("method", "mpf"),))] == 2
+    assert ("mpflow_update_rescues_total", (("method", "smc"),)) not in got
+    assert got[("mpflow_update_ess_fraction_count", (("method", "mpf"),))] == 7
+    assert got[("mpflow_update_move_acceptance_count", (("method", "mpf"),))] == 1
 
 
 def test_multiproc_dir_set_after_import_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -94,6 +94,18 @@ def test_weighted_draws_resample_the_particles():
     assert hit3 + hit7 == 1.0 and abs(hit7 - 0.75) < 0.03
 
 
+def test_a_weighted_cloud_of_an_unweighted_method_is_drawn_by_its_weights():
+    """mpf with flow_fraction "auto" carries weights although the method's particles are usually uniform: draws
+    follow the weights whenever they are not uniform."""
+    st = state_of("mpf", 16)
+    lw = torch.full((1, 16), -math.inf)
+    lw[0, 2], lw[0, 9] = math.log(0.4), math.log(0.6)
+    d = S.draw(st.replace(log_weights=lw), 4000, weighted=False, seed=0)
+    x = st.particles[0].double()
+    hit2 = (d == x[2]).all(1).double().mean().item()
+    assert hit2 + (d == x[9]).all(1).double().mean().item() == 1.0 and abs(hit2 - 0.4) < 0.03
+
+
 def test_sample_seed_depends_on_seed_and_step():
     assert S.sample_seed(1, 2) == S.sample_seed(1, 2)
     assert len({S.sample_seed(1, 2), S.sample_seed(1, 3), S.sample_seed(2, 2)}) == 3
