@@ -98,6 +98,15 @@ def affine_push(
 
 
 #: Liu & West (2001) choose a = (3δ − 1) / (2δ) from a discount factor δ ∈ [0.95, 0.99], so a ∈ [0.974, 0.995]
+def inflated(x: torch.Tensor, mean: torch.Tensor, rho: float | torch.Tensor) -> torch.Tensor:
+    """The cloud x [B, N, d] with its anomalies about ``mean`` [B, d] multiplied by ρ (a float, or [B] per stream):
+    m + ρ (x − m), the multiplicative inflation of ensemble filters (Anderson & Anderson 1999), which scales the
+    cloud's covariance by ρ²."""
+    if isinstance(rho, torch.Tensor):
+        rho = rho.to(x.dtype)[:, None, None]
+    return torch.lerp(mean[:, None].to(x.dtype), x, rho)
+
+
 LIU_WEST_SHRINKAGE = 0.98
 
 

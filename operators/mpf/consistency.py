@@ -62,9 +62,7 @@ def inflate_diverged(
     spread = HCH.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(torch.finfo(torch.float64).tiny)
     noise = (R.diagonal(dim1=-2, dim2=-1) * seen).sum(-1)
     rho2 = torch.where(diverged, ((nu.square().sum(-1) - noise) / spread).clamp_min(1.0), 1.0)
-    centre = mean.to(x.dtype)[:, None]
-    x = centre + rho2.sqrt().to(x.dtype)[:, None, None] * (x - centre)
-    return x, cov * rho2.to(cov.dtype)[:, None, None], diverged
+    return gaussian.inflated(x, mean, rho2.sqrt()), cov * rho2.to(cov.dtype)[:, None, None], diverged
 
 
 __all__ = ["DIVERGENCE_P", "inflate_diverged"]

@@ -538,7 +538,7 @@ class MPFUpdater(Updater):
             if predictive is None:
                 predictive = gaussian.moments(x.to(torch.float64))
             elif rho != 1.0:  # the cloud's anomalies × ρ, as its covariance's ρ² above
-                x = torch.lerp(predictive[0][:, None].to(x.dtype), x, rho)
+                x = gaussian.inflated(x, predictive[0], rho)
             u = rand(gens, [1], torch.float64).reshape(-1)
             x1, log_alpha = kalman_particle_step(model, obs, x, predictive[1], self.options["flow_fraction"], u, gens)
             return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, ess(log_alpha))
@@ -593,7 +593,7 @@ class MPFUpdater(Updater):
             mean, cov = gaussian.moments(x.to(torch.float64), state.log_weights)
         rho = float(self.options["inflation"])
         if rho != 1.0:
-            x, cov = torch.lerp(mean[:, None].to(x.dtype), x, rho), cov * rho**2
+            x, cov = gaussian.inflated(x, mean, rho), cov * rho**2
         x, cov, rescued = consistency.inflate_diverged(model, obs, x, mean, cov)
         ll = torch.nan_to_num(model.log_likelihood(obs, x).to(torch.float64), nan=-math.inf)
         inc = evidence.predictive(ll, prev_lw)
