@@ -152,5 +152,13 @@ def test_a_lorenz96_stream_without_a_method_gets_the_measured_default_where_it_r
         doc = r.json()
         assert doc["method"] == "smc" and "does not run these parameters" in doc["method_reason"], doc
         assert "options.flow_fraction" in doc["method_reason"], doc
+        # the request's own options count: a share the model can run keeps the default; others go to smc
+        r = await c.post("/v1/streams", json={**arctan, "method_options": {"flow_fraction": 1}})
+        assert r.status_code == 201 and r.json()["method"] == "mpf", r.text
+        assert r.json()["method_options"]["flow_fraction"] == 1, r.text
+        r = await c.post("/v1/streams", json={**arctan, "method_options": {"ess_threshold": 0.4}})
+        assert r.status_code == 201 and r.json()["method"] == "smc", r.text
+        r = await c.post("/v1/streams", json={**arctan, "method_options": {"flow_fraction": "x"}})
+        assert r.status_code == 422 and "method_options.flow_fraction" in r.text, r.text
 
     run(redis_url, body)
