@@ -104,7 +104,8 @@ def inflated(x: torch.Tensor, mean: torch.Tensor, rho: float | torch.Tensor) -> 
     cloud's covariance by ρ²."""
     if isinstance(rho, torch.Tensor):
         rho = rho.to(x.dtype)[:, None, None]
-    return torch.lerp(mean[:, None].to(x.dtype), x, rho)
+    centre = mean.to(x.dtype)[:, None]
+    return centre + rho * (x - centre)
 
 
 LIU_WEST_SHRINKAGE = 0.98
