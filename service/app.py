@@ -5,7 +5,7 @@ The lifespan opens what a replica needs and closes it on shutdown:
 1. the state store — ``MPFLOW_REDIS_URL`` (one Redis or any node of a Redis Cluster, told apart by asking it), or the
    embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``; an unreachable store does not stop the start
    (``/readyz`` answers 503, requests 503 until it is back);
-2. the trained-operator catalogue (listed once);
+2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.snapshot_signing`);
 3. the update engine (micro-batching dispatcher and its worker threads).
 
 Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), then the
@@ -15,6 +15,7 @@ body limit (:class:`~mpflow.service.middleware.BodyLimit`). Every error has the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -35,7 +36,7 @@ from mpflow.service.metrics import Metrics
 from mpflow.service.middleware import BodyLimit, Observe
 from mpflow.service.settings import Settings
 from mpflow.service.stepping import row_views
-from mpflow.service.store import StreamStore
+from mpflow.service.store import StoreUnavailable, StreamStore
 from mpflow.service.streams import StreamService
 
 log = logging.getLogger("mpflow.app")
@@ -91,7 +92,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.auth.warn_if_open()
     for problem in FAMILY_ERRORS.values():  # a plugin left out: named, and the rest is served
         log.error("%s; the family is not served", problem)
-    if not reachable:
+    if reachable:  # the snapshot key, read (or generated) once; an unreachable store: at the first export/import
+        with contextlib.suppress(StoreUnavailable):
+            await app.state.streams.snapshots.key.get()
+    else:
         log.warning("the state store does not answer yet; /readyz reports 503 until it does")
     log.info("mpflow ready (batching %s, max batch %d)", "on" if engine.batching else "off", engine.max_batch_size)
     _freeze_startup_objects()

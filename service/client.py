@@ -275,13 +275,13 @@ def _limit(limit: int | None) -> dict[str, Any]:
     return {} if limit is None else {"limit": jsonable(limit)}
 
 
-def _import_request(snapshot: bytes, stream_id: str | None) -> dict[str, Any]:
-    """The keywords of an import request: the snapshot verbatim, its media type, the id asked for."""
-    return {
-        "content": snapshot,
-        "headers": {"content-type": SNAPSHOT_TYPE},
-        "params": {"stream_id": stream_id} if stream_id else None,
-    }
+def _import_request(snapshot: bytes, stream_id: str | None, foreign: bool) -> dict[str, Any]:
+    """The keywords of an import request: the snapshot verbatim, its media type, the id asked for, and
+    ``trust=foreign`` for a snapshot of another deployment."""
+    params = {"stream_id": stream_id} if stream_id else {}
+    if foreign:
+        params["trust"] = "foreign"
+    return {"content": snapshot, "headers": {"content-type": SNAPSHOT_TYPE}, "params": params or None}
 
 
 class _ClientBase:
@@ -401,10 +401,13 @@ class Client(_ClientBase):
         body, safe = _batch_body(updates)
         return _batch_results(self.request("POST", "/v1/observations:batch", safe=safe, json=body))
 
-    def import_stream(self, snapshot: bytes, stream_id: str | None = None) -> Stream:
+    def import_stream(self, snapshot: bytes, stream_id: str | None = None, *, foreign: bool = False) -> Stream:
         """``POST /v1/streams:import``: recreate an exported stream (``Stream.export()``'s bytes) for this client's
-        tenant, under ``stream_id`` or a new id. Not retried (a lost answer's retry would be 409 ``stream_exists``)."""
-        doc = self.request("POST", "/v1/streams:import", safe=False, **_import_request(snapshot, stream_id))
+        tenant, under ``stream_id`` or a new id. ``foreign``: the snapshot comes from another deployment (its
+        signature is not this one's; it is validated all the same). Not retried (a lost answer's retry would be 409
+        ``stream_exists``)."""
+        request = _import_request(snapshot, stream_id, foreign)
+        doc = self.request("POST", "/v1/streams:import", safe=False, **request)
         return Stream(self, doc["stream_id"], doc)
 
 
@@ -578,9 +581,12 @@ class AsyncClient(_ClientBase):
         body, safe = _batch_body(updates)
         return _batch_results(await self.request("POST", "/v1/observations:batch", safe=safe, json=body))
 
-    async def import_stream(self, snapshot: bytes, stream_id: str | None = None) -> AsyncStream:
+    async def import_stream(
+        self, snapshot: bytes, stream_id: str | None = None, *, foreign: bool = False
+    ) -> AsyncStream:
         """As :meth:`Client.import_stream`."""
-        doc = await self.request("POST", "/v1/streams:import", safe=False, **_import_request(snapshot, stream_id))
+        request = _import_request(snapshot, stream_id, foreign)
+        doc = await self.request("POST", "/v1/streams:import", safe=False, **request)
         return AsyncStream(self, doc["stream_id"], doc)
 
 

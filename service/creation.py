@@ -19,7 +19,7 @@ from mpflow.service import summary as summaries
 from mpflow.service.documents import now
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.methods import Choice, Methods
-from mpflow.service.numerics import finite_json, finite_state
+from mpflow.service.numerics import finite_state, within_float32
 from mpflow.service.schemas import MAX_STATE_NAME_LENGTH, CreateStreamRequest
 from mpflow.service.settings import Settings
 
@@ -116,7 +116,7 @@ def prepare(
         message = str(exc)  # an updater names its option as options.NAME: the request's field is method_options.NAME
         raise invalid("method_" + message if message.startswith("options.") else message) from None
     summary = summaries.summary(state)
-    if not (finite_state(state) and finite_json(summary)):  # e.g. a prior at the edge of float32's range
+    if not (finite_state(state) and within_float32(summary)):  # e.g. a prior at the edge of float32's range
         raise invalid(
             "prior: the initial particles or their summary are not finite in float32 (|x| up to about 3.4e38, "
             "squares included); rescale the prior"

@@ -25,7 +25,10 @@ again; :mod:`mpflow.service.fallback` runs the chain.
 
 Guard. :func:`finite_state` / :func:`finite_json` say whether a state (every float tensor: particles,
 log-weights — where −inf is a legitimate zero weight, NaN and +inf are not —, log-density, evidence, extras) and
-a JSON summary are finite; the stream service never writes a state that is not.
+a JSON summary are finite; the stream service never writes a state that is not. :func:`within_float32` is the bound
+a new or imported stream's summary must meet: every number of it (mean, covariance, quantiles, ...) within
+±:data:`FLOAT32_MAX`, the range of every number the API accepts — a cloud spread over ±3e38 has a covariance of
+~1e77, which no request could have given.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import UPDATERS, NonFiniteError
 
+#: the largest float32 (the same number as :data:`mpflow.service.schemas.FLOAT32_MAX`)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 #: errors of a step that a fall-back may cure (module docstring; the inputs were validated before the step)
 FALLBACK_ERRORS: tuple[type[BaseException], ...] = (
     NonFiniteError,
@@ -84,11 +89,24 @@ def finite_json(value: Any) -> bool:
     return True
 
 
+def within_float32(value: Any) -> bool:
+    """:func:`finite_json`, and every number within ±:data:`FLOAT32_MAX` (module docstring)."""
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    if isinstance(value, dict):
+        return all(within_float32(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(within_float32(v) for v in value)
+    return True
+
+
 __all__ = [
     "FALLBACK_ERRORS",
     "FALLBACK_ORDER",
+    "FLOAT32_MAX",
     "fallback_methods",
     "finite_json",
     "finite_rows",
     "finite_state",
+    "within_float32",
 ]

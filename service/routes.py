@@ -184,8 +184,8 @@ _SNAPSHOT_BODY = {snapshots.MEDIA_TYPE: {"schema": {"type": "string", "format": 
 )
 async def export_stream(request: Request, stream_id: str, tenant: Tenant) -> Response:
     """A versioned, self-describing snapshot of the stream (safetensors: its state tensors, and in the header its
-    model, prior, method, operator and the operator's content hash, step, log-evidence and a SHA-256 checksum).
-    `POST /v1/streams:import` takes it verbatim."""
+    model, prior, method, operator and the operator's content hash, step, log-evidence, a SHA-256 checksum and an
+    HMAC-SHA256 signature under the deployment's snapshot key). `POST /v1/streams:import` takes it verbatim."""
     _log(request, stream=stream_id)
     blob = await _service(request).export(tenant, stream_id)
     return Response(blob, media_type=snapshots.MEDIA_TYPE)
@@ -205,14 +205,23 @@ async def import_stream(
     stream_id: Annotated[
         str | None, Query(pattern=STREAM_ID_PATTERN, description="the new stream's id; generated when absent")
     ] = None,
+    trust: Annotated[
+        snapshots.Trust,
+        Query(
+            description="signed (default): only a snapshot this deployment signed; foreign: also another "
+            "deployment's (or an unsigned one), on your word — validated all the same"
+        ),
+    ] = "signed",
 ) -> Response:
     """Recreate an exported stream for the caller's tenant (the body: `GET .../export`'s, verbatim, with its
-    Content-Type). A truncated, altered or oversized snapshot, another format version, or an operator this server
-    lacks is refused with a 4xx saying why, and nothing is created."""
+    Content-Type). A snapshot this deployment did not sign is refused (422 `untrusted_snapshot`) unless
+    `trust=foreign`; a truncated, altered or oversized snapshot, another format version, a field or tensor that a
+    new stream could not have, or an operator this server lacks is refused with a 4xx saying why, and nothing is
+    created."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != snapshots.MEDIA_TYPE:
         raise ApiError(415, "unsupported_media_type", f"content-type: send the snapshot as {snapshots.MEDIA_TYPE}")
-    doc = await _service(request).import_stream(tenant, await request.body(), stream_id)
+    doc = await _service(request).import_stream(tenant, await request.body(), stream_id, trust)
     _log(request, stream=doc["stream_id"], step=doc["step"])
     return JSONResponse(doc, status_code=201)
 

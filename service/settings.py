@@ -21,6 +21,11 @@ bad value fails at start with a message naming the field.
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
+- ``snapshot_key``: the secret that signs stream snapshots (HMAC-SHA256, :mod:`mpflow.service.snapshot_signing`), at
+  least 32 characters; unset (default), a random key is generated once and kept in the store, so every replica
+  of a deployment signs and verifies with the same one.
+- ``updater_cache_size``: updaters kept per process, one per distinct (method, operator, stream options), least
+  recently used dropped first (:mod:`mpflow.service.methods`).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import ValidationInfo, field_validator
+from pydantic import SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+#: the shortest ``snapshot_key`` accepted (characters)
+MIN_SNAPSHOT_KEY_LENGTH = 32
 
 _POSITIVE = (
     "max_particles",
@@ -45,6 +52,7 @@ _POSITIVE = (
     "max_forecast_steps",
     "redis_wait_timeout_ms",
     "history_steps",
+    "updater_cache_size",
 )
 
 
@@ -72,6 +80,9 @@ class Settings(BaseSettings):
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 1000
     history_steps: int = 500
+    # -- snapshots and updater cache (issue 34)
+    snapshot_key: SecretStr | None = None
+    updater_cache_size: int = 64
 
     @field_validator(*_POSITIVE)
     @classmethod
@@ -106,6 +117,15 @@ class Settings(BaseSettings):
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {v!r}")
         return level
+
+    @field_validator("snapshot_key")
+    @classmethod
+    def _snapshot_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or not v.get_secret_value().strip():
+            return None
+        if len(v.get_secret_value()) < MIN_SNAPSHOT_KEY_LENGTH:
+            raise ValueError(f"snapshot_key: at least {MIN_SNAPSHOT_KEY_LENGTH} characters (a random secret)")
+        return v
 
     @field_validator("api_keys")
     @classmethod

@@ -5,16 +5,20 @@ state tensors exactly as the store keeps them (particles, log-weights, step, log
 the method's extras) and, in the header's metadata, ``format`` (:data:`FORMAT`, the version), ``stream`` — the
 stream's description as canonical JSON: model, prior, method, its options, the trained operator and that
 operator's content hash, N, d, seed, TTL, step, log-evidence, the state's names (``state_names``; a snapshot of
-an older server lacks them: read as null) — and ``sha256``, the SHA-256 of
-``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes``, so a truncated or altered snapshot is recognised.
+an older server lacks them: read as null) —, ``sha256``, the SHA-256 of ``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state
+bytes`` (a truncated or damaged snapshot is recognised), and ``hmac`` and ``key_id``: the same bytes signed under
+the deployment's snapshot key (:mod:`mpflow.service.snapshot_signing`), so that a snapshot this deployment did
+not write — forged, or altered and its ``sha256`` recomputed — is recognised.
 
 Import refuses, with a 4xx saying why and before anything is written: what is not such a file or is truncated,
-a checksum that does not match, another format version, a snapshot over this server's limits (413), an operator
-this server does not have or has with other content (422 ``operator_unavailable``), a model, method or state
-that does not validate — the state's tensors must have the shapes and dtypes of the stream they describe, be
-finite, and take a step of the method (a step without a measurement, computed and thrown away). The imported
-stream gets the caller's tenant, the given or a new id, and the state bytes of the original, so it continues
-exactly as the original would.
+a checksum that does not match, another format version; a signature that is missing or does not verify under
+this deployment's key (422 ``untrusted_snapshot``) unless the caller asked ``trust=foreign`` — a snapshot of
+another deployment, taken on the caller's word; then every field of the description and every tensor of the
+state is validated as creation validates a new stream (:mod:`mpflow.service.snapshot_checks`: limits are 413),
+an operator this server does not have or has with other content is 422 ``operator_unavailable``, and the state
+must take a step of the method (a step without a measurement, computed and thrown away) and have a summary in
+the float32 range. The imported stream gets the caller's tenant, the given or a new id, and the state bytes of
+the original, so it continues exactly as the original would.
 """
 
 from __future__ import annotations
@@ -22,20 +26,18 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
-import torch
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.operators.updaters import UPDATERS
+from mpflow.service import snapshot_checks as checks
 from mpflow.service import summary as summaries
 from mpflow.service import views
-from mpflow.service.creation import check_limits, check_state_names
 from mpflow.service.documents import document, now
-from mpflow.service.errors import invalid
-from mpflow.service.methods import Methods, check_stream_options
-from mpflow.service.numerics import finite_json, finite_state
-from mpflow.service.schemas import MAX_SEED, MAX_TTL_SECONDS
+from mpflow.service.errors import ApiError
+from mpflow.service.methods import Methods
+from mpflow.service.numerics import within_float32
 from mpflow.service.settings import Settings
+from mpflow.service.snapshot_signing import SnapshotKey, key_id, signature, verifies
 from mpflow.service.store import StreamStore
 from mpflow.service.stream_errors import OperatorUnavailableError, StreamExistsError
 from mpflow.service.tensor_work import TensorWork
@@ -62,82 +64,97 @@ STREAM_FIELDS = (
 )
 #: fields a snapshot's description may lack (written by an older server): read as null
 OPTIONAL_STREAM_FIELDS = frozenset({"state_names"})
-#: the dtype of each core field of a state (extras are the method's, checked by a dry step)
-CORE_DTYPES = {
-    "particles": torch.float32,
-    "log_weights": torch.float32,
-    "step": torch.int64,
-    "log_evidence": torch.float64,
-    "rng": torch.int64,
-    "log_density": torch.float32,
-}
+#: how far an import trusts a snapshot's origin: ``signed`` — signed under this deployment's key (the default);
+#: ``foreign`` — any intact snapshot (another deployment's, or written before snapshots were signed)
+Trust = Literal["signed", "foreign"]
+TRUST_LEVELS: tuple[str, ...] = ("signed", "foreign")
 
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _signed_bytes(stream: str, state_bytes: bytes) -> bytes:
+    """What ``sha256`` and ``hmac`` cover: ``FORMAT ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes``."""
+    return FORMAT.encode() + b"\0" + stream.encode() + b"\0" + state_bytes
+
+
 def checksum(stream: str, state_bytes: bytes) -> str:
     """SHA-256 of ``FORMAT ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes`` (hex)."""
-    return hashlib.sha256(FORMAT.encode() + b"\0" + stream.encode() + b"\0" + state_bytes).hexdigest()
+    return hashlib.sha256(_signed_bytes(stream, state_bytes)).hexdigest()
 
 
-def encode(meta: dict[str, Any], data: bytes) -> bytes:
-    """The snapshot of a stored stream (``meta`` with the operator's content hash, state bytes ``data``)."""
+def header(stream: str, data: bytes, key: bytes) -> dict[str, str]:
+    """A snapshot's header metadata: ``format``, the ``stream`` description, its ``sha256``, and its ``hmac`` and
+    ``key_id`` under ``key``."""
+    signed = _signed_bytes(stream, data)
+    return {
+        "format": FORMAT,
+        "stream": stream,
+        "sha256": hashlib.sha256(signed).hexdigest(),
+        "hmac": signature(key, signed),
+        "key_id": key_id(key),
+    }
+
+
+def encode(meta: dict[str, Any], data: bytes, key: bytes) -> bytes:
+    """The snapshot of a stored stream (``meta`` with the operator's content hash, state bytes ``data``), signed
+    under ``key``."""
     stream = _canonical({k: meta.get(k) for k in STREAM_FIELDS})
-    state = ParticleState.from_bytes(data)
-    return state.to_bytes({"format": FORMAT, "stream": stream, "sha256": checksum(stream, data)})
+    return ParticleState.from_bytes(data).to_bytes(header(stream, data, key))
 
 
-def _refuse(why: str) -> Exception:
-    return invalid(f"snapshot: {why}; nothing was created")
+def untrusted(message: str) -> ApiError:
+    """422 ``untrusted_snapshot``: a snapshot this deployment did not sign, imported without ``trust=foreign``."""
+    return ApiError(422, "untrusted_snapshot", f"{message}; nothing was created")
 
 
-def decode(body: bytes) -> tuple[dict[str, Any], ParticleState, bytes]:
-    """(stream description, state, state bytes as stored) of a snapshot; 422 saying why it is refused."""
+def decode(body: bytes) -> tuple[dict[str, str], ParticleState, bytes]:
+    """(header metadata, state, state bytes as stored) of an intact snapshot; 422 saying why it is refused."""
     try:
         meta = read_metadata(body)
     except ValueError as exc:
-        raise _refuse(f"not an mpflow snapshot ({exc})") from None
+        raise checks.refuse(f"not an mpflow snapshot ({exc})") from None
     if meta.get("format") != FORMAT:
-        raise _refuse(f"format {meta.get('format')!r} is not one this server reads ({FORMAT})")
+        raise checks.refuse(f"format {meta.get('format')!r} is not one this server reads ({FORMAT})")
     if not isinstance(meta.get("stream"), str) or not isinstance(meta.get("sha256"), str):
-        raise _refuse("the stream description or its checksum is missing")
+        raise checks.refuse("the stream description or its checksum is missing")
     try:
         state = ParticleState.from_bytes(body)
         data = state.to_bytes()
     except Exception as exc:  # safetensors refuses truncated or inconsistent data in several ways
-        raise _refuse(f"the state cannot be read, it is truncated or corrupt ({type(exc).__name__})") from None
+        raise checks.refuse(f"the state cannot be read, it is truncated or corrupt ({type(exc).__name__})") from None
     if checksum(meta["stream"], data) != meta["sha256"]:
-        raise _refuse("its checksum does not match its content: it was truncated or altered")
+        raise checks.refuse("its checksum does not match its content: it was truncated or altered")
+    return meta, state, data
+
+
+def check_signature(meta: dict[str, str], data: bytes, key: bytes, trust: str) -> None:
+    """Under ``trust="signed"``, the snapshot's ``hmac`` must verify under ``key`` (module docstring)."""
+    if trust == "foreign":
+        return
+    hint = "import a snapshot of another deployment with trust=foreign"
+    if "hmac" not in meta:
+        raise untrusted(f"hmac: the snapshot is not signed (written by an older server?); {hint}")
+    if not verifies(key, _signed_bytes(meta["stream"], data), meta["hmac"]):
+        if meta.get("key_id") != key_id(key):
+            raise untrusted(f"hmac: the snapshot is signed under another deployment's key; {hint}")
+        raise untrusted("hmac: the signature does not match the snapshot: it was altered after export")
+
+
+def description(meta: dict[str, str]) -> dict[str, Any]:
+    """The stream description of a snapshot's header, every field present (optional ones as null)."""
     try:
         stream = json.loads(meta["stream"])
     except json.JSONDecodeError:
-        raise _refuse("the stream description is not JSON") from None
+        raise checks.refuse("stream: the stream description is not JSON") from None
     required = set(STREAM_FIELDS) - OPTIONAL_STREAM_FIELDS
     if not isinstance(stream, dict) or not required <= set(stream) <= set(STREAM_FIELDS):
-        raise _refuse(
-            f"the stream description must have the fields {list(STREAM_FIELDS)} "
+        raise checks.refuse(
+            f"stream: the stream description must have the fields {list(STREAM_FIELDS)} "
             f"({', '.join(sorted(OPTIONAL_STREAM_FIELDS))} optional) and no others"
         )
-    return {k: stream.get(k) for k in STREAM_FIELDS}, state, data
-
-
-def _check_state(stream: dict[str, Any], state: ParticleState) -> None:
-    """The state's core tensors have the shapes and dtypes of the stream they belong to."""
-    n, d = stream["num_particles"], stream["state_dim"]
-    shapes = {"particles": (1, n, d), "log_weights": (1, n), "step": (1,), "log_evidence": (1,), "log_density": (1, n)}
-    for name, t in state.fields().items():
-        if name in CORE_DTYPES and t.dtype != CORE_DTYPES[name]:
-            raise _refuse(f"state field {name} is {t.dtype}, expected {CORE_DTYPES[name]}")
-        if name in shapes and tuple(t.shape) != shapes[name]:
-            raise _refuse(f"state field {name} has shape {list(t.shape)}, expected {list(shapes[name])}")
-        if name.startswith("extras.") and (t.dim() == 0 or t.shape[0] != 1):
-            raise _refuse(f"state field {name} is not one stream's")
-    if int(state.step[0]) != stream["step"] or float(state.log_evidence[0]) != stream["log_evidence"]:
-        raise _refuse("the state's step or log-evidence differs from the stream description's")
-    if not finite_state(state):
-        raise _refuse("the state holds NaN or infinite values")
+    return {k: stream.get(k) for k in STREAM_FIELDS}
 
 
 class Snapshots:
@@ -148,6 +165,7 @@ class Snapshots:
         self.store = store
         self.methods = methods
         self.work = work
+        self.key = SnapshotKey(settings, store)
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         """The snapshot of the caller's stream (404 for an unknown one or another tenant's)."""
@@ -159,63 +177,71 @@ class Snapshots:
             if content_hash is None:
                 raise OperatorUnavailableError(f"operator: {operator!r} is not installed on this server")
             meta = {**meta, "operator_content_hash": content_hash}
-        return await self.work.run(meta, encode, meta, data)
+        return await self.work.run(meta, encode, meta, data, await self.key.get())
 
-    async def import_(self, tenant: str, body: bytes, stream_id: str | None) -> dict[str, Any]:
+    async def import_(self, tenant: str, body: bytes, stream_id: str | None, trust: str = "signed") -> dict[str, Any]:
         """Recreate a snapshot's stream for ``tenant`` under ``stream_id`` (a new id when None): its document."""
-        stream, state, data = await self.work.off_loop(decode, body)
-        meta = await self.work.off_loop(self._validated, stream, state)
+        key = await self.key.get()
+        header, state, data = await self.work.off_loop(decode, body)
+        check_signature(header, data, key, trust)
+        meta = await self.work.off_loop(self._validated, description(header), state)
         stream_id = stream_id or uuid.uuid4().hex
         summary = await self.work.run(meta, summaries.summary, state)
-        if not finite_json(summary):
-            raise _refuse("the state's summary is not finite")
+        if not within_float32(summary):
+            raise checks.refuse("state: its summary (mean, covariance, quantiles) lies beyond the float32 range")
         if not await self.store.create(tenant, stream_id, meta, data, meta["ttl_seconds"]):
             raise StreamExistsError(f"stream_id: a stream {stream_id!r} already exists; choose another id")
         return document(stream_id, meta, summary)
 
+    def _check_operator(self, stream: dict[str, Any]) -> None:
+        """The snapshot's operator is installed here with the same content (422 ``operator_unavailable``)."""
+        operator = stream["operator"]
+        if operator is None:
+            return
+        record = self.methods.operators.by_name(operator)
+        if record is None:
+            raise OperatorUnavailableError(f"snapshot: operator {operator!r} is not installed on this server")
+        if record.content_hash != stream["operator_content_hash"]:
+            raise OperatorUnavailableError(
+                f"snapshot: operator {operator!r} here has content hash {record.content_hash[:12]}…, the "
+                f"snapshot's is {str(stream['operator_content_hash'])[:12]}…: a different operator"
+            )
+
     def _validated(self, stream: dict[str, Any], state: ParticleState) -> dict[str, Any]:
         """The stored meta of the imported stream, after every check of the module docstring (blocking)."""
-        n, d = stream["num_particles"], stream["state_dim"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n, d, stream["ttl_seconds"])):
-            raise _refuse("num_particles, state_dim and ttl_seconds must be positive integers")
-        if not (isinstance(stream["step"], int) and stream["step"] >= 0):
-            raise _refuse("step must be a non-negative integer")
-        if not (isinstance(stream["seed"], int) and 0 <= stream["seed"] <= MAX_SEED):
-            raise _refuse(f"seed must be an integer from 0 to {MAX_SEED}")
-        if stream["ttl_seconds"] > MAX_TTL_SECONDS:
-            raise _refuse(f"ttl_seconds must be at most {MAX_TTL_SECONDS}")
-        if stream["method"] not in UPDATERS or not isinstance(stream["method_options"], dict | None):
-            raise _refuse(f"method must be one of {sorted(UPDATERS)} and method_options an object")
-        if stream["method_options"]:  # only what a client may set on its own stream
-            check_stream_options(stream["method"], stream["method_options"])
-        if not isinstance(stream["log_evidence"], float | int) or not isinstance(stream["model"], dict):
-            raise _refuse("log_evidence must be a number and model an object")
-        check_limits(self.settings, n, d)
+        checks.check_numbers(self.settings, stream)
+        checks.check_method(stream)
+        self._check_operator(stream)
+        model, prior = checks.model_and_prior(self.methods, stream)
+        checks.check_core(stream, state)
         try:
-            check_state_names(stream["state_names"], d)
-        except ValueError as exc:
-            raise _refuse(str(exc)) from None
-        operator = stream["operator"]
-        if operator is not None:
-            record = self.methods.operators.by_name(operator)
-            if record is None:
-                raise OperatorUnavailableError(f"snapshot: operator {operator!r} is not installed on this server")
-            if record.content_hash != stream["operator_content_hash"]:
-                raise OperatorUnavailableError(
-                    f"snapshot: operator {operator!r} here has content hash {record.content_hash[:12]}…, the "
-                    f"snapshot's is {str(stream['operator_content_hash'])[:12]}…: a different operator"
-                )
-        _check_state(stream, state)
+            updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
+            reference = updater.init(checks.reference_prior(prior, state), model, stream["num_particles"], 0)
+        except ValueError as exc:  # the method refuses this model or prior, as at creation
+            raise checks.refuse(f"stream: {exc}") from None
+        checks.check_fields(state, reference)
         try:
-            model = self.methods.model(stream["model"], d)
-            updater = self.methods.updater(stream["method"], operator, stream["method_options"] or None)
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
         except (OperatorUnavailableError, StreamExistsError):
             raise
         except Exception as exc:
-            raise _refuse(f"the stream does not validate on this server ({type(exc).__name__}: {exc})") from None
+            why = f"{type(exc).__name__}: {exc}"
+            raise checks.refuse(f"state: the method cannot step it on this server ({why})") from None
         created = now()
         return {**stream, "created_at": created, "updated_at": created}
 
 
-__all__ = ["FORMAT", "MEDIA_TYPE", "OPTIONAL_STREAM_FIELDS", "Snapshots", "checksum", "decode", "encode"]
+__all__ = [
+    "FORMAT",
+    "MEDIA_TYPE",
+    "OPTIONAL_STREAM_FIELDS",
+    "TRUST_LEVELS",
+    "Snapshots",
+    "Trust",
+    "check_signature",
+    "checksum",
+    "decode",
+    "description",
+    "encode",
+    "header",
+]

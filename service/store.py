@@ -13,6 +13,8 @@ keys, and its event channel, live in one slot and a Lua script may touch them al
     <p>:tenant:<tenant>:streams       sorted set, the tenant's listing index (see below); one key, so any
                                       command on it is single-slot
     <p>:readyz                        string: what ``/readyz`` writes to check that the store takes writes
+    <p>:secret:<name>                 string: a deployment's generated secret (the snapshot key,
+                                      :mod:`mpflow.service.snapshot_signing`), set once, no TTL
 
 One server or a Redis Cluster: the mode is told from the URL alone (:mod:`mpflow.service.redis_conn`). Every
 script touches the keys of one stream only (one slot); the listing index is written by commands of its own.
@@ -124,6 +126,13 @@ end
 redis.call('EXPIRE', KEYS[3], ARGV[2])
 if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
+"""
+
+# KEYS: the secret's key. ARGV: a candidate value. The value kept: the candidate when none was, else the first one
+# set (SET NX and GET in one script: every replica that races gets the same answer; one key, so one slot)
+_SECRET = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 """
 
 # KEYS: meta, state. A consistent snapshot of one stream: its meta hash and its state (a script runs
@@ -314,6 +323,7 @@ class StreamStore:
         self._get = client.register_script(_GET)
         self._history = client.register_script(_HISTORY)
         self._probe = client.register_script(_PROBE)
+        self._secret = client.register_script(_SECRET)
 
     async def _decided(self) -> None:
         """Decide between one server and a cluster if :meth:`from_url` could not (its node did not answer)."""
@@ -563,6 +573,15 @@ class StreamStore:
             async for key in self.client.scan_iter(match=f"{self.prefix}:tenant:*:streams", count=500):
                 total += await self.client.zcard(key)
         return total
+
+    async def shared_secret(self, name: str, candidate: bytes) -> bytes:
+        """The deployment's secret ``name`` (key ``<p>:secret:<name>``): ``candidate`` if none was kept yet, else
+        the one kept — so every replica sharing the store (one Redis or a cluster) holds the same. Written with
+        replica acknowledgement when it is on; raises :class:`StoreUnavailable` when the store does not answer."""
+        _check_name("name", name)
+        await self._decided()
+        async with _guard(write=True):
+            return bytes(await self._write(self._secret, [f"{self.prefix}:secret:{name}"], [bytes(candidate)]))
 
 
 __all__ = ["StoreOutcomeUnknown", "StoreUnavailable", "StreamStore"]

@@ -110,8 +110,10 @@ class StreamService:
     async def export(self, tenant: str, stream_id: str) -> bytes:
         return await self.snapshots.export(tenant, stream_id)
 
-    async def import_stream(self, tenant: str, body: bytes, stream_id: str | None) -> dict[str, Any]:
-        return await self.snapshots.import_(tenant, body, stream_id)
+    async def import_stream(
+        self, tenant: str, body: bytes, stream_id: str | None, trust: str = "signed"
+    ) -> dict[str, Any]:
+        return await self.snapshots.import_(tenant, body, stream_id, trust)
 
     async def history(self, tenant: str, stream_id: str, limit: int | None) -> bytes:
         return await history.read(self.store, tenant, stream_id, limit, self.settings.history_steps)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.settings import Settings
-from mpflow.service.snapshots import MEDIA_TYPE, checksum
+from mpflow.service.snapshots import MEDIA_TYPE, header
 from mpflow.service.store import StreamStore
 
 from tests.harness.server import drop_prefix, serve_in_thread
@@ -31,6 +31,8 @@ PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]
 OBS = [[0.5 * (i % 3) - 0.4, 0.1 * i - 1.0] for i in range(20)]
 OBS[4], OBS[9] = None, [None, 0.3]
 MAX_PARTICLES = 512
+#: the server's snapshot key: the forger of these tests holds it (the validation of every field is what is tested)
+SNAPSHOT_KEY = "k" * 40
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,12 @@ def server(redis_url: str) -> Iterator[tuple[str, str]]:
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     api_keys = ",".join(f"{t}:{k}" for t, k in KEYS.items())
     config = Settings(
-        redis_url=redis_url, redis_prefix=prefix, api_keys=api_keys, log_level="WARNING", max_particles=MAX_PARTICLES
+        redis_url=redis_url,
+        redis_prefix=prefix,
+        api_keys=api_keys,
+        log_level="WARNING",
+        max_particles=MAX_PARTICLES,
+        snapshot_key=SNAPSHOT_KEY,
     )
     try:
         with serve_in_thread(config) as url:
@@ -101,12 +108,13 @@ def test_export_import_continues_byte_identically(server, redis_url, method):
 
 
 def resigned(snapshot: bytes, **changes) -> bytes:
-    """The snapshot with its stream description changed and a valid checksum (what a careful forger sends)."""
+    """The snapshot with its stream description changed, a valid checksum and a valid signature under the server's
+    key (what a forger holding the key sends)."""
     meta = read_metadata(snapshot)
     stream = json.dumps({**json.loads(meta["stream"]), **changes}, sort_keys=True, separators=(",", ":"))
     state = ParticleState.from_bytes(snapshot)
     data = state.to_bytes()
-    return state.to_bytes({**meta, "stream": stream, "sha256": checksum(stream, data)})
+    return state.to_bytes(header(stream, data, SNAPSHOT_KEY.encode()))
 
 
 def with_format(snapshot: bytes, version: str) -> bytes:
