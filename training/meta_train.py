@@ -284,8 +284,10 @@ def meta_train(
     ``iterations`` is the total count: with ``resume`` and an existing ``checkpoint`` the run continues
     from the saved iteration (if the loss options differ from the checkpoint's, the best-so-far restarts at
     the resumed θ, validated under the new loss). The checkpoint (torch.save; a training artefact, not an
-    operator) is written after every validation and at the end. ``log_path`` gets one JSON line per iteration:
-    {"iteration", "train_loss", "val_loss" (null between validations), "seconds"}.
+    operator) is written after every validation and at the end; it holds tensors, numbers, strings, lists and
+    dicts only, and is read back with ``torch.load(weights_only=True)``, which refuses anything else. ``log_path``
+    gets one JSON line per iteration: {"iteration", "train_loss", "val_loss" (null between validations),
+    "seconds"}.
 
     Returns {"val_loss_untrained", "val_loss_best", "best_iteration", "final_state", "iterations",
     "seconds", "it_per_s", "history"}.
@@ -309,8 +311,9 @@ def meta_train(
     ckpt = Path(checkpoint) if checkpoint is not None else None
     start, seconds, history, skipped = 0, 0.0, [], 0
     if resume and ckpt is not None and ckpt.exists():
-        # weights_only=False: the file is one this trainer wrote, at a path the caller gave
-        state = torch.load(ckpt, map_location=dev, weights_only=False)
+        # weights_only: tensors, numbers, strings, lists and dicts only — a checkpoint that holds any other object
+        # (a pickle that would run code) is refused, whoever put it at that path
+        state = torch.load(ckpt, map_location=dev, weights_only=True)
         net.load_state_dict(state["net"])
         opt.load_state_dict(state["optimizer"])
         start, seconds, history = state["iteration"], state["seconds"], state["history"]

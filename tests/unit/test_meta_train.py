@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import pytest
 import torch
@@ -85,6 +86,26 @@ def test_resume_matches_a_straight_run(tmp_path):
     assert [r["train_loss"] for r in rows] == pytest.approx([r["train_loss"] for r in straight["history"]], abs=1e-5)
 
 
+class _Planted:
+    """An object a pickle would rebuild (and so could run code while rebuilding): not a tensor, number or string."""
+
+    def __reduce__(self):
+        return (print, ("a checkpoint ran code",))
+
+
+def test_resume_refuses_a_checkpoint_that_holds_objects(tmp_path, capsys):
+    """Resume reads with ``weights_only=True``: a checkpoint carrying a pickled object is refused and its code is
+    never run; the checkpoint the trainer writes holds only what that allows (the resume test above reads it)."""
+    kw = dict(lr=1e-2, seed=3, val_every=1, progress=False, device="cpu", **SMALL)
+    ckpt = tmp_path / "run.pt"
+    meta_train(_net(), "gmm", 2, iterations=1, checkpoint=ckpt, **kw)
+    state = torch.load(ckpt, weights_only=True)
+    torch.save({**state, "history": [_Planted()]}, ckpt)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        meta_train(_net(), "gmm", 2, iterations=2, checkpoint=ckpt, resume=True, **kw)
+    assert "a checkpoint ran code" not in capsys.readouterr().out
+
+
 def test_cli_train_writes_a_loadable_operator(tmp_path, capsys):
     argv = [
         "train", "--family", "gmm", "--dim", "2", "--iterations", "3", "--batch", "2", "--steps-per-seq", "2",
@@ -107,7 +128,7 @@ def test_cli_train_writes_a_loadable_operator(tmp_path, capsys):
 
     net = MPFVelocity(2, **arch)
     net.load_state_dict(load_weights(record))
-    ckpt = torch.load(tmp_path / "_training" / "gmm-d2-seed0.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "_training" / "gmm-d2-seed0.pt", weights_only=True)
     reference = MPFVelocity(2, **arch)
     reference.load_state_dict(ckpt["best_state"])
     assert ckpt["best_val"] == pytest.approx(record.metrics["val_loss_best"])
