@@ -2,6 +2,11 @@
 runs with — built once and cached (updaters per method, operator and stream options; models per JSON spec; neither
 is mutated).
 
+The updater cache is an LRU of ``Settings.updater_cache_size`` entries (``MPFLOW_UPDATER_CACHE_SIZE``, default 64):
+every distinct ``method_options`` of a stream is a key, so a client creating streams with ever new options grew it
+without end (issue 34: +43 KB per option set, never released). An evicted updater is rebuilt at its stream's next
+update (microseconds without an operator; an operator's network stays cached by :mod:`mpflow.operators.updaters.mpf`).
+
 A request that names no method gets the one ``benchmarks/equal_compute.py`` measured most accurate for its
 (family, d) (:mod:`mpflow.service.default_methods`), with that method's measured options (``mpf``'s ``substeps``)
 and particle count, and the stream keeps the reason. Updaters get the options of ``Settings.method_options`` for
@@ -12,12 +17,15 @@ the operator catalogue's folder (the first use of an operator reads it from disk
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from mpflow.operators.models import make_model
 from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.registry import NAME_RE
 from mpflow.operators.updaters import UPDATERS, Updater, get_updater
 from mpflow.service.catalogue import OperatorCatalogue
 from mpflow.service.default_methods import default_method
@@ -80,13 +88,44 @@ def weighted(method: str) -> bool:
     return UPDATERS[method].weighted if method in UPDATERS else True
 
 
+class LRU:
+    """At most ``size`` updaters by key, the least recently used dropped first; safe to share between the event
+    loop and the engine's worker threads (one lock around each operation)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Hashable, Updater] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Hashable) -> Updater | None:
+        with self._lock:
+            updater = self._items.get(key)
+            if updater is not None:
+                self._items.move_to_end(key)
+            return updater
+
+    def put(self, key: Hashable, updater: Updater) -> None:
+        with self._lock:
+            self._items[key] = updater
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
 class Methods:
     """Updaters and models of streams, cached (module docstring)."""
 
     def __init__(self, settings: Settings, operators: OperatorCatalogue) -> None:
         self.settings = settings
         self.operators = operators
-        self._updaters: dict[Hashable, Updater] = {}
+        self._updaters = LRU(settings.updater_cache_size)
         self._models: dict[str, ModelFamily] = {}
 
     def loaded(self, meta: dict[str, Any]) -> bool:
@@ -98,17 +137,19 @@ class Methods:
         """A cached updater per (method, operator name, the stream's options); mpf loads the operator from its
         folder."""
         key = (method, operator, options_key(options))
-        if key not in self._updaters:
+        updater = self._updaters.get(key)
+        if updater is None:
             if operator is None:
-                self._updaters[key] = self._configured(method, options)
+                updater = self._configured(method, options)
             else:
                 record = self.operators.by_name(operator)
                 if record is None:
                     raise OperatorUnavailableError(
                         f"operator: {operator!r} is not installed on this server; GET /v1/operators lists them"
                     )
-                self._updaters[key] = self._configured(method, {**(options or {}), "operator": str(record.path)})
-        return self._updaters[key]
+                updater = self._configured(method, {**(options or {}), "operator": str(record.path)})
+            self._updaters.put(key, updater)
+        return updater
 
     def _configured(self, method: str, options: dict[str, Any] | None) -> Updater:
         """A new updater of ``method`` with this server's options for it (``MPFLOW_METHOD_OPTIONS``) under the
@@ -122,10 +163,12 @@ class Methods:
         if not UPDATERS[method].weighted:
             return self.updater(method, None), (method, None)
         key = (method, "uniform-weights")
-        if key not in self._updaters:
+        updater = self._updaters.get(key)
+        if updater is None:
             options = {**self.settings.method_options.get(method, {}), **UPDATERS[method].uniform_weight_options}
-            self._updaters[key] = get_updater(method, **options)
-        return self._updaters[key], key
+            updater = get_updater(method, **options)
+            self._updaters.put(key, updater)
+        return updater, key
 
     def model(self, spec: dict[str, Any], state_dim: int) -> ModelFamily:
         """The validated one-stream model (cached by its JSON: models are never mutated)."""
@@ -157,6 +200,11 @@ class Methods:
         if req.operator is not None:
             if method not in (None, "mpf"):
                 raise invalid(f"operator: only used by method mpf, not {method}")
+            if not NAME_RE.match(req.operator):  # one answer for any path, whether or not it exists
+                raise invalid(
+                    "operator: expected a registered operator name <family>-d<d>-v<k> (GET /v1/operators lists "
+                    "them); paths and other names are not accepted"
+                )
             if self.operators.by_name(req.operator) is None:
                 raise invalid(f"operator: unknown operator {req.operator!r}; GET /v1/operators lists them")
             return Choice("mpf", req.operator)
@@ -205,6 +253,7 @@ class Methods:
 
 
 __all__ = [
+    "LRU",
     "Choice",
     "Methods",
     "check_method_options",

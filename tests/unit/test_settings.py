@@ -32,3 +32,19 @@ def test_api_keys_map_keys_to_tenants():
         parse_api_keys("tenantA")  # no key
     with pytest.raises(ValueError, match="api_keys"):
         parse_api_keys("a:k,b:k")  # one key for two tenants
+
+
+def test_snapshot_key_and_updater_cache_size(monkeypatch):
+    monkeypatch.delenv("MPFLOW_SNAPSHOT_KEY", raising=False)
+    assert Settings().snapshot_key is None and Settings().updater_cache_size == 64
+    monkeypatch.setenv("MPFLOW_SNAPSHOT_KEY", "s" * 32)
+    s = Settings()
+    assert s.snapshot_key.get_secret_value() == "s" * 32 and "s" * 32 not in repr(s)  # never printed
+    monkeypatch.setenv("MPFLOW_SNAPSHOT_KEY", "short")
+    with pytest.raises(pydantic.ValidationError, match="snapshot_key: at least 32"):
+        Settings()
+    monkeypatch.setenv("MPFLOW_SNAPSHOT_KEY", "")
+    assert Settings().snapshot_key is None  # empty: generated and kept in the store
+    monkeypatch.setenv("MPFLOW_UPDATER_CACHE_SIZE", "0")
+    with pytest.raises(pydantic.ValidationError, match="updater_cache_size"):
+        Settings()
