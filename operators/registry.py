@@ -352,13 +352,39 @@ def resolve(
         raise ValueError(f"{label}: must be a name or a folder path, got {type(name_or_dir).__name__}")
     if isinstance(name_or_dir, Path) or os.sep in name_or_dir or (os.altsep and os.altsep in name_or_dir):
         return load_record(name_or_dir, kind)
-    records = [r for r in list_operators(default_dirs() if dirs is None else dirs) if kind in (None, r.kind)]
+    records = _registered(dirs, kind)
     for rec in records:
         if rec.name == name_or_dir:
             return rec
     if Path(name_or_dir).is_dir():
         return load_record(name_or_dir, kind)
     raise ValueError(f"{label}: unknown {label} {name_or_dir!r}; available: {[r.name for r in records]}")
+
+
+def _registered(dirs: Iterable[str | Path] | None, kind: Kind | None) -> list[OperatorRecord]:
+    return [r for r in list_operators(default_dirs() if dirs is None else dirs) if kind in (None, r.kind)]
+
+
+def resolve_name(name: object, dirs: Iterable[str | Path] | None = None, kind: Kind | None = None) -> OperatorRecord:
+    """A registered name only — what a request to the service may give (:func:`resolve` also reads folders,
+    for the CLI and training on the operator's own machine).
+
+    Only a name of the registry's form ``<family>-d<d>-v<k>`` (:data:`NAME_RE`) is looked up, among the folders
+    listed in ``dirs``; nothing is built from it, so no path is ever touched. Anything else — a path, ``..``, a
+    name with ``/`` or ``\\``, ``~`` or a leading ``.`` — is refused with one fixed message that does not repeat
+    it, so the answer is the same whether or not such a path exists. Errors start with the kind's name.
+    """
+    label = kind or "operator"
+    if not (isinstance(name, str) and NAME_RE.match(name)):
+        raise ValueError(
+            f"{label}: expected a registered {label} name <family>-d<d>-v<k> (e.g. gpvi-d2-v1); paths and other "
+            "names are not accepted"
+        )
+    records = _registered(dirs, kind)
+    for rec in records:
+        if rec.name == name:
+            return rec
+    raise ValueError(f"{label}: unknown {label} {name!r}; available: {[r.name for r in records]}")
 
 
 # ---- saving ----------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def prepare(
     asked = req.num_particles or given
     check_limits(settings, asked or DEFAULT_PARTICLES, d)
     try:
-        prior = prior_from_spec(spec)
+        prior = prior_from_spec(spec, dirs=methods.operators.dirs)  # a sampler by its registered name only
         model_spec = req.model.model_dump()
         model = methods.model(model_spec, prior.dim)
         choice = methods.choose(req, model)

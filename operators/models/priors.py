@@ -16,10 +16,12 @@ shape — weights [B, K], means [B, K, d], covs [B, K, d, d] — and the same op
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
-from mpflow.operators import gaussian, validation
+from mpflow.operators import gaussian, registry, validation
 from mpflow.operators.rng import Generators, rand, randn, torch_generator
 from mpflow.operators.samplers.cached import CachedSampler, load_sampler
 
@@ -164,14 +166,18 @@ class SamplerPrior:
 Prior = GaussianMixture | ParticlePrior | SamplerPrior
 
 
-def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = torch.float32) -> Prior:
+def prior_from_spec(
+    spec: dict, dim: int | None = None, dtype: torch.dtype = torch.float32, dirs: Iterable[str | Path] | None = None
+) -> Prior:
     """Build a (B = 1) prior from the API's JSON form, validating every field.
 
     ``{"type": "gaussian", "mean": [...], "cov": [[...]]}``,
     ``{"type": "mixture", "weights": [...], "means": [[...]], "covs": [[[...]]]}`` or
-    ``{"type": "particles", "particles": [[...], ...]}`` or ``{"type": "sampler", "name": NAME_OR_DIR}`` (a cached
-    sampler, :func:`mpflow.operators.samplers.cached.load_sampler`). ``dim`` (when given) is the required state
-    dimension.
+    ``{"type": "particles", "particles": [[...], ...]}`` or ``{"type": "sampler", "name": NAME}`` (a cached
+    sampler by its registered name only, looked up in ``dirs`` — default :func:`registry.default_dirs` — with
+    :func:`mpflow.operators.registry.resolve_name`: a path is refused, whether or not it exists; load a sampler
+    folder by path with :func:`mpflow.operators.samplers.cached.load_sampler`). ``dim`` (when given) is the
+    required state dimension.
     """
     if not isinstance(spec, dict) or "type" not in spec:
         raise ValueError("prior: expected an object with a 'type' of gaussian, mixture, particles or sampler")
@@ -203,10 +209,8 @@ def prior_from_spec(spec: dict, dim: int | None = None, dtype: torch.dtype = tor
     if kind == "sampler":
         validation.unknown_keys("prior", spec, {"type", "name"})
         name = spec.get("name")
-        if not (isinstance(name, str) and name.strip()):
-            raise ValueError(f"prior.name: expected the name or folder of a cached sampler, got {name!r}")
         try:
-            sampler = load_sampler(name)
+            sampler = load_sampler(registry.resolve_name(name, dirs, kind="sampler"))
         except ValueError as exc:
             raise ValueError(f"prior.name: {str(exc).removeprefix('sampler: ')}") from None
         if dim is not None and sampler.dim != dim:
