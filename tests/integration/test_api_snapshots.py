@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.settings import Settings
-from mpflow.service.snapshots import MEDIA_TYPE, header
+from mpflow.service.snapshots import MEDIA_TYPE
 from mpflow.service.store import StreamStore
 
 from tests.harness.server import drop_prefix, serve_in_thread
+from tests.harness.snapshots import forge
 
 KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
 MODEL = {"family": "lds", "params": {"A": [[0.9, 0.1], [-0.1, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]]}}
@@ -109,12 +110,8 @@ def test_export_import_continues_byte_identically(server, redis_url, method):
 
 def resigned(snapshot: bytes, **changes) -> bytes:
     """The snapshot with its stream description changed, a valid checksum and a valid signature under the server's
-    key (what a forger holding the key sends)."""
-    meta = read_metadata(snapshot)
-    stream = json.dumps({**json.loads(meta["stream"]), **changes}, sort_keys=True, separators=(",", ":"))
-    state = ParticleState.from_bytes(snapshot)
-    data = state.to_bytes()
-    return state.to_bytes(header(stream, data, SNAPSHOT_KEY.encode()))
+    key (what a forger holding the key sends: every field is validated all the same)."""
+    return forge(snapshot, key=SNAPSHOT_KEY.encode(), stream=changes)
 
 
 def with_format(snapshot: bytes, version: str) -> bytes:
