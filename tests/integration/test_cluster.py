@@ -36,6 +36,7 @@ CORE = [
     store_tests.test_concurrent_read_cas_retry_loses_no_update,
     store_tests.test_list_paginates_every_stream_once_per_tenant,
     store_tests.test_names_that_would_break_keys_are_rejected,
+    store_tests.test_a_shared_secret_is_set_once_and_every_store_gets_it,
     api.test_seq_rules,
     api.test_failing_requests_change_nothing,
     api.test_tenants_are_isolated_and_listing_is_scoped,

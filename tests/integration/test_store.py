@@ -302,6 +302,34 @@ def test_names_that_would_break_keys_are_rejected(redis_url):
     run(redis_url, body)
 
 
+def test_a_shared_secret_is_set_once_and_every_store_gets_it(redis_url):
+    """``shared_secret``: of racing stores (replicas) with different candidates, every one gets the first one kept
+    (SET NX), and later calls keep it; no TTL; under another prefix (another deployment), another secret."""
+
+    async def body(store: StreamStore):
+        peers = [StreamStore.from_url(redis_url, prefix=store.prefix) for _ in range(4)]
+        try:
+            got = await asyncio.gather(
+                *(s.shared_secret("snapshot-key", bytes([i]) * 32) for i, s in enumerate([store, *peers] * 4))
+            )
+            assert len(set(got)) == 1 and got[0] in {bytes([i]) * 32 for i in range(20)}
+            assert await store.shared_secret("snapshot-key", b"later") == got[0]
+            assert await store.client.ttl(f"{store.prefix}:secret:snapshot-key") == -1
+            other = StreamStore.from_url(redis_url, prefix=store.prefix + "-other")
+            try:
+                assert await other.shared_secret("snapshot-key", b"o" * 32) == b"o" * 32
+                await other.client.delete(f"{other.prefix}:secret:snapshot-key")
+            finally:
+                await other.aclose()
+            with pytest.raises(ValueError, match=r"^name"):
+                await store.shared_secret("a:b", b"x")
+        finally:
+            for peer in peers:
+                await peer.aclose()
+
+    run(redis_url, body)
+
+
 def test_unreachable_redis_raises_store_unavailable():
     async def body():
         store = StreamStore.from_url("redis://127.0.0.1:1/0", timeout=0.5)
