@@ -29,18 +29,13 @@ from mpflow.service.store import StreamStore
 
 from tests.harness.server import UserServer, drop_prefix
 from tests.harness.snapshots import flip_byte, forge
+from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url  # the real-Redis fixture of the integration tests
 
 KEY = "ks-" + secrets.token_hex(16)
-STREAM = {
-    "model": {"family": "linear_gaussian"},
-    "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},
-    "method": "smc",
-    "num_particles": 64,
-    "seed": 5,
-}
+STREAM = {**LINEAR_STREAM, "num_particles": 64, "seed": 5}
 OBS = [[0.1 * i, -0.2 * i] for i in range(6)]
 #: a key of another deployment (the forger holds it, this deployment does not)
 OTHER_KEY = secrets.token_bytes(GENERATED_BYTES)
