@@ -1,7 +1,8 @@
 """``state_names`` set at creation and ``untrained`` in the stream document, end to end (in process, real Redis, as
 ``test_api_streams``): the names in the stream document, the observation answer and the forecast; a request's bad
 names refused with nothing created; the names carried by a snapshot (and an older snapshot without them still
-imported); ``untrained`` true exactly for an ``mpf`` stream without a trained operator."""
+imported, with ``trust=foreign``: older servers did not sign); ``untrained`` true exactly for an ``mpf`` stream
+without a trained operator."""
 
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ def test_untrained_names_the_mpf_stream_without_an_operator(redis_url):
 
 
 def _rewritten(snapshot: bytes, edit: Callable[[dict], dict]) -> bytes:
-    """The snapshot with its stream description ``edit``-ed and a valid checksum (as another server wrote it)."""
-    meta = read_metadata(snapshot)
+    """The snapshot with its stream description ``edit``-ed, a valid checksum and no signature (as an older server
+    wrote it: imported with ``trust=foreign``)."""
+    meta = {k: v for k, v in read_metadata(snapshot).items() if k not in ("hmac", "key_id")}
     text = json.dumps(edit(json.loads(meta["stream"])), sort_keys=True, separators=(",", ":"))
     state = ParticleState.from_bytes(snapshot)
     return state.to_bytes({**meta, "stream": text, "sha256": checksum(text, state.to_bytes())})
@@ -101,12 +103,15 @@ def test_a_snapshot_carries_the_state_names_and_an_older_one_imports_without(red
         await c.post("/v1/streams", json=new_stream("lds", "smc", stream_id="orig", state_names=NAMES))
         snapshot = (await c.get("/v1/streams/orig/export")).content
         copy = await c.post("/v1/streams:import?stream_id=copy", content=snapshot, headers=headers)
-        old = await c.post("/v1/streams:import?stream_id=old", content=_rewritten(snapshot, _older), headers=headers)
+        older = _rewritten(snapshot, _older)
+        unsigned = await c.post("/v1/streams:import?stream_id=old", content=older, headers=headers)
+        old = await c.post("/v1/streams:import?stream_id=old&trust=foreign", content=older, headers=headers)
         bad = _rewritten(snapshot, lambda stream: {**stream, "state_names": ["x", "x"]})
-        refused = await c.post("/v1/streams:import?stream_id=bad", content=bad, headers=headers)
-        return snapshot, copy, old, refused, await c.get("/v1/streams/bad")
+        refused = await c.post("/v1/streams:import?stream_id=bad&trust=foreign", content=bad, headers=headers)
+        return snapshot, copy, unsigned, old, refused, await c.get("/v1/streams/bad")
 
-    snapshot, copy, old, refused, after = run(redis_url, body)
+    snapshot, copy, unsigned, old, refused, after = run(redis_url, body)
+    assert unsigned.status_code == 422 and unsigned.json()["error"]["code"] == "untrusted_snapshot"
     assert json.loads(read_metadata(snapshot)["stream"])["state_names"] == NAMES
     assert copy.status_code == 201 and copy.json()["state_names"] == NAMES
     assert old.status_code == 201 and old.json()["state_names"] is None  # lds names none
