@@ -67,7 +67,6 @@ OPTIONAL_STREAM_FIELDS = frozenset({"state_names"})
 #: how far an import trusts a snapshot's origin: ``signed`` — signed under this deployment's key (the default);
 #: ``foreign`` — any intact snapshot (another deployment's, or written before snapshots were signed)
 Trust = Literal["signed", "foreign"]
-TRUST_LEVELS: tuple[str, ...] = ("signed", "foreign")
 
 
 def _canonical(value: Any) -> str:
@@ -142,6 +141,13 @@ def check_signature(meta: dict[str, str], data: bytes, key: bytes, trust: str) -
         raise untrusted("hmac: the signature does not match the snapshot: it was altered after export")
 
 
+def _trusted(body: bytes, key: bytes, trust: str) -> tuple[dict[str, str], ParticleState, bytes]:
+    """:func:`decode` and :func:`check_signature` (blocking: hashes up to the body's size)."""
+    meta, state, data = decode(body)
+    check_signature(meta, data, key, trust)
+    return meta, state, data
+
+
 def description(meta: dict[str, str]) -> dict[str, Any]:
     """The stream description of a snapshot's header, every field present (optional ones as null)."""
     try:
@@ -182,8 +188,7 @@ class Snapshots:
     async def import_(self, tenant: str, body: bytes, stream_id: str | None, trust: str = "signed") -> dict[str, Any]:
         """Recreate a snapshot's stream for ``tenant`` under ``stream_id`` (a new id when None): its document."""
         key = await self.key.get()
-        header, state, data = await self.work.off_loop(decode, body)
-        check_signature(header, data, key, trust)
+        header, state, data = await self.work.off_loop(_trusted, body, key, trust)
         meta = await self.work.off_loop(self._validated, description(header), state)
         stream_id = stream_id or uuid.uuid4().hex
         summary = await self.work.run(meta, summaries.summary, state)
@@ -235,7 +240,6 @@ __all__ = [
     "FORMAT",
     "MEDIA_TYPE",
     "OPTIONAL_STREAM_FIELDS",
-    "TRUST_LEVELS",
     "Snapshots",
     "Trust",
     "check_signature",
