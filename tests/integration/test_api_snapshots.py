@@ -108,6 +108,30 @@ def test_export_import_continues_byte_identically(server, redis_url, method):
         assert r.status_code == 201 and r.json()["stream_id"] not in (sid, f"{sid}-copy")
 
 
+MIXTURE = {"type": "mixture", "weights": [0.3, 0.7], "means": [[-1.0, 0.0], [1.0, 0.5]], "covs": [PRIOR["cov"]] * 2}
+PARTICLES = {"type": "particles", "particles": [[0.1 * i, 0.05 * (i % 7)] for i in range(40)]}
+
+
+@pytest.mark.parametrize(
+    ("prior", "method"),
+    [(MIXTURE, "svgd"), (MIXTURE, "gpf"), (PARTICLES, "smc"), (PARTICLES, "enkf"), (PRIOR, "ukf"), (PRIOR, "nvgd")],
+)
+def test_every_prior_kind_and_method_state_round_trips(server, prior, method):
+    """A genuine snapshot passes every check — at step 0 (the prior's own tensors still held) and later."""
+    url, _ = server
+    with client(url) as c:
+        sid = f"{method}-{uuid.uuid4().hex[:8]}"
+        r = c.post("/v1/streams", json={"stream_id": sid, "model": MODEL, "prior": prior, "method": method,
+                                        "num_particles": 40, "seed": 2})  # fmt: skip
+        assert r.status_code == 201, r.text
+        for step in (0, 2):
+            if step:
+                assert c.post(f"/v1/streams/{sid}/observations", json={"observations": OBS[:2]}).status_code == 200
+            blob = c.get(f"/v1/streams/{sid}/export").content
+            r = c.post("/v1/streams:import", content=blob, headers={"content-type": MEDIA_TYPE})
+            assert r.status_code == 201 and r.json()["step"] == step, (method, step, r.text[:300])
+
+
 def resigned(snapshot: bytes, **changes) -> bytes:
     """The snapshot with its stream description changed, a valid checksum and a valid signature under the server's
     key (what a forger holding the key sends: every field is validated all the same)."""
