@@ -22,12 +22,16 @@ def _methods(size: int | None = None) -> Methods:
 def _options(i: int) -> tuple[str, None, dict]:
     """The i-th distinct (method, operator, stream options)."""
     method = ("smc", "mpf", "ukf", "enkf")[i % 4]
-    return method, None, {
-        "smc": {"ess_threshold": 0.1 + i * 1e-5},
-        "mpf": {"substeps": 1 + i % 64, "ess_threshold": 0.1 + i * 1e-5},
-        "ukf": {"alpha": 0.5 + i * 1e-5},
-        "enkf": {"inflation": 1.0 + i * 1e-5},
-    }[method]
+    return (
+        method,
+        None,
+        {
+            "smc": {"ess_threshold": 0.1 + i * 1e-5},
+            "mpf": {"substeps": 1 + i % 64, "ess_threshold": 0.1 + i * 1e-5},
+            "ukf": {"alpha": 0.5 + i * 1e-5},
+            "enkf": {"inflation": 1.0 + i * 1e-5},
+        }[method],
+    )
 
 
 def _retained_bytes(methods: Methods, count: int) -> int:
