@@ -31,7 +31,10 @@ weights normalised — logsumexp of the log-weights within :data:`LOG_WEIGHT_TOL
 non-negative by construction), and the same for a step-0 prior mixture's ``prior_weights``; and no tensor the
 method's state does not have: the fields of the state must be among those of the *reference* state, the state
 this server's updater makes at step 0 from the same model and prior (a ``particles`` or ``sampler`` prior: the
-snapshot's own particles), with the same shapes and dtypes. The summary of an imported state must lie in the
+snapshot's own particles), with the same shapes and dtypes — made small (:func:`reference_fields`: two states of
+a few particles tell which dimensions count particles). A state never gains a tensor after step 0 (checked for
+every method in tests/unit/test_snapshot_checks.py), so the reference lists every tensor a genuine snapshot
+holds. The summary of an imported state must lie in the
 float32 range as a new stream's must (:func:`~mpflow.service.numerics.within_float32`).
 """
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -216,20 +220,42 @@ def normalised(log_weights: torch.Tensor) -> bool:
     return bool((total.abs() <= LOG_WEIGHT_TOLERANCE).all())
 
 
-def reference_prior(prior: Prior | None, state: ParticleState) -> Prior:
-    """The prior the reference state is made from: the stream's density, else the snapshot's own particles."""
-    return prior if prior is not None else ParticlePrior(state.particles)
+#: particles of the small reference states (at least this many, and more than d: module docstring)
+REFERENCE_PARTICLES = 8
+#: what a state's tensors must be: name → (dtype, shape)
+Expected = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 
-def check_fields(state: ParticleState, reference: ParticleState) -> None:
-    """No tensor the method's state does not have, each with the reference state's shape and dtype."""
-    expected = reference.fields()
+def reference_fields(init: Callable[[int], ParticleState], n: int, d: int) -> Expected:
+    """The tensors of the method's step-0 state with ``n`` particles, from ``init(m)`` (the state made with m
+    particles) at two small sizes m and m + 1: a dimension that differs between them is a particle count (n),
+    one that does not is fixed — so no full-size reference is drawn (measured: 2.2 s at N = 65536, d = 64 for
+    smc's; two small ones, ~1 ms). With n itself small, the reference is made at n."""
+    small = max(REFERENCE_PARTICLES, d + 2)
+    if n <= small + 1:
+        return {k: (t.dtype, tuple(t.shape)) for k, t in init(n).fields().items()}
+    a, b = init(small).fields(), init(small + 1).fields()
+    if set(a) != set(b):
+        raise refuse(f"stream: the method's state has different tensors at {small} and {small + 1} particles")
+    return {
+        k: (t.dtype, tuple(n if x != y else x for x, y in zip(t.shape, b[k].shape, strict=True))) for k, t in a.items()
+    }
+
+
+def reference_prior(prior: Prior | None, state: ParticleState, m: int) -> Prior:
+    """The prior the reference state with ``m`` particles is made from: the stream's density, else the snapshot's
+    own first ``m`` particles."""
+    return prior if prior is not None else ParticlePrior(state.particles[:, :m])
+
+
+def check_fields(state: ParticleState, expected: Expected) -> None:
+    """No tensor the method's state does not have, each with the reference state's dtype and shape."""
     for name, t in state.fields().items():
-        ref = expected.get(name)
-        if ref is None:
+        if name not in expected:
             raise refuse(f"state.{name}: not a tensor of this method's state ({sorted(expected)})")
-        if t.dtype != ref.dtype or t.shape != ref.shape:
-            raise refuse(f"state.{name}: {t.dtype} {list(t.shape)}, expected {ref.dtype} {list(ref.shape)}")
+        dtype, shape = expected[name]
+        if t.dtype != dtype or tuple(t.shape) != shape:
+            raise refuse(f"state.{name}: {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
 
 
 __all__ = [
@@ -239,6 +265,8 @@ __all__ = [
     "MAX_DOMAIN_PHRASE_LENGTH",
     "MAX_METHOD_REASON_LENGTH",
     "MAX_STEP",
+    "REFERENCE_PARTICLES",
+    "Expected",
     "check_core",
     "check_domain",
     "check_fields",
@@ -246,6 +274,7 @@ __all__ = [
     "check_numbers",
     "model_and_prior",
     "normalised",
+    "reference_fields",
     "reference_prior",
     "refuse",
 ]

@@ -219,12 +219,16 @@ class Snapshots:
         self._check_operator(stream)
         model, prior = checks.model_and_prior(self.methods, stream)
         checks.check_core(stream, state)
+        updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
+
+        def reference(m: int) -> ParticleState:  # the method's step-0 state with m particles
+            return updater.init(checks.reference_prior(prior, state, m), model, m, 0)
+
         try:
-            updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
-            reference = updater.init(checks.reference_prior(prior, state), model, stream["num_particles"], 0)
+            expected = checks.reference_fields(reference, stream["num_particles"], stream["state_dim"])
         except ValueError as exc:  # the method refuses this model or prior, as at creation
             raise checks.refuse(f"stream: {exc}") from None
-        checks.check_fields(state, reference)
+        checks.check_fields(state, expected)
         try:
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
         except (OperatorUnavailableError, StreamExistsError):

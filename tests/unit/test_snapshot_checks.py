@@ -129,15 +129,33 @@ def _state():
     return get_updater("gpf").init(prior_from_spec(PRIORS["gaussian"], 2), model, 16, 1)
 
 
+@pytest.mark.parametrize(
+    ("method", "options"), [("gpf", {}), ("kalman", {}), ("smc", {}), ("ukf", {}), ("mpf", {"track_density": True})]
+)
+@pytest.mark.parametrize("n", [5, 11, 200])
+def test_small_references_predict_the_full_size_state(method, options, n):
+    """:func:`reference_fields` from states of a few particles gives each tensor's shape at any N (d = 3: the
+    per-particle dimensions found by comparing two small sizes), tracking the density a method keeps too."""
+    d = 3
+    model = make_model("linear_gaussian", {}, d)
+    prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
+    updater = get_updater(method, **options)
+    full = updater.init(prior, model, n, 1)
+    assert ("log_density" in full.fields()) == bool(options)
+    expected = checks.reference_fields(lambda m: updater.init(prior, model, m, 0), n, d)
+    assert expected == {k: (t.dtype, tuple(t.shape)) for k, t in full.fields().items()}
+
+
 def test_the_state_must_have_the_reference_tensors_only_and_normalised_weights():
     reference = _state()
+    expected = {k: (t.dtype, tuple(t.shape)) for k, t in reference.fields().items()}
     stream = {**DESCRIPTION, "method": "gpf"}
     checks.check_core(stream, reference)
-    checks.check_fields(reference, reference)
+    checks.check_fields(reference, expected)
     junk = reference.replace(extras={**reference.extras, "junk": torch.zeros(1, 4)})
-    assert _refusal(checks.check_fields, junk, reference).startswith("snapshot: state.extras.junk: not a tensor")
+    assert _refusal(checks.check_fields, junk, expected).startswith("snapshot: state.extras.junk: not a tensor")
     wide = reference.replace(extras={**reference.extras, "prior_means": torch.zeros(1, 1, 3)})
-    assert _refusal(checks.check_fields, wide, reference).startswith("snapshot: state.extras.prior_means:")
+    assert _refusal(checks.check_fields, wide, expected).startswith("snapshot: state.extras.prior_means:")
     heavy = reference.replace(log_weights=reference.log_weights + 1.0)
     assert _refusal(checks.check_core, stream, heavy).startswith("snapshot: state.log_weights:")
     mixed = reference.replace(extras={**reference.extras, "prior_weights": torch.tensor([[2.0]])})
