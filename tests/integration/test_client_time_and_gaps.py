@@ -1,12 +1,15 @@
 """The Python client's side of issue 19, against a real server and Redis: ``stream.update(None)``,
 ``stream.update(obs, dt=…, u=…)``, ``filter`` with gaps and ``(t, obs)`` pairs, ``stream.forecast(k)``,
-``stream.export()`` / ``client.import_stream(blob)``, sync and async."""
+``stream.export()`` / ``client.import_stream(blob)`` (an unsigned snapshot only with ``foreign=True``), sync and
+async."""
 
 from __future__ import annotations
 
 import asyncio
 
-from mpflow.service.client import AsyncClient, Client
+import pytest
+from mpflow.operators.state import ParticleState, read_metadata
+from mpflow.service.client import AsyncClient, Client, MpflowError
 
 from tests.integration import test_client
 
@@ -36,6 +39,13 @@ def test_sync_client_gaps_time_inputs_forecast_and_snapshots(server: str) -> Non
         copy = client.import_stream(blob, stream_id=f"{stream.stream_id}-copy")
         assert copy.stream_id == f"{stream.stream_id}-copy" and copy.document["step"] == 6
         assert stream.update([[3.0]])["summary"] == copy.update([[3.0]])["summary"]
+        unsigned = ParticleState.from_bytes(blob).to_bytes(
+            {k: v for k, v in read_metadata(blob).items() if k not in ("hmac", "key_id")}
+        )
+        with pytest.raises(MpflowError, match="hmac: the snapshot is not signed") as refused:
+            client.import_stream(unsigned)
+        assert refused.value.code == "untrusted_snapshot"
+        assert client.import_stream(unsigned, foreign=True).document["step"] == 6  # another deployment's, on our word
 
 
 def test_async_client_forecast_and_snapshots(server: str) -> None:
@@ -44,7 +54,7 @@ def test_async_client_forecast_and_snapshots(server: str) -> None:
             stream = await client.create_stream(MODEL, PRIOR, method="smc", num_particles=64, seed=2)
             await stream.update(None, dt=2.0)
             assert (await stream.forecast(2))["forecast"][1]["t"] == 2.0
-            copy = await client.import_stream(await stream.export())
+            copy = await client.import_stream(await stream.export(), foreign=True)  # ours: accepted either way
             a = await stream.update([[0.5]], seq=2)
             b = await copy.update([[0.5]], seq=2)
             assert a["summary"] == b["summary"]
