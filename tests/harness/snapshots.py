@@ -37,6 +37,12 @@ def forge(
     return state.to_bytes({**meta, "stream": description, "sha256": checksum(description, data)})
 
 
+def unsigned(snapshot: bytes) -> bytes:
+    """``snapshot`` without its signature (``hmac``, ``key_id``), as a server before signed snapshots wrote it."""
+    meta = {k: v for k, v in read_metadata(snapshot).items() if k not in ("hmac", "key_id")}
+    return ParticleState.from_bytes(snapshot).to_bytes(meta)
+
+
 def flip_byte(snapshot: bytes, at: float = 0.9) -> bytes:
     """``snapshot`` with one byte of its state data (a fraction ``at`` into the file) inverted."""
     data = bytearray(snapshot)
@@ -44,4 +50,4 @@ def flip_byte(snapshot: bytes, at: float = 0.9) -> bytes:
     return bytes(data)
 
 
-__all__ = ["flip_byte", "forge"]
+__all__ = ["flip_byte", "forge", "unsigned"]

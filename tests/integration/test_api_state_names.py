@@ -13,6 +13,7 @@ import pytest
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.snapshots import MEDIA_TYPE, checksum
 
+from tests.harness.snapshots import unsigned
 from tests.integration.test_api_streams import FAMILIES, new_stream, run
 
 NAMES = ["position", "velocity"]
@@ -85,7 +86,7 @@ def test_untrained_names_the_mpf_stream_without_an_operator(redis_url):
 def _rewritten(snapshot: bytes, edit: Callable[[dict], dict]) -> bytes:
     """The snapshot with its stream description ``edit``-ed, a valid checksum and no signature (as an older server
     wrote it: imported with ``trust=foreign``)."""
-    meta = {k: v for k, v in read_metadata(snapshot).items() if k not in ("hmac", "key_id")}
+    meta = read_metadata(unsigned(snapshot))
     text = json.dumps(edit(json.loads(meta["stream"])), sort_keys=True, separators=(",", ":"))
     state = ParticleState.from_bytes(snapshot)
     return state.to_bytes({**meta, "stream": text, "sha256": checksum(text, state.to_bytes())})

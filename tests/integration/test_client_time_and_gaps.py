@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.client import AsyncClient, Client, MpflowError
 
+from tests.harness.snapshots import unsigned
 from tests.integration import test_client
 
 server = test_client.server  # the uvicorn server in a thread, one per module
@@ -39,13 +39,10 @@ def test_sync_client_gaps_time_inputs_forecast_and_snapshots(server: str) -> Non
         copy = client.import_stream(blob, stream_id=f"{stream.stream_id}-copy")
         assert copy.stream_id == f"{stream.stream_id}-copy" and copy.document["step"] == 6
         assert stream.update([[3.0]])["summary"] == copy.update([[3.0]])["summary"]
-        unsigned = ParticleState.from_bytes(blob).to_bytes(
-            {k: v for k, v in read_metadata(blob).items() if k not in ("hmac", "key_id")}
-        )
         with pytest.raises(MpflowError, match="hmac: the snapshot is not signed") as refused:
-            client.import_stream(unsigned)
+            client.import_stream(unsigned(blob))
         assert refused.value.code == "untrusted_snapshot"
-        assert client.import_stream(unsigned, foreign=True).document["step"] == 6  # another deployment's, on our word
+        assert client.import_stream(unsigned(blob), foreign=True).document["step"] == 6  # on our word
 
 
 def test_async_client_forecast_and_snapshots(server: str) -> None:

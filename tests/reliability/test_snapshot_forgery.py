@@ -28,7 +28,7 @@ from mpflow.service.snapshots import MEDIA_TYPE
 from mpflow.service.store import StreamStore
 
 from tests.harness.server import UserServer, drop_prefix
-from tests.harness.snapshots import flip_byte, forge
+from tests.harness.snapshots import flip_byte, forge, unsigned
 from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
 
@@ -168,15 +168,12 @@ def test_a_flipped_byte_is_refused(servers, snapshot):
 
 def test_another_deployments_snapshot_needs_the_explicit_option(servers, snapshot):
     foreign = forge(snapshot, key=OTHER_KEY)  # the same stream, signed under another deployment's key
-    unsigned = ParticleState.from_bytes(snapshot).to_bytes(
-        {k: v for k, v in read_metadata(snapshot).items() if k not in ("hmac", "key_id")}
-    )
     sid = f"foreign-{uuid.uuid4().hex[:8]}"
     with _client(servers[0]) as c:
         r = _import(c, foreign, sid)
         assert r.status_code == 422 and r.json()["error"]["code"] == "untrusted_snapshot", r.text[:300]
         assert "another deployment's key" in r.json()["error"]["message"] and "trust=foreign" in r.text
-        r = _import(c, unsigned, sid)
+        r = _import(c, unsigned(snapshot), sid)
         assert r.status_code == 422 and "not signed" in r.json()["error"]["message"], r.text[:300]
         assert c.get(f"/v1/streams/{sid}").status_code == 404
         assert _import(c, foreign, sid, trust="foreign").status_code == 201
