@@ -21,6 +21,10 @@ bad value fails at start with a message naming the field.
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
+- ``body_read_timeout_s``: a request body not fully received this long after its first read is answered 408
+  ``body_timeout`` and its connection closed; ``max_streams_per_tenant``, ``max_stored_bytes_per_tenant``,
+  ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and ``max_websockets`` (per process, all
+  tenants): the quotas of :mod:`mpflow.service.quotas`, 429 ``quota_exceeded`` with ``Retry-After`` past them.
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ _POSITIVE = (
     "max_forecast_steps",
     "redis_wait_timeout_ms",
     "history_steps",
+)
+#: the request deadline and the per-tenant quotas (mpflow.service.quotas), positive too
+_QUOTAS = (
+    "body_read_timeout_s",
+    "max_streams_per_tenant",
+    "max_stored_bytes_per_tenant",
+    "max_feeds_per_tenant",
+    "max_websockets",
+    "max_websockets_per_tenant",
 )
 
 
@@ -72,8 +85,16 @@ class Settings(BaseSettings):
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 1000
     history_steps: int = 500
+    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas) -------------------
+    body_read_timeout_s: float = 20.0
+    max_streams_per_tenant: int = 10_000
+    max_stored_bytes_per_tenant: int = 1 << 30
+    max_feeds_per_tenant: int = 16
+    max_websockets: int = 1024
+    max_websockets_per_tenant: int = 128
+    # ---------------------------------------------------------------------------------------------------------
 
-    @field_validator(*_POSITIVE)
+    @field_validator(*_POSITIVE, *_QUOTAS)
     @classmethod
     def _positive(cls, v: Any, info: ValidationInfo) -> Any:
         if not v > 0:

@@ -34,6 +34,7 @@ from mpflow.service.documents import document, now
 from mpflow.service.errors import invalid
 from mpflow.service.methods import Methods, check_stream_options
 from mpflow.service.numerics import finite_json, finite_state
+from mpflow.service.quotas import TenantUsage
 from mpflow.service.schemas import MAX_SEED, MAX_TTL_SECONDS
 from mpflow.service.settings import Settings
 from mpflow.service.store import StreamStore
@@ -143,11 +144,14 @@ def _check_state(stream: dict[str, Any], state: ParticleState) -> None:
 class Snapshots:
     """Exports and imports streams (module docstring)."""
 
-    def __init__(self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork) -> None:
+    def __init__(
+        self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork, usage: TenantUsage
+    ) -> None:
         self.settings = settings
         self.store = store
         self.methods = methods
         self.work = work
+        self.usage = usage
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         """The snapshot of the caller's stream (404 for an unknown one or another tenant's)."""
@@ -169,8 +173,7 @@ class Snapshots:
         summary = await self.work.run(meta, summaries.summary, state)
         if not finite_json(summary):
             raise _refuse("the state's summary is not finite")
-        if not await self.store.create(tenant, stream_id, meta, data, meta["ttl_seconds"]):
-            raise StreamExistsError(f"stream_id: a stream {stream_id!r} already exists; choose another id")
+        await self.usage.create(tenant, stream_id, meta, data)  # 429 over a quota, 409 for a taken id
         return document(stream_id, meta, summary)
 
     def _validated(self, stream: dict[str, Any], state: ParticleState) -> dict[str, Any]:
