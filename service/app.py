@@ -148,7 +148,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard.router)  # the page at / and the live feed /v1/streams/{id}/events
     # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
     # the gate runs before BodyLimit, so no body is read for a request without a valid key
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
+    app.add_middleware(
+        BodyLimit,
+        max_body_bytes=settings.max_body_bytes,
+        read_timeout_s=settings.body_read_timeout_s,
+        max_in_flight=settings.max_body_bytes_in_flight,
+    )
     app.add_middleware(AuthGate, auth=app.state.auth, metrics_public=settings.metrics_public)
     app.add_middleware(Observe, metrics=app.state.metrics)
     if app.state.auth.open:

@@ -40,6 +40,7 @@ from typing import Any
 from mpflow.service.auth import Authenticator
 from mpflow.service.errors import ApiError, too_large
 from mpflow.service.metrics import Metrics
+from mpflow.service.quotas import TenantSlots
 from mpflow.service.reclaim import RECLAIM_BODY_BYTES, Reclaimer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -102,10 +103,27 @@ class AuthGate:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, read_timeout_s: float = 20.0):
+    """The body limit, the read deadline and the body bytes in flight (module docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, read_timeout_s: float = 20.0, max_in_flight: int = 256 * 1024 * 1024
+    ):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
+        self.in_flight = TenantSlots(
+            "request body bytes in flight",
+            max(1, max_in_flight // 2),
+            max_in_flight,
+            "MPFLOW_MAX_BODY_BYTES_IN_FLIGHT / 2",
+        )
+        self._busy = ApiError(
+            503,
+            "server_busy",
+            f"body: this server already holds {max_in_flight} bytes of request bodies "
+            "(MPFLOW_MAX_BODY_BYTES_IN_FLIGHT); retry later (or use another replica)",
+            {"Retry-After": "1"},
+        )
         self.reclaimer = Reclaimer()
 
     def _too_large(self) -> ApiError:
@@ -131,17 +149,20 @@ class BodyLimit:
             await _send_error(send, self._too_large(), close=True)
             return
         body = bytearray()
+        tenant = scope.get(TENANT_KEY)
         try:
-            await self._answer(scope, receive, send, body)
+            await self._answer(scope, receive, send, body, tenant)
         finally:
+            if body:
+                self.in_flight.give(tenant, len(body))
             if len(body) >= RECLAIM_BODY_BYTES:
                 self.reclaimer.soon()
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytearray) -> None:
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytearray, tenant: str | None) -> None:
         """Read the body into ``body`` within the deadline, then run the app on it (or refuse it)."""
         try:
             async with asyncio.timeout(self.read_timeout_s):
-                outcome = await self._read(receive, body)
+                outcome = await self._read(receive, body, tenant)
         except TimeoutError:
             await _send_error(send, self._too_slow(), close=True)
             return
@@ -160,9 +181,10 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive: Receive, body: bytearray) -> ApiError | str | None:
-        """Append the whole body to ``body``: ``None`` once it is all there, ``"gone"`` when the client
-        disconnected, an :class:`ApiError` when it passes the limit."""
+    async def _read(self, receive: Receive, body: bytearray, tenant: str | None) -> ApiError | str | None:
+        """Append the whole body to ``body``, each piece counted in :attr:`in_flight` (given back by the caller):
+        ``None`` once it is all there, ``"gone"`` when the client disconnected, an :class:`ApiError` when it
+        passes the limit or the bytes in flight."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -170,7 +192,12 @@ class BodyLimit:
             piece = message.get("body", b"")
             if len(body) + len(piece) > self.max_body_bytes:
                 return self._too_large()
-            body += piece
+            if piece:
+                try:
+                    self.in_flight.take(tenant, self._busy, len(piece))
+                except ApiError as err:
+                    return err
+                body += piece
             if not message.get("more_body", False):
                 return None
 

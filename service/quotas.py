@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from mpflow.service.errors import ApiError
@@ -198,9 +198,10 @@ class TenantUsage:
 
 
 class TenantSlots:
-    """Open feeds or WebSockets of one process, per tenant and in total (module docstring). ``what``: the thing
-    counted, for messages (``"live feeds"``); ``setting``: the per-tenant cap's variable; ``retry_after_s``: the
-    ``Retry-After`` of a refusal; ``full``: the 503 to raise at the process's cap."""
+    """What one process holds open — feeds, WebSockets, body bytes being read — per tenant and in total (module
+    docstring). ``what``: the thing counted, for messages (``"live feeds"``); ``setting``: the per-tenant cap's
+    variable; ``retry_after_s``: the ``Retry-After`` of a refusal; ``full``: the 503 to raise at the process's cap.
+    ``amount``: how much one take holds (1 for a feed; a body piece's bytes)."""
 
     def __init__(self, what: str, per_tenant: int, per_process: int, setting: str, retry_after_s: int = 5):
         self.what = what
@@ -208,40 +209,33 @@ class TenantSlots:
         self.per_process = per_process
         self.setting = setting
         self.retry_after_s = retry_after_s
-        self.open: Counter[str] = Counter()
+        self.open: Counter[str | None] = Counter()
 
     @property
     def total(self) -> int:
         return sum(self.open.values())
 
-    def check(self, tenant: str, full: ApiError) -> None:
-        """Raise ``full`` (503) at the process's cap, 429 at the tenant's; nothing is taken."""
-        if self.total >= self.per_process:
+    def check(self, tenant: str | None, full: ApiError, amount: int = 1) -> None:
+        """Raise ``full`` (503) past the process's cap, 429 past the tenant's (no tenant: no share of its own);
+        nothing is taken."""
+        if self.total + amount > self.per_process:
             raise full
-        if self.open[tenant] >= self.per_tenant:
+        if tenant is not None and self.open[tenant] + amount > self.per_tenant:
             raise quota_exceeded(
-                f"{self.what}: this tenant has {self.per_tenant} open on this server, its quota ({self.setting}); "
-                "close one or retry later",
+                f"{self.what}: this tenant holds {self.open[tenant]} on this server and may hold {self.per_tenant} "
+                f"({self.setting}); close some or retry later",
                 self.retry_after_s,
             )
 
-    def take(self, tenant: str, full: ApiError) -> None:
-        """:meth:`check`, then count one more for ``tenant``; :meth:`give` it back when it closes."""
-        self.check(tenant, full)
-        self.open[tenant] += 1
+    def take(self, tenant: str | None, full: ApiError, amount: int = 1) -> None:
+        """:meth:`check`, then count ``amount`` more for ``tenant``; :meth:`give` it back when it closes."""
+        self.check(tenant, full, amount)
+        self.open[tenant] += amount
 
-    def give(self, tenant: str) -> None:
-        self.open[tenant] -= 1
+    def give(self, tenant: str | None, amount: int = 1) -> None:
+        self.open[tenant] -= amount
         if self.open[tenant] <= 0:
             del self.open[tenant]
-
-    @contextlib.contextmanager
-    def held(self, tenant: str, full: ApiError) -> Iterator[None]:
-        self.take(tenant, full)
-        try:
-            yield
-        finally:
-            self.give(tenant)
 
 
 __all__ = ["TenantSlots", "TenantUsage", "quota_exceeded", "stored_size"]

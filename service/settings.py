@@ -22,9 +22,11 @@ bad value fails at start with a message naming the field.
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
 - ``body_read_timeout_s``: a request body not fully received this long after its first read is answered 408
-  ``body_timeout`` and its connection closed; ``max_streams_per_tenant``, ``max_stored_bytes_per_tenant``,
-  ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and ``max_websockets`` (per process, all
-  tenants): the quotas of :mod:`mpflow.service.quotas`, 429 ``quota_exceeded`` with ``Retry-After`` past them.
+  ``body_timeout`` and its connection closed; ``max_body_bytes_in_flight``: the request bodies one process holds
+  at once (one tenant at most half of it: 429; all tenants: 503 ``server_busy``); ``max_streams_per_tenant``,
+  ``max_stored_bytes_per_tenant``, ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and
+  ``max_websockets`` (per process, all tenants): the quotas of :mod:`mpflow.service.quotas`, 429
+  ``quota_exceeded`` with ``Retry-After`` past them.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ _POSITIVE = (
 #: the request deadline and the per-tenant quotas (mpflow.service.quotas), positive too
 _QUOTAS = (
     "body_read_timeout_s",
+    "max_body_bytes_in_flight",
     "max_streams_per_tenant",
     "max_stored_bytes_per_tenant",
     "max_feeds_per_tenant",
@@ -87,6 +90,7 @@ class Settings(BaseSettings):
     history_steps: int = 500
     # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas) -------------------
     body_read_timeout_s: float = 20.0
+    max_body_bytes_in_flight: int = 256 * 1024 * 1024
     max_streams_per_tenant: int = 10_000
     max_stored_bytes_per_tenant: int = 1 << 30
     max_feeds_per_tenant: int = 16

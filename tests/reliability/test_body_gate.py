@@ -5,7 +5,8 @@
   headers: the server's RSS grows by less than 100 MB (it grew by 945 MB, and kept it, before the gate); a keyless
   request whose body never comes is answered at once, not at the read deadline;
 * a body not fully received within ``MPFLOW_BODY_READ_TIMEOUT_S`` is answered 408 ``body_timeout`` and its
-  connection closed;
+  connection closed; 300 slow uploads *with* a valid key hold at most the tenant's half of
+  ``MPFLOW_MAX_BODY_BYTES_IN_FLIGHT`` (the rest: 429), and another tenant's request still passes meanwhile;
 * an upload the client aborts mid-body is counted as 499 in ``mpflow_http_requests_total``, never as a 500;
 * ``?API_KEY=<key>`` (any case) never reaches the log.
 """
@@ -17,6 +18,7 @@ import json
 import re
 import secrets
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,7 +37,9 @@ from tests.integration import conftest as integration
 redis_url = integration.redis_url
 
 KEY = "kg-" + secrets.token_hex(16)
+KEY_B = "kh-" + secrets.token_hex(16)
 DEADLINE_S = 2.0
+IN_FLIGHT = 64 * 1024 * 1024  # MPFLOW_MAX_BODY_BYTES_IN_FLIGHT: a tenant may hold half
 MiB = 1024 * 1024
 
 
@@ -56,7 +60,8 @@ class Served:
 def served(redis_url, tmp_path_factory) -> Iterator[Served]:
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     env = {
-        "MPFLOW_API_KEYS": f"tenantA:{KEY}",
+        "MPFLOW_API_KEYS": f"tenantA:{KEY},tenantB:{KEY_B}",
+        "MPFLOW_MAX_BODY_BYTES_IN_FLIGHT": str(IN_FLIGHT),
         "MPFLOW_REDIS_URL": redis_url,
         "MPFLOW_REDIS_PREFIX": prefix,
         "MPFLOW_LOG_LEVEL": "INFO",
@@ -133,6 +138,28 @@ def test_a_body_not_received_in_time_is_408_and_closed(served):
     body = b'{"model": {"family": "linear_gaussian"}}'
     answer, _, _ = _raw(served.url, _post_head(served.url, len(body), KEY), body=body, read_s=2)
     assert _status(answer) == 422, answer[:300]
+
+
+def test_slow_uploads_with_a_key_hold_at_most_the_tenants_share(served):
+    other: list[int] = []
+
+    def other_tenant() -> None:  # tenant B, while tenant A's uploads hold A's share
+        time.sleep(1.0)
+        body = b'{"model": {"family": "linear_gaussian"}}'
+        answer, _, _ = _raw(served.url, _post_head(served.url, len(body), KEY_B), body=body, read_s=5)
+        other.append(_status(answer))
+
+    thread = threading.Thread(target=other_tenant)
+    thread.start()
+    result = flood(
+        served.url, served.server.pid, connections=300, send=8 * MiB, chunk=256 * 1024, pause=0.5, key=KEY, hold=10
+    )
+    thread.join()
+    assert set(result.statuses) <= {"408", "429", "closed", "ConnectionResetError"}, result.statuses
+    assert result.statuses.get("429", 0) > 100 and result.statuses.get("408", 0) > 0, result.statuses
+    assert result.growth_mb < IN_FLIGHT / 2 / 1e6 + 100, result  # the share, plus buffers and bookkeeping
+    assert result.kept_mb < 50, result
+    assert other == [422], other  # B's (incomplete) stream request reached the app
 
 
 def _requests_by_status(url: str) -> dict[str, float]:
