@@ -96,7 +96,7 @@ class Observations:
         entries = history.entries(applied.per_step, req.observations)
         ttl = int(meta["ttl_seconds"])
         size = stored_size(len(applied.blob), {**meta, **new_meta}, step + n, entries, self.settings.history_steps)
-        await self.usage.reserve(tenant, stream_id, size, ttl, create=False)  # 429 when it grows past the quota
+        await self.usage.update(tenant, stream_id, size, ttl)  # 429 when it grows the tenant past its quota
         stored = await self.store.compare_and_set(
             tenant,
             stream_id,
