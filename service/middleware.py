@@ -3,10 +3,11 @@
 :class:`AuthGate` refuses a request that needs an API key and carries no valid one (:func:`needs_key`: every
 ``/v1`` path, and ``/metrics`` when it is not public) from its headers alone, before a byte of its body is read:
 the 401 of every route (``{"error": {"code": "unauthorized", ...}}``, ``WWW-Authenticate: Bearer``), sent with
-``Connection: close`` so that the server drops the connection instead of reading and discarding the announced
-body. Why: a body is buffered before the route runs (below), so before the gate 300 keyless connections each
-announcing 8 MiB took one worker from 355 MB to 1.3 GB RSS (issue 34, item 2). The tenant it found goes into
-``scope["mpflow.tenant"]``, which the routes' ``Tenant`` dependency reads instead of comparing the key again.
+``Connection: close`` when the request announces a body, so that the server drops the connection instead of
+reading and discarding that body. Why: a body is buffered before the route runs (below), so before the gate 300
+keyless connections each announcing 8 MiB took one worker from 355 MB to 1.3 GB RSS (issue 34, item 2). The
+tenant it found goes into ``scope["mpflow.tenant"]``, which the routes' ``Tenant`` dependency reads instead of
+comparing the key again.
 
 :class:`BodyLimit` answers 413 before the app runs when ``Content-Length`` exceeds ``max_body_bytes``, and
 otherwise reads the body (chunked uploads included) counting bytes, answering 413 as soon as the count
@@ -71,6 +72,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def _has_body(scope: Scope) -> bool:
+    """Whether the request announces a body (a ``Content-Length`` above 0, or a chunked one)."""
+    length = _header(scope, b"content-length")
+    return _header(scope, b"transfer-encoding") is not None or (length is not None and length.strip() not in ("", "0"))
+
+
 def needs_key(path: str, metrics_public: bool) -> bool:
     """Whether a request to ``path`` needs an API key when auth is on: all of ``/v1`` (a path there that names no
     route too: which routes exist is not told without a key), and ``/metrics`` unless it is public. The rest —
@@ -93,7 +100,7 @@ class AuthGate:
         try:
             tenant = self.auth.tenant(_header(scope, b"authorization"))
         except ApiError as err:
-            await _send_error(send, err, close=True)
+            await _send_error(send, err, close=_has_body(scope))  # a body left unread: drop the connection
             return
         scope[TENANT_KEY] = tenant
         info = scope.get(LOG_KEY)
