@@ -14,14 +14,9 @@ from mpflow.service.settings import Settings
 
 from tests.harness.cluster import LocalCluster
 from tests.harness.server import drop_prefix, serve_in_process
+from tests.harness.specs import LINEAR_STREAM
 
-STREAM = {
-    "model": {"family": "linear_gaussian"},
-    "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},
-    "method": "smc",
-    "num_particles": 512,
-    "seed": 3,
-}
+STREAM = {**LINEAR_STREAM, "num_particles": 512, "seed": 3}
 KEYS = "alpha:key-a,beta:key-b"
 
 
