@@ -8,8 +8,9 @@ The lifespan opens what a replica needs and closes it on shutdown:
 2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.snapshot_signing`);
 3. the update engine (micro-batching dispatcher and its worker threads).
 
-Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), then the
-body limit (:class:`~mpflow.service.middleware.BodyLimit`). Every error has the body of :mod:`mpflow.service.errors`.
+Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), the auth
+gate (:class:`~mpflow.service.middleware.AuthGate`: no body is read without a valid key), then the body limit and
+read deadline (:class:`~mpflow.service.middleware.BodyLimit`). Every error has the body of :mod:`mpflow.service.errors`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from mpflow.service.embedded import EmbeddedRedis
 from mpflow.service.engine import UpdateEngine
 from mpflow.service.methods import check_method_options
 from mpflow.service.metrics import Metrics
-from mpflow.service.middleware import BodyLimit, Observe
+from mpflow.service.middleware import AuthGate, BodyLimit, Observe
 from mpflow.service.settings import Settings
 from mpflow.service.stepping import row_views
 from mpflow.service.store import StoreUnavailable, StreamStore
@@ -78,7 +79,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.store = store
     reachable = await store.ping()
     # the dashboard's live feeds: a connection pool of their own (in the store's mode, once that is known)
-    app.state.feeds = Feeds(url, cluster=store.cluster if reachable else None)
+    app.state.feeds = Feeds(url, cluster=store.cluster if reachable else None, per_tenant=settings.max_feeds_per_tenant)
     app.state.engine = engine
     app.state.streams = StreamService(
         settings,
@@ -142,14 +143,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth = Authenticator(settings.api_key_tenants)
     redact_secrets_in_logs()  # uvicorn logs WebSocket paths with their query string (?api_key=...)
     ws.quiet_denial_noise()
+    app.state.sockets = ws.open_sockets(settings)  # WebSockets open, per tenant (MPFLOW_MAX_WEBSOCKETS*)
     app.state.operators = OperatorCatalogue(settings.operator_dir_list)
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
     app.include_router(routes.api)
     app.include_router(ws.router)
     app.include_router(routes.ops)
     app.include_router(dashboard.router)  # the page at / and the live feed /v1/streams/{id}/events
-    # added last = outermost: Observe sees every request, including the 413s of BodyLimit
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
+    # the gate runs before BodyLimit, so no body is read for a request without a valid key
+    app.add_middleware(
+        BodyLimit,
+        max_body_bytes=settings.max_body_bytes,
+        read_timeout_s=settings.body_read_timeout_s,
+        max_in_flight=settings.max_body_bytes_in_flight,
+    )
+    app.add_middleware(AuthGate, auth=app.state.auth, metrics_public=settings.metrics_public)
     app.add_middleware(Observe, metrics=app.state.metrics)
     if app.state.auth.open:
         _document_open_mode(app)

@@ -10,7 +10,8 @@ service is open and every request belongs to the tenant ``default`` (a WARNING s
 Keys are never logged. mpflow's own logs never carry headers or query strings; uvicorn's do — its WebSocket
 lines print the path *with* the query string (``"WebSocket /v1/streams/x/ws?api_key=..." [accepted]``), at
 INFO — so :func:`redact_secrets_in_logs` (called by ``create_app``) adds :class:`RedactSecrets` to the server's
-loggers: ``api_key=<value>`` and ``Bearer <value>`` are replaced by ``<redacted>`` in every record they emit.
+loggers: ``api_key=<value>`` and ``Bearer <value>``, in any case (``API_KEY=``, ``bearer``), are replaced by
+``<redacted>`` in every record they emit.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ log = logging.getLogger("mpflow.auth")
 
 OPEN_TENANT = "default"
 _TENANT = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")  # tenants are part of store keys
-# a key in a query string (api_key=..., also percent-encoded as api%5Fkey) or after a Bearer scheme
-_SECRET = re.compile(r"((?:api_key|api%5[fF]key)=)[^&\s\"'#]*|(\b[Bb]earer\s+)[^\s\"',;]+")
+# a key in a query string (api_key=..., also percent-encoded as api%5Fkey) or after a Bearer scheme, in any case
+# (?API_KEY=... reaches the logs as sent: issue 34, item 10)
+_SECRET = re.compile(r"((?i:api_key|api%5fkey)=)[^&\s\"'#]*|((?i:\bbearer)\s+)[^\s\"',;]+")
 #: loggers that may print request lines (uvicorn) or request data (mpflow); filters act on the logger they sit on
 LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "mpflow", "mpflow.access", "mpflow.errors", "mpflow.app")
 REDACTED = "<redacted>"

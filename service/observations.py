@@ -16,6 +16,7 @@ from mpflow.service.documents import now, observation_document
 from mpflow.service.engine import UpdateEngine
 from mpflow.service.errors import too_large
 from mpflow.service.methods import Methods
+from mpflow.service.quotas import TenantUsage, stored_size
 from mpflow.service.schemas import ObservationsRequest
 from mpflow.service.sequencing import KeyedLocks, Seq, check_seq, until_written
 from mpflow.service.settings import Settings
@@ -41,6 +42,7 @@ class Observations:
         methods: Methods,
         work: TensorWork,
         stepper: Stepper,
+        usage: TenantUsage,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -48,6 +50,7 @@ class Observations:
         self.methods = methods
         self.work = work
         self.stepper = stepper
+        self.usage = usage
         self._locks = KeyedLocks()
 
     async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
@@ -90,15 +93,19 @@ class Observations:
             stream_id, {**meta, **new_meta}, applied.summary, applied.per_step, applied.samples, duplicate=False
         )
         event = update_event(self.store.prefix, tenant, stream_id, doc)
+        entries = history.entries(applied.per_step, req.observations)
+        ttl = int(meta["ttl_seconds"])
+        size = stored_size(len(applied.blob), {**meta, **new_meta}, step + n, entries, self.settings.history_steps)
+        await self.usage.update(tenant, stream_id, size, ttl)  # 429 when it grows the tenant past its quota
         stored = await self.store.compare_and_set(
             tenant,
             stream_id,
             int(meta["version"]),
             new_meta,
             applied.blob,
-            int(meta["ttl_seconds"]),
+            ttl,
             event=event,
-            history=history.entries(applied.per_step, req.observations),
+            history=entries,
             history_steps=self.settings.history_steps,
         )
         return doc if stored else None

@@ -18,7 +18,7 @@ from mpflow.operators.updaters import UPDATERS
 from mpflow.service import catalogue, snapshots
 from mpflow.service.errors import ApiError, error_body
 from mpflow.service.metrics import CONTENT_TYPE
-from mpflow.service.middleware import LOG_KEY
+from mpflow.service.middleware import LOG_KEY, TENANT_KEY
 from mpflow.service.schemas import (
     FLOAT32_MAX,
     STREAM_ID_PATTERN,
@@ -53,6 +53,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "over a configured limit",
         415: "the body is not of the media type the route takes",
         422: "`invalid_request`: a field that cannot be used; the message names it and what to send instead",
+        429: '`quota_exceeded`: over one of the tenant\'s quotas (docs/API.md "Limits"), nothing applied; '
+        "`Retry-After` says when to try again",
         503: "state store unreachable (Retry-After): `store_unavailable`, nothing applied; or "
         "`store_outcome_unknown`, a write it never confirmed (retry with the same seq to learn whether it applied)",
     }
@@ -68,8 +70,10 @@ def _log(request: Request, **fields: Any) -> None:
 async def tenant_of(
     request: Request, cred: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None
 ) -> str:
-    header = f"Bearer {cred.credentials}" if cred is not None else None
-    tenant = request.app.state.auth.tenant(header)
+    tenant = request.scope.get(TENANT_KEY)  # authenticated by the gate (middleware.AuthGate) from the headers
+    if tenant is None:
+        header = f"Bearer {cred.credentials}" if cred is not None else None
+        tenant = request.app.state.auth.tenant(header)
     _log(request, tenant=tenant)
     return tenant
 
@@ -89,7 +93,7 @@ ops = APIRouter(tags=["operations"])
     "/streams",
     status_code=201,
     response_model=StreamDocument,
-    responses=error_responses(400, 401, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 409, 413, 422, 429, 503),
     summary="Create a stream",
 )
 async def create_stream(request: Request, body: CreateStreamRequest, tenant: Tenant) -> Response:
@@ -104,7 +108,7 @@ async def create_stream(request: Request, body: CreateStreamRequest, tenant: Ten
 @api.post(
     "/streams/{stream_id}/observations",
     response_model=ObservationResult,
-    responses=error_responses(400, 401, 404, 409, 413, 422, 503),
+    responses=error_responses(400, 401, 404, 409, 413, 422, 429, 503),
     summary="Apply observations (seq: exactly once)",
 )
 async def observe(request: Request, stream_id: str, body: ObservationsRequest, tenant: Tenant) -> Response:
@@ -195,7 +199,7 @@ async def export_stream(request: Request, stream_id: str, tenant: Tenant) -> Res
     "/streams:import",
     status_code=201,
     response_model=StreamDocument,
-    responses=error_responses(400, 401, 409, 413, 415, 422, 503),
+    responses=error_responses(400, 401, 409, 413, 415, 422, 429, 503),
     openapi_extra={"requestBody": {"required": True, "content": _SNAPSHOT_BODY}},
     summary="Recreate a stream from its snapshot",
 )
@@ -349,7 +353,7 @@ async def readyz(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = request.app.state
     if not state.settings.metrics_public:
-        tenant = state.auth.tenant(request.headers.get("authorization"))  # 401 without a valid key
+        tenant = request.scope.get(TENANT_KEY) or state.auth.tenant(request.headers.get("authorization"))  # or 401
         _log(request, tenant=tenant)
     # a scrape never fails because the store is down: the gauge keeps its last value
     with contextlib.suppress(Exception):

@@ -26,6 +26,12 @@ bad value fails at start with a message naming the field.
   of a deployment signs and verifies with the same one.
 - ``updater_cache_size``: updaters kept per process, one per distinct (method, operator, stream options), least
   recently used dropped first (:mod:`mpflow.service.methods`).
+- ``body_read_timeout_s``: a request body not fully received this long after its first read is answered 408
+  ``body_timeout`` and its connection closed; ``max_body_bytes_in_flight``: the request bodies one process holds
+  at once (one tenant at most half of it: 429; all tenants: 503 ``server_busy``); ``max_streams_per_tenant``,
+  ``max_stored_bytes_per_tenant``, ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and
+  ``max_websockets`` (per process, all tenants): the quotas of :mod:`mpflow.service.quotas`, 429
+  ``quota_exceeded`` with ``Retry-After`` past them.
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ _POSITIVE = (
     "redis_wait_timeout_ms",
     "history_steps",
     "updater_cache_size",
+)
+#: the request deadline and the per-tenant quotas (mpflow.service.quotas), positive too
+_QUOTAS = (
+    "body_read_timeout_s",
+    "max_body_bytes_in_flight",
+    "max_streams_per_tenant",
+    "max_stored_bytes_per_tenant",
+    "max_feeds_per_tenant",
+    "max_websockets",
+    "max_websockets_per_tenant",
 )
 
 
@@ -83,8 +99,17 @@ class Settings(BaseSettings):
     # -- snapshots and updater cache (issue 34)
     snapshot_key: SecretStr | None = None
     updater_cache_size: int = 64
+    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas) -------------------
+    body_read_timeout_s: float = 20.0
+    max_body_bytes_in_flight: int = 256 * 1024 * 1024
+    max_streams_per_tenant: int = 10_000
+    max_stored_bytes_per_tenant: int = 256 * 1024 * 1024
+    max_feeds_per_tenant: int = 16
+    max_websockets: int = 1024
+    max_websockets_per_tenant: int = 128
+    # ---------------------------------------------------------------------------------------------------------
 
-    @field_validator(*_POSITIVE)
+    @field_validator(*_POSITIVE, *_QUOTAS)
     @classmethod
     def _positive(cls, v: Any, info: ValidationInfo) -> Any:
         if not v > 0:

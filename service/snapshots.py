@@ -36,6 +36,7 @@ from mpflow.service.documents import document, now
 from mpflow.service.errors import ApiError
 from mpflow.service.methods import Methods
 from mpflow.service.numerics import within_float32
+from mpflow.service.quotas import TenantUsage
 from mpflow.service.settings import Settings
 from mpflow.service.snapshot_signing import SnapshotKey, key_id, signature, verifies
 from mpflow.service.store import StreamStore
@@ -166,12 +167,15 @@ def description(meta: dict[str, str]) -> dict[str, Any]:
 class Snapshots:
     """Exports and imports streams (module docstring)."""
 
-    def __init__(self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork) -> None:
+    def __init__(
+        self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork, usage: TenantUsage
+    ) -> None:
         self.settings = settings
         self.store = store
         self.methods = methods
         self.work = work
         self.key = SnapshotKey(settings, store)
+        self.usage = usage
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         """The snapshot of the caller's stream (404 for an unknown one or another tenant's)."""
@@ -194,8 +198,7 @@ class Snapshots:
         summary = await self.work.run(meta, summaries.summary, state)
         if not within_float32(summary):
             raise checks.refuse("state: its summary (mean, covariance, quantiles) lies beyond the float32 range")
-        if not await self.store.create(tenant, stream_id, meta, data, meta["ttl_seconds"]):
-            raise StreamExistsError(f"stream_id: a stream {stream_id!r} already exists; choose another id")
+        await self.usage.create(tenant, stream_id, meta, data)  # 429 over a quota, 409 for a taken id
         return document(stream_id, meta, summary)
 
     def _check_operator(self, stream: dict[str, Any]) -> None:

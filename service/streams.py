@@ -13,6 +13,7 @@ list and delete streams (docs/API.md). It only wires the modules that do the wor
 * :mod:`mpflow.service.snapshots` — ``GET .../export`` and ``POST /v1/streams:import``;
 * :mod:`mpflow.service.views` and :mod:`mpflow.service.documents` — what reads show, and the JSON documents;
 * :mod:`mpflow.service.history` — the per-step history a stream keeps (``GET .../history``);
+* :mod:`mpflow.service.quotas` — each tenant's streams and stored bytes, reserved before every write that grows them;
 * :mod:`mpflow.service.tensor_work` — whether tensor work runs on the event loop or on the engine's threads.
 
 Refusals are :class:`~mpflow.service.errors.ApiError` s whose type fixes the HTTP status
@@ -36,12 +37,12 @@ from mpflow.service.fallback import Fallbacks
 from mpflow.service.forecasts import Forecasts
 from mpflow.service.methods import Methods
 from mpflow.service.observations import Observations, check_samples
+from mpflow.service.quotas import TenantUsage
 from mpflow.service.schemas import BatchRequest, CreateStreamRequest, ObservationsRequest
 from mpflow.service.settings import Settings
 from mpflow.service.snapshots import Snapshots
 from mpflow.service.stepping import Stepper
 from mpflow.service.store import StreamStore
-from mpflow.service.stream_errors import StreamExistsError
 from mpflow.service.tensor_work import TensorWork
 
 
@@ -71,16 +72,16 @@ class StreamService:
         self.work = TensorWork(engine)
         self.fallbacks = Fallbacks(self.methods, engine, self.work, on_fallback)
         self.stepper = Stepper(engine, self.work, self.fallbacks)
-        self.observations = Observations(settings, store, engine, self.methods, self.work, self.stepper)
+        self.usage = TenantUsage(store, settings.max_streams_per_tenant, settings.max_stored_bytes_per_tenant)
+        self.observations = Observations(settings, store, engine, self.methods, self.work, self.stepper, self.usage)
         self.forecasts = Forecasts(settings, store, self.methods, self.work)
-        self.snapshots = Snapshots(settings, store, self.methods, self.work)
+        self.snapshots = Snapshots(settings, store, self.methods, self.work, self.usage)
 
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.work.off_loop(creation.prepare, self.settings, self.methods, req)
         stream_id = req.stream_id or uuid.uuid4().hex
         blob = await self.work.run(meta, state.to_bytes)
-        if not await self.store.create(tenant, stream_id, meta, blob, meta["ttl_seconds"]):
-            raise StreamExistsError(f"stream_id: a stream {stream_id!r} already exists; choose another id")
+        await self.usage.create(tenant, stream_id, meta, blob)  # 429 over a quota, 409 for a taken id
         domain = meta["operator_domain"]
         if domain is not None and not domain["inside"] and self.on_outside_domain is not None:
             self.on_outside_domain(meta["model"]["family"], meta["operator"])
@@ -125,6 +126,7 @@ class StreamService:
     async def delete(self, tenant: str, stream_id: str) -> None:
         if not views.valid_id(stream_id) or not await self.store.delete(tenant, stream_id):
             raise not_found(stream_id)
+        await self.usage.release(tenant, stream_id)
 
     async def list(self, tenant: str, limit: int, cursor: str | None) -> dict[str, Any]:
         try:

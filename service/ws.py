@@ -9,6 +9,11 @@ Auth: ``Authorization: Bearer <key>`` on the handshake, or ``?api_key=<key>`` fo
 headers (browsers). A missing or invalid key refuses the handshake with the HTTP 401 of every other route (the
 ASGI ``websocket.http.response`` extension; servers without it close the handshake, code 1008); an unknown
 stream (or one of another tenant) is answered with a 404 error frame and the socket closed (1008).
+
+Caps (:class:`~mpflow.service.quotas.TenantSlots`, ``app.state.sockets``): a tenant with
+``MPFLOW_MAX_WEBSOCKETS_PER_TENANT`` sockets open on this process is refused the handshake with 429
+``quota_exceeded`` and ``Retry-After``; when the process holds ``MPFLOW_MAX_WEBSOCKETS`` in all, with 503
+``too_many_websockets`` (before the caps, 3000 sockets of one client were all accepted: issue 34, item 10).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from mpflow.service.errors import ApiError, from_validation_errors, too_large, unavailable
 from mpflow.service.middleware import LOG_KEY
+from mpflow.service.quotas import TenantSlots
 from mpflow.service.schemas import ObservationsRequest
+from mpflow.service.settings import Settings
 from mpflow.service.store import StoreUnavailable
 from mpflow.service.stream_errors import MalformedJsonError
 from mpflow.service.streams import StreamService
@@ -60,14 +67,47 @@ async def stream_socket(websocket: WebSocket, stream_id: str) -> None:
     info = websocket.scope.get(LOG_KEY)
     if info is not None:
         info["stream"] = stream_id
+    sockets: TenantSlots = app.state.sockets
     try:
         tenant = app.state.auth.tenant(websocket.headers.get("authorization"), websocket.query_params.get("api_key"))
+        sockets.take(tenant, _full(sockets))
     except ApiError as err:
-        if "websocket.http.response" in websocket.scope.get("extensions", {}):
-            await websocket.send_denial_response(JSONResponse(err.body(), err.status, err.headers))
-        else:
-            await websocket.close(code=POLICY_VIOLATION, reason="unauthorized")
+        await _deny(websocket, err)
         return
+    try:
+        await _serve(websocket, tenant, stream_id)
+    finally:
+        sockets.give(tenant)
+
+
+async def _deny(websocket: WebSocket, err: ApiError) -> None:
+    """Refuse the handshake with ``err`` as an HTTP answer (or close 1008 on servers without denial responses)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse(err.body(), err.status, err.headers))
+    else:
+        await websocket.close(code=POLICY_VIOLATION, reason=err.code)
+
+
+def _full(sockets: TenantSlots) -> ApiError:
+    return ApiError(
+        503,
+        "too_many_websockets",
+        f"this server already holds {sockets.per_process} WebSockets (MPFLOW_MAX_WEBSOCKETS); retry later "
+        "(or use another replica)",
+        {"Retry-After": str(sockets.retry_after_s)},
+    )
+
+
+def open_sockets(settings: Settings) -> TenantSlots:
+    """The count of open WebSockets of a process (``app.state.sockets``), capped per tenant and in total."""
+    return TenantSlots(
+        "WebSockets", settings.max_websockets_per_tenant, settings.max_websockets, "MPFLOW_MAX_WEBSOCKETS_PER_TENANT"
+    )
+
+
+async def _serve(websocket: WebSocket, tenant: str, stream_id: str) -> None:
+    """Accept the handshake and answer the client's frames until it goes away."""
+    app = websocket.app
     service: StreamService = app.state.streams
     max_bytes = app.state.settings.max_body_bytes
     await websocket.accept()

@@ -14,7 +14,9 @@ Each feed holds one Redis connection for its subscription (on a Redis Cluster an
 the stream's slot, moved by redis-py when the slot moves: :class:`mpflow.service.redis_conn.Subscription`), from a
 pool of its own (:class:`Feeds`, opened by the
 app's lifespan) so that viewers can never take the connections the API's reads and writes need; at most
-``MAX_FEEDS`` feeds per process, beyond which a feed is refused with 503 ``too_many_feeds`` and ``Retry-After``.
+``MAX_FEEDS`` feeds per process, beyond which a feed is refused with 503 ``too_many_feeds`` and ``Retry-After``,
+and at most ``MPFLOW_MAX_FEEDS_PER_TENANT`` of them for one tenant, beyond which that tenant's feeds are refused
+with 429 ``quota_exceeded`` and ``Retry-After`` (so one tenant holding its feeds blocks no one else's).
 A feed ends after ``MAX_FEED_SECONDS`` and the client reconnects: uvicorn waits for open responses before it
 shuts down, so an endless feed would hold a stopping server (``mpflow serve`` stops within that time). Updates
 applied while no feed is open are not replayed; the first event of the next feed is the current document, so a
@@ -39,6 +41,7 @@ from fastapi.responses import StreamingResponse
 from mpflow.service.dashboard.publish import channel
 from mpflow.service.errors import ApiError, unavailable
 from mpflow.service.middleware import LOG_KEY
+from mpflow.service.quotas import TenantSlots
 from mpflow.service.redis_conn import Subscription
 from mpflow.service.routes import Tenant, error_responses
 from mpflow.service.store import StoreUnavailable, StreamStore
@@ -55,24 +58,47 @@ router = APIRouter()
 
 class Feeds:
     """The live feeds of one process: a Redis connection pool of their own (``MAX_FEEDS`` connections) and the
-    count of open feeds. ``cluster``: the store's mode when known (``None``: asked, as :meth:`StreamStore.from_url`)."""
+    open feeds, per tenant (:class:`~mpflow.service.quotas.TenantSlots`: at most ``per_tenant`` each, so that one
+    tenant cannot hold every feed of the process). ``cluster``: the store's mode when known (``None``: asked, as
+    :meth:`StreamStore.from_url`)."""
 
-    def __init__(self, url: str, max_feeds: int = MAX_FEEDS, cluster: bool | None = None):
+    def __init__(self, url: str, max_feeds: int = MAX_FEEDS, cluster: bool | None = None, per_tenant: int = 16):
         self.store = StreamStore.from_url(url, max_connections=max_feeds, cluster=cluster)
-        self.max_feeds = max_feeds
-        self.open = 0
+        self.slots = TenantSlots("live feeds", per_tenant, max_feeds, "MPFLOW_MAX_FEEDS_PER_TENANT")
+
+    @property
+    def max_feeds(self) -> int:
+        return self.slots.per_process
+
+    @max_feeds.setter
+    def max_feeds(self, value: int) -> None:
+        self.slots.per_process = value
+
+    @property
+    def open(self) -> int:
+        return self.slots.total
+
+    def take(self, tenant: str) -> None:
+        """Count one more feed of ``tenant``: 429 at its quota, 503 ``too_many_feeds`` when the process is full."""
+        full = ApiError(
+            503,
+            "too_many_feeds",
+            f"this server already streams {self.max_feeds} live feeds; retry later (or use another replica)",
+            {"Retry-After": "5"},
+        )
+        self.slots.take(tenant, full)
 
     async def aclose(self) -> None:
         await self.store.aclose()
 
 
-async def _close(subscription: Subscription | None, feeds: Feeds) -> None:
+async def _close(subscription: Subscription | None, feeds: Feeds, tenant: str) -> None:
     """Unsubscribe and return the connection to the pool, even when the feed's task is being cancelled (a
     client that went away): a cancelled close would lose the pool's slot for good."""
     if subscription is not None:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await subscription.aclose()
-    feeds.open -= 1
+    feeds.slots.give(tenant)
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
@@ -94,7 +120,7 @@ _EVENTS_DOC = (
     response_class=StreamingResponse,
     responses={
         200: {"description": _EVENTS_DOC, "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-        **error_responses(401, 404, 422, 503),
+        **error_responses(401, 404, 422, 429, 503),
     },
 )
 async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> StreamingResponse:
@@ -105,23 +131,16 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
         info["stream"] = stream_id
     service = request.app.state.streams
     feeds: Feeds = request.app.state.feeds
-    if feeds.open >= feeds.max_feeds:
-        raise ApiError(
-            503,
-            "too_many_feeds",
-            f"this server already streams {feeds.max_feeds} live feeds; retry later (or use another replica)",
-            {"Retry-After": "5"},
-        )
-    feeds.open += 1
+    feeds.take(tenant)  # 429 at the tenant's quota, 503 when the process streams MAX_FEEDS
     subscription: Subscription | None = None
     try:
         subscription = await feeds.store.subscription(channel(service.store.prefix, tenant, stream_id))
         first = await service.get(tenant, stream_id)  # 404 for an unknown stream or one of another tenant
     except _STORE_DOWN as exc:
-        await _close(subscription, feeds)
+        await _close(subscription, feeds, tenant)
         raise StoreUnavailable(f"live feed: {exc}") from exc  # 503 with Retry-After, counted as a store error
     except BaseException:
-        await _close(subscription, feeds)
+        await _close(subscription, feeds, tenant)
         raise
 
     async def feed() -> AsyncIterator[bytes]:
@@ -141,7 +160,7 @@ async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> Str
         except _STORE_DOWN:
             yield _sse("error", unavailable().body())
         finally:
-            await _close(subscription, feeds)
+            await _close(subscription, feeds, tenant)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(feed(), media_type="text/event-stream", headers=headers)
