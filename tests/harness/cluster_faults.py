@@ -1,0 +1,349 @@
+"""Faults of a real local Redis Cluster under sequential writers, checked as Jepsen would: one case of
+``benchmarks/cluster_faults.py`` (the matrix) and ``tests/reliability/test_cluster_faults.py`` (its must-show rows).
+
+A case (:func:`run_case`): a fresh :class:`~tests.harness.cluster.LocalCluster` (3 primaries, ``replicas`` each,
+``cluster-node-timeout`` 1 s) and ``python -m mpflow serve --workers 1`` pointed at one node with
+``MPFLOW_REDIS_WAIT_REPLICAS = wait`` (timeout 1000 ms, the default). ``STREAMS_PER_SHARD`` streams live on each
+primary; those of the *victim* primary (never the URL's node) on its lowest slots, the ones ``redis-cli --cluster
+reshard`` moves first. Each stream has one sequential writer that does what docs/API.md says: the next ``seq``;
+after a 503 or a lost connection the same ``seq`` again until 200 (a ``duplicate`` 200 acknowledges too); a 409
+``seq_conflict`` means the stream is behind what was acknowledged — lost steps, counted — and it carries on from
+the stream's step. After ``STEADY_S`` s of load the fault (:data:`FAULTS`) runs, then ``AFTER_S`` s more.
+
+What is checked, over every answer:
+
+* **acknowledged**: the highest ``seq`` answered 200, summed over streams; **stored**: the streams' steps at the end;
+* **lost**: acknowledged steps a stream no longer had (at a 409, or at the end); **doubled**: steps beyond the
+  highest ``seq`` sent, or an applied (not ``duplicate``) answer whose step is not its ``seq``;
+* **without the promised replicas**: acknowledgments (first answers and retries alike) of which, read right after
+  the answer from every node of the stream's shard that is a replica now (``ROLE``, ``READONLY``, the stream's
+  ``step``), fewer than ``wait`` hold the step; **not on a replica**: those that no replica holds (what ``WAIT 0``
+  risks in a failover: Redis replicates asynchronously). A replica killed right after it acknowledged may show here
+  although the service kept its promise: the read is the check, not the cause;
+* **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aredis
+from redis.crc import key_slot
+
+from tests.harness.cluster import LocalCluster
+from tests.harness.server import UserServer
+
+STREAM = {
+    "model": {"family": "linear_gaussian", "params": {}},
+    "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},
+    "method": "kalman",
+}
+STREAMS_PER_SHARD = 2
+STEADY_S = 2.0
+AFTER_S = 2.0
+#: how long a killed node stays down after the cluster settled without it (so writers meet the degraded shard)
+DOWN_S = 3.0
+#: the victim's lowest slots that the migration moves (the victim's streams live there)
+MIGRATED_SLOTS = 200
+#: how long the replica check waits for one node (a paused node must not hold the writers up)
+CHECK_TIMEOUT_S = 0.3
+
+
+@dataclass
+class Context:
+    """What a fault acts on."""
+
+    cluster: LocalCluster
+    server: UserServer
+    victim: int
+    target: int
+
+
+def primary_kill(ctx: Context) -> None:
+    """SIGKILL the victim primary; once its replica took over, ``DOWN_S`` s more; then it restarts (empty: no
+    persistence here) and rejoins as the new primary's replica."""
+    ctx.cluster.kill(ctx.victim)
+    ctx.cluster.wait_promoted(ctx.victim)
+    time.sleep(DOWN_S)
+    ctx.cluster.restart(ctx.victim)
+    ctx.cluster.wait_ok()
+
+
+def primary_pause(ctx: Context) -> None:
+    """SIGSTOP the victim primary until a replica took over its slots, 1 s more, then SIGCONT: it comes back
+    believing it is the primary, with whatever writes reached it, learns otherwise and rejoins as a replica."""
+    ctx.cluster.pause(ctx.victim)
+    try:
+        deadline = time.monotonic() + 30
+        while ctx.victim in ctx.cluster.primary_ports():
+            assert time.monotonic() < deadline, "no replica took over the paused primary"
+            time.sleep(0.05)
+        time.sleep(1.0)
+    finally:
+        ctx.cluster.resume(ctx.victim)
+    ctx.cluster.wait_ok()
+
+
+def replica_kill(ctx: Context) -> None:
+    """SIGKILL one replica of the victim; ``DOWN_S`` s later it restarts and resyncs."""
+    replica = ctx.cluster.replica_ports(ctx.victim)[0]
+    ctx.cluster.kill(replica)
+    time.sleep(DOWN_S)
+    ctx.cluster.restart(replica)
+    ctx.cluster.wait_ok()
+
+
+def slot_migration(ctx: Context) -> None:
+    """``redis-cli --cluster reshard``: the victim's lowest ``MIGRATED_SLOTS`` slots, streams and all, to another
+    primary."""
+    ctx.cluster.reshard([ctx.victim], ctx.target, MIGRATED_SLOTS)
+
+
+def server_restart(ctx: Context) -> None:
+    """SIGKILL the service mid-write (no shutdown) and start it again on its port."""
+    ctx.server.kill()
+    ctx.server.start()
+
+
+FAULTS = {
+    "primary_kill": primary_kill,
+    "primary_pause": primary_pause,
+    "replica_kill": replica_kill,
+    "slot_migration": slot_migration,
+    "server_restart": server_restart,
+}
+
+
+def stream_ids(prefix: str, slots_by_shard: dict[int, list[int]], per_shard: int) -> dict[str, int]:
+    """``{stream id: its shard's primary port}``: ``per_shard`` random ids whose keys fall in each shard's given
+    slots (the key is ``<prefix>:{default:<id>}:meta``: the open service's tenant is ``default``)."""
+    out: dict[str, int] = {}
+    for port, slots in slots_by_shard.items():
+        wanted, found = set(slots), 0
+        while found < per_shard:
+            sid = f"cf-{uuid.uuid4().hex[:10]}"
+            if key_slot(f"{prefix}:{{default:{sid}}}:meta".encode()) in wanted:
+                out[sid], found = port, found + 1
+    return out
+
+
+@dataclass
+class Ack:
+    sid: str
+    seq: int
+    duplicate: bool
+    retry: bool  # not the first request of this seq
+    at: float  # time.monotonic() of the answer
+    holders: int = -1  # replicas that held it, read right after (-1: not read yet)
+    seen: dict[int, str] = field(default_factory=dict)  # per node: "holds", "behind", "primary", or the error
+
+
+@dataclass
+class Writers:
+    """The sequential writers and their history (module docstring)."""
+
+    url: str
+    prefix: str
+    shard_of: dict[str, int]  # stream -> the port of its primary at the start
+    nodes_of: dict[str, list[int]]  # stream -> the nodes that may replicate it during the case
+    acked: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    ack_times: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    acks: list[Ack] = field(default_factory=list)
+    statuses: dict[str, collections.Counter] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
+    lost: int = 0
+    misapplied: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._checks: list[asyncio.Task] = []
+        self._nodes: dict[int, aredis.Redis] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def create(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+            for sid in self.shard_of:
+                answer = await client.post("/v1/streams", json={**STREAM, "stream_id": sid})
+                assert answer.status_code == 201, answer.text
+                self.acked[sid] = self.sent[sid] = 0
+                self.ack_times[sid].append(time.monotonic())
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+            await asyncio.gather(*(self._writer(client, sid) for sid in self.shard_of))
+        await asyncio.gather(*self._checks)
+        for node in self._nodes.values():
+            await node.aclose()
+
+    async def _writer(self, client: httpx.AsyncClient, sid: str) -> None:
+        seq, tries = 1, 0
+        while not self._stop.is_set():
+            self.sent[sid] = max(self.sent[sid], seq)
+            body = {"seq": seq, "observations": [[0.1 * (seq % 10), 0.2]]}
+            try:
+                answer = await client.post(f"/v1/streams/{sid}/observations", json=body)
+            except httpx.HTTPError as exc:
+                self.statuses[sid][type(exc).__name__] += 1
+                tries += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.statuses[sid][str(answer.status_code)] += 1
+            if answer.status_code == 200:
+                doc = answer.json()
+                if not doc["duplicate"] and doc["step"] != seq:
+                    self.misapplied += 1
+                ack = Ack(sid, seq, bool(doc["duplicate"]), tries > 0, time.monotonic())
+                self.acks.append(ack)
+                self._checks.append(asyncio.create_task(self._check(ack)))
+                self.acked[sid] = seq
+                self.ack_times[sid].append(time.monotonic())
+                seq, tries = seq + 1, 0
+            elif answer.status_code == 409 and answer.json()["error"]["code"] == "seq_conflict":
+                step = await self._step(client, sid)
+                self.lost += max(0, self.acked[sid] - step)
+                self.acked[sid] = step
+                seq, tries = step + 1, 0
+            else:  # 503: the same seq again
+                tries += 1
+                await asyncio.sleep(0.05)
+
+    async def _step(self, client: httpx.AsyncClient, sid: str) -> int:
+        while True:
+            with_answer = await client.get(f"/v1/streams/{sid}")
+            if with_answer.status_code == 200:
+                return int(with_answer.json()["step"])
+            await asyncio.sleep(0.05)
+
+    def _node(self, port: int) -> aredis.Redis:
+        if port not in self._nodes:
+            self._nodes[port] = aredis.Redis(
+                host="127.0.0.1", port=port, socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S
+            )
+        return self._nodes[port]
+
+    async def _holds(self, port: int, key: str, seq: int) -> str:
+        """``holds`` when the node on ``port`` is a replica now and its copy of the stream is at ``seq`` or beyond;
+        else ``behind``, ``primary``, ``moved`` or the error that kept it from answering."""
+        try:
+            async with self._node(port).pipeline(transaction=False) as pipe:
+                pipe.execute_command("READONLY").execute_command("ROLE").hget(key, "step")
+                _, role, step = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # down, paused, loading: it does not hold it for anyone
+            return type(exc).__name__
+        if not (isinstance(role, list) and role and role[0] in (b"slave", "slave")):
+            return "primary"
+        if not isinstance(step, bytes):
+            return "moved" if isinstance(step, Exception) else "behind"
+        return "holds" if int(step) >= seq else "behind"
+
+    async def _check(self, ack: Ack) -> None:
+        key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
+        seen = await asyncio.gather(*(self._holds(p, key, ack.seq) for p in self.nodes_of[ack.sid]))
+        ack.seen = dict(zip(self.nodes_of[ack.sid], seen, strict=True))
+        ack.holders = seen.count("holds")
+
+    async def final_check(self) -> dict[str, int]:
+        lost, doubled, stored = self.lost, self.misapplied, 0
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+            for sid in self.shard_of:
+                step = await self._step(client, sid)
+                stored += step
+                lost += max(0, self.acked[sid] - step)
+                doubled += max(0, step - self.sent[sid])
+        return {"acknowledged": sum(self.acked.values()), "stored": stored, "lost": lost, "doubled": doubled}
+
+    def outage(self, sids: list[str], until: float) -> float:
+        """The longest time (s) one of ``sids`` went without an acknowledgment (up to ``until``)."""
+        gaps = [0.0]
+        for sid in sids:
+            times = [*self.ack_times[sid], until]
+            gaps += [b - a for a, b in itertools.pairwise(times)]
+        return round(max(gaps), 2)
+
+
+async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: str, wait: int) -> dict[str, Any]:
+    primaries = cluster.primary_ports()
+    victim = next(p for p in primaries if p != cluster.ports[0])
+    target = next(p for p in primaries if p not in (victim, cluster.ports[0]))
+    groups = {p: [p, *cluster.replica_ports(p)] for p in primaries}
+    slots = {p: cluster.slots_of(p) for p in primaries}
+    slots[victim] = slots[victim][:MIGRATED_SLOTS]
+    shard_of = stream_ids(prefix, slots, STREAMS_PER_SHARD)
+    moved = groups[target] if fault == "slot_migration" else []
+    nodes_of = {sid: [*groups[p], *(moved if p == victim else [])] for sid, p in shard_of.items()}
+    writers = Writers(server.url, prefix, shard_of, nodes_of)
+    await writers.create()
+    task = asyncio.create_task(writers.run())
+    await asyncio.sleep(STEADY_S)
+    t0 = time.monotonic()
+    await asyncio.to_thread(FAULTS[fault], Context(cluster, server, victim, target))
+    fault_s = time.monotonic() - t0
+    await asyncio.sleep(AFTER_S)
+    writers.stop()
+    await task
+    end = time.monotonic()
+    counts = await writers.final_check()
+    on_victim = [sid for sid, p in shard_of.items() if p == victim]
+    healthy = [sid for sid, p in shard_of.items() if p != victim]
+
+    def answers(sids: list[str]) -> dict[str, int]:
+        total: collections.Counter = collections.Counter()
+        for sid in sids:
+            total.update(writers.statuses[sid])
+        return dict(total)
+
+    short = [a for a in writers.acks if a.holders < wait]
+    examples = [
+        {"victim": shard_of[a.sid] == victim, "seq": a.seq, "retry": a.retry, "at_s": round(a.at - t0, 2), **a.seen}
+        for a in short[:5]
+    ]
+    return {
+        **counts,
+        "acks": len(writers.acks),
+        "acks_on_retry": sum(a.retry for a in writers.acks),
+        "acks_without_promised_replicas": len(short),
+        "of_them_on_retry": sum(a.retry for a in short),
+        "acks_not_on_a_replica": sum(a.holders == 0 for a in writers.acks),
+        "outage_victim_s": writers.outage(on_victim, end),
+        "outage_healthy_s": writers.outage(healthy, end),
+        "answers_victim": answers(on_victim),
+        "answers_healthy": answers(healthy),
+        "fault_s": round(fault_s, 1),
+        "short_examples": examples,
+    }
+
+
+def run_case(
+    fault: str, wait: int, replicas: int, full_coverage: bool = True, base_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """One case on a fresh cluster and server (module docstring; ``full_coverage``: Redis'
+    ``cluster-require-full-coverage``); every process is stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="cluster-faults-", dir=base_dir) as tmp:
+        with LocalCluster(tmp, replicas=replicas, full_coverage=full_coverage) as cluster:
+            prefix = f"cf-{uuid.uuid4().hex[:8]}"
+            env = {
+                "MPFLOW_REDIS_URL": cluster.url,
+                "MPFLOW_REDIS_PREFIX": prefix,
+                "MPFLOW_REDIS_WAIT_REPLICAS": str(wait),
+                "MPFLOW_LOG_LEVEL": "WARNING",
+            }
+            with UserServer(env, Path(tmp) / "service.log", args=["--workers", "1"]) as server:
+                server.start()
+                result = asyncio.run(_drive(cluster, server, prefix, fault, wait))
+        return {"fault": fault, "wait": wait, "replicas": replicas, "full_coverage": full_coverage, **result}
+
+
+__all__ = ["FAULTS", "run_case"]
