@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aredis
+from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from tests.harness.cluster import LocalCluster
@@ -229,20 +230,27 @@ class Writers:
 
     def _node(self, port: int) -> aredis.Redis:
         if port not in self._nodes:
-            self._nodes[port] = aredis.Redis(
-                host="127.0.0.1", port=port, socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S
+            self._nodes[port] = aredis.Redis(  # one try, no retry: the node as it is right after the answer
+                host="127.0.0.1",
+                port=port,
+                socket_timeout=CHECK_TIMEOUT_S,
+                socket_connect_timeout=CHECK_TIMEOUT_S,
+                retry=None,
             )
         return self._nodes[port]
 
     async def _holds(self, port: int, key: str, seq: int) -> str:
         """``holds`` when the node on ``port`` is a replica now and its copy of the stream is at ``seq`` or beyond;
         else ``behind``, ``primary``, ``moved`` or the error that kept it from answering."""
-        try:
-            async with self._node(port).pipeline(transaction=False) as pipe:
-                pipe.execute_command("READONLY").execute_command("ROLE").hget(key, "step")
-                _, role, step = await pipe.execute(raise_on_error=False)
-        except Exception as exc:  # down, paused, loading: it does not hold it for anyone
-            return type(exc).__name__
+        for attempt in (1, 2):  # a second, at once, on a new connection: the pooled one may predate a restart
+            try:
+                async with self._node(port).pipeline(transaction=False) as pipe:
+                    pipe.execute_command("READONLY").execute_command("ROLE").hget(key, "step")
+                    _, role, step = await pipe.execute(raise_on_error=False)
+                break
+            except Exception as exc:  # down, paused, loading: it does not hold it for anyone
+                if attempt == 2 or not isinstance(exc, ConnectionError | redis_errors.ConnectionError):
+                    return type(exc).__name__
         if not (isinstance(role, list) and role and role[0] in (b"slave", "slave")):
             return "primary"
         if not isinstance(step, bytes):
