@@ -315,11 +315,13 @@ async def healthz() -> Response:
 async def readyz(request: Request) -> Response:
     """Ready when the state store takes a write now (a small one, acknowledged as updates are) and the operators
     are loaded. `degraded_shards`: the store's primaries with fewer replicas in sync than
-    MPFLOW_REDIS_WAIT_REPLICAS needs (their streams' writes answer 503 until replicas are back); empty with 0."""
+    MPFLOW_REDIS_WAIT_REPLICAS needs (their streams' writes answer 503 until replicas are back); only with
+    MPFLOW_REDIS_WAIT_REPLICAS > 0."""
     store_ok = await request.app.state.store.writable()
     ops_ok = bool(request.app.state.operators.loaded)
     # the shards whose writes answer 503 for want of replicas: named, without taking the replica out (the others serve)
-    degraded = {"degraded_shards": sorted(await request.app.state.degraded.look())}
+    watch = request.app.state.degraded
+    degraded = {"degraded_shards": sorted(await watch.look())} if watch.needed else {}
     if store_ok and ops_ok:
         return JSONResponse({"status": "ready", "store": True, "operators": True, **degraded})
     missing = [

@@ -18,8 +18,10 @@ What is checked, over every answer:
 * **without the promised replicas**: acknowledgments (first answers and retries alike) of which, read right after
   the answer from every node of the stream's shard that is a replica now (``ROLE``, ``READONLY``, the stream's
   ``step``), fewer than ``wait`` hold the step; **not on a replica**: those that no replica holds (what ``WAIT 0``
-  risks in a failover: Redis replicates asynchronously). A replica killed right after it acknowledged may show here
-  although the service kept its promise: the read is the check, not the cause;
+  risks in a failover: Redis replicates asynchronously). A node that is down or paused holds nothing for anyone; a
+  replica that answers but cannot serve the read yet (the cluster down for a moment, loading a resync, a slot not
+  its own yet) is asked again, every 0.1 s for up to 2 s, until it does. A replica killed right after it
+  acknowledged may still show here although the service kept its promise: the read is the check, not the cause;
 * **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
 """
 
@@ -55,8 +57,10 @@ AFTER_S = 2.0
 DOWN_S = 3.0
 #: the victim's lowest slots that the migration moves (the victim's streams live there)
 MIGRATED_SLOTS = 200
-#: how long the replica check waits for one node (a paused node must not hold the writers up)
-CHECK_TIMEOUT_S = 0.3
+#: how long the replica check waits for one node's answer (a longer wait: it is paused)
+CHECK_TIMEOUT_S = 2.0
+#: a node that answered the check with an error (cluster down, loading, a slot not its own yet) is asked again
+RECHECK_S, RECHECKS = 0.1, 20
 
 
 @dataclass
@@ -154,6 +158,7 @@ class Writers:
 
     url: str
     prefix: str
+    wait: int  # the replicas each acknowledgment promises
     shard_of: dict[str, int]  # stream -> the port of its primary at the start
     nodes_of: dict[str, list[int]]  # stream -> the nodes that may replicate it during the case
     acked: dict[str, int] = field(default_factory=dict)
@@ -240,28 +245,46 @@ class Writers:
         return self._nodes[port]
 
     async def _holds(self, port: int, key: str, seq: int) -> str:
-        """``holds`` when the node on ``port`` is a replica now and its copy of the stream is at ``seq`` or beyond;
-        else ``behind``, ``primary``, ``moved`` or the error that kept it from answering."""
+        """What the node on ``port`` says now: ``holds`` (a replica whose copy of the stream is at ``seq`` or
+        beyond), ``behind``, ``primary``, ``down`` (refused), ``timeout`` (paused), or ``error ...`` when it answered
+        but could not serve the read (cluster down, loading, the slot not its own yet)."""
         for attempt in (1, 2):  # a second, at once, on a new connection: the pooled one may predate a restart
             try:
                 async with self._node(port).pipeline(transaction=False) as pipe:
                     pipe.execute_command("READONLY").execute_command("ROLE").hget(key, "step")
                     _, role, step = await pipe.execute(raise_on_error=False)
                 break
-            except Exception as exc:  # down, paused, loading: it does not hold it for anyone
-                if attempt == 2 or not isinstance(exc, ConnectionError | redis_errors.ConnectionError):
-                    return type(exc).__name__
+            except redis_errors.BusyLoadingError:
+                return "error LOADING"
+            except (TimeoutError, redis_errors.TimeoutError):
+                return "timeout"
+            except (redis_errors.ConnectionError, ConnectionError, OSError):
+                if attempt == 2:
+                    return "down"
+        if isinstance(role, Exception) or isinstance(step, Exception):
+            return f"error {str(step if isinstance(step, Exception) else role).split(' ', 1)[0]}"
         if not (isinstance(role, list) and role and role[0] in (b"slave", "slave")):
             return "primary"
-        if not isinstance(step, bytes):
-            return "moved" if isinstance(step, Exception) else "behind"
-        return "holds" if int(step) >= seq else "behind"
+        return "holds" if isinstance(step, bytes) and int(step) >= seq else "behind"
 
     async def _check(self, ack: Ack) -> None:
+        """Read every node of the stream's shard right after the answer; a node that answered an error is asked
+        again every ``RECHECK_S`` (at most ``RECHECKS`` times) until it serves the read, unless enough hold it."""
         key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
-        seen = await asyncio.gather(*(self._holds(p, key, ack.seq) for p in self.nodes_of[ack.sid]))
-        ack.seen = dict(zip(self.nodes_of[ack.sid], seen, strict=True))
-        ack.holders = seen.count("holds")
+        ports = self.nodes_of[ack.sid]
+
+        async def ask(nodes: list[int]) -> dict[int, str]:
+            return dict(zip(nodes, await asyncio.gather(*(self._holds(p, key, ack.seq) for p in nodes)), strict=True))
+
+        seen = await ask(ports)
+        for _ in range(RECHECKS):
+            unanswered = [p for p, said in seen.items() if said.startswith("error")]
+            if not unanswered or list(seen.values()).count("holds") >= max(self.wait, 1):
+                break
+            await asyncio.sleep(RECHECK_S)
+            seen |= await ask(unanswered)
+        ack.seen = seen
+        ack.holders = list(seen.values()).count("holds")
 
     async def final_check(self) -> dict[str, int]:
         lost, doubled, stored = self.lost, self.misapplied, 0
@@ -292,13 +315,17 @@ async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: 
     shard_of = stream_ids(prefix, slots, STREAMS_PER_SHARD)
     moved = groups[target] if fault == "slot_migration" else []
     nodes_of = {sid: [*groups[p], *(moved if p == victim else [])] for sid, p in shard_of.items()}
-    writers = Writers(server.url, prefix, shard_of, nodes_of)
+    writers = Writers(server.url, prefix, wait, shard_of, nodes_of)
     await writers.create()
     task = asyncio.create_task(writers.run())
     await asyncio.sleep(STEADY_S)
     t0 = time.monotonic()
     await asyncio.to_thread(FAULTS[fault], Context(cluster, server, victim, target))
     fault_s = time.monotonic() - t0
+    served = set(cluster.slots_of(target))  # the migration's proof: the victim's streams are on the target now
+    moved = sum(
+        key_slot(f"{prefix}:{{default:{sid}}}:meta".encode()) in served for sid, p in shard_of.items() if p == victim
+    )
     await asyncio.sleep(AFTER_S)
     writers.stop()
     await task
@@ -330,6 +357,7 @@ async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: 
         "answers_victim": answers(on_victim),
         "answers_healthy": answers(healthy),
         "fault_s": round(fault_s, 1),
+        "victim_streams_moved": moved,
         "short_examples": examples,
     }
 
