@@ -70,7 +70,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The rows as the Markdown table of docs/operations.md."""
     out = [
         "| fault | WAIT | replicas per primary | acknowledged / stored | lost | doubled | acks (on a retry) "
-        "| without the promised replicas | not on a replica | longest outage, victim / other shards (s) "
+        "| without the promised replicas (unverifiable) | on one node | longest outage, victim / other shards (s) "
         "| 503s, victim / other shards |",
         "|" + "---|" * 11,
     ]
@@ -79,7 +79,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         out.append(
             f"| {fault} | {r['wait']} | {r['replicas']} | {r['acknowledged']} / {r['stored']} | {r['lost']} "
             f"| {r['doubled']} | {r['acks']} ({r['acks_on_retry']}) | {r['acks_without_promised_replicas']} "
-            f"| {r['acks_not_on_a_replica']} | {r['outage_victim_s']} / {r['outage_healthy_s']} "
+            f"({r['acks_unverifiable']}) | {r['acks_on_one_node']} | {r['outage_victim_s']} / {r['outage_healthy_s']} "
             f"| {r['answers_victim'].get('503', 0)} / {r['answers_healthy'].get('503', 0)} |"
         )
     return "\n".join(out)

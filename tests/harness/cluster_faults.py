@@ -16,12 +16,15 @@ What is checked, over every answer:
 * **lost**: acknowledged steps a stream no longer had (at a 409, or at the end); **doubled**: steps beyond the
   highest ``seq`` sent, or an applied (not ``duplicate``) answer whose step is not its ``seq``;
 * **without the promised replicas**: acknowledgments (first answers and retries alike) of which, read right after
-  the answer from every node of the stream's shard that is a replica now (``ROLE``, ``READONLY``, the stream's
-  ``step``), fewer than ``wait`` hold the step; **not on a replica**: those that no replica holds (what ``WAIT 0``
+  the answer from every node of the stream's shard (``READONLY``, the stream's ``step``), fewer than ``1 + wait``
+  nodes hold the step — the primary and the ``wait`` replicas ``WAIT`` promises. Copies are counted whatever the
+  node's role by then: a replica that acknowledged may have been promoted since (a paused primary that wakes before
+  it learns of its replacement runs the writes it was sent and, with ``WAIT 1``, acknowledges them only with its
+  replica's — the new primary's — acknowledgment). **On one node**: those that one node alone holds (what ``WAIT 0``
   risks in a failover: Redis replicates asynchronously). A node that is down or paused holds nothing for anyone; a
-  replica that answers but cannot serve the read yet (the cluster down for a moment, loading a resync, a slot not
-  its own yet) is asked again, every 0.1 s for up to 2 s, until it does. A replica killed right after it
-  acknowledged may still show here although the service kept its promise: the read is the check, not the cause;
+  node that answers but cannot serve the read yet (the cluster down for a moment, loading a resync, a slot not its
+  own) is asked again, every 0.1 s for up to 2 s. **Unverifiable**: short acknowledgments for which a node that did
+  not answer was killed or paused after the request was sent — it may have acknowledged just before;
 * **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
 """
 
@@ -71,12 +74,18 @@ class Context:
     server: UserServer
     victim: int
     target: int
+    #: node port -> when it was killed or paused (the check's judge of a replica that died after it acknowledged)
+    struck: dict[int, float] = field(default_factory=dict)
+
+    def strike(self, port: int, how: Any) -> None:
+        self.struck[port] = time.monotonic()
+        how(port)
 
 
 def primary_kill(ctx: Context) -> None:
     """SIGKILL the victim primary; once its replica took over, ``DOWN_S`` s more; then it restarts (empty: no
     persistence here) and rejoins as the new primary's replica."""
-    ctx.cluster.kill(ctx.victim)
+    ctx.strike(ctx.victim, ctx.cluster.kill)
     ctx.cluster.wait_promoted(ctx.victim)
     time.sleep(DOWN_S)
     ctx.cluster.restart(ctx.victim)
@@ -86,7 +95,7 @@ def primary_kill(ctx: Context) -> None:
 def primary_pause(ctx: Context) -> None:
     """SIGSTOP the victim primary until a replica took over its slots, 1 s more, then SIGCONT: it comes back
     believing it is the primary, with whatever writes reached it, learns otherwise and rejoins as a replica."""
-    ctx.cluster.pause(ctx.victim)
+    ctx.strike(ctx.victim, ctx.cluster.pause)
     try:
         deadline = time.monotonic() + 30
         while ctx.victim in ctx.cluster.primary_ports():
@@ -101,7 +110,7 @@ def primary_pause(ctx: Context) -> None:
 def replica_kill(ctx: Context) -> None:
     """SIGKILL one replica of the victim; ``DOWN_S`` s later it restarts and resyncs."""
     replica = ctx.cluster.replica_ports(ctx.victim)[0]
-    ctx.cluster.kill(replica)
+    ctx.strike(replica, ctx.cluster.kill)
     time.sleep(DOWN_S)
     ctx.cluster.restart(replica)
     ctx.cluster.wait_ok()
@@ -130,7 +139,7 @@ FAULTS = {
 
 def stream_ids(prefix: str, slots_by_shard: dict[int, list[int]], per_shard: int) -> dict[str, int]:
     """``{stream id: its shard's primary port}``: ``per_shard`` random ids whose keys fall in each shard's given
-    slots (the key is ``<prefix>:{default:<id>}:meta``: the open service's tenant is ``default``)."""
+    slots (the key is ``<prefix>:{default:<id>}:meta``: the service knows one API key, of tenant ``default``)."""
     out: dict[str, int] = {}
     for port, slots in slots_by_shard.items():
         wanted, found = set(slots), 0
@@ -141,14 +150,22 @@ def stream_ids(prefix: str, slots_by_shard: dict[int, list[int]], per_shard: int
     return out
 
 
+def _copies(seen: dict[int, str]) -> int:
+    """How many nodes hold the acknowledged step, whatever their role now (a replica that acknowledged may have been
+    promoted since; a paused primary's copy made with ``WAIT 1`` had a replica's acknowledgment)."""
+    return sum(said.startswith("holds") for said in seen.values())
+
+
 @dataclass
 class Ack:
     sid: str
     seq: int
     duplicate: bool
     retry: bool  # not the first request of this seq
+    sent: float  # time.monotonic() of the request
     at: float  # time.monotonic() of the answer
-    holders: int = -1  # replicas that held it, read right after (-1: not read yet)
+    holders: int = -1  # nodes that held it (its primary, replicas), read right after (-1: not read yet)
+    unverifiable: bool = False  # a node that did not answer was killed or paused after the request was sent
     seen: dict[int, str] = field(default_factory=dict)  # per node: "holds", "behind", "primary", or the error
 
 
@@ -157,8 +174,10 @@ class Writers:
     """The sequential writers and their history (module docstring)."""
 
     url: str
+    key: str  # the API key of tenant ``default``: a stranger's server on a reused port answers 401, not our streams
     prefix: str
     wait: int  # the replicas each acknowledgment promises
+    struck: dict[int, float]  # the fault's nodes killed or paused, and when
     shard_of: dict[str, int]  # stream -> the port of its primary at the start
     nodes_of: dict[str, list[int]]  # stream -> the nodes that may replicate it during the case
     acked: dict[str, int] = field(default_factory=dict)
@@ -179,8 +198,11 @@ class Writers:
     def stop(self) -> None:
         self._stop.set()
 
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30, headers={"authorization": f"Bearer {self.key}"})
+
     async def create(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+        async with self._client() as client:
             for sid in self.shard_of:
                 answer = await client.post("/v1/streams", json={**STREAM, "stream_id": sid})
                 assert answer.status_code == 201, answer.text
@@ -188,7 +210,7 @@ class Writers:
                 self.ack_times[sid].append(time.monotonic())
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+        async with self._client() as client:
             await asyncio.gather(*(self._writer(client, sid) for sid in self.shard_of))
         await asyncio.gather(*self._checks)
         for node in self._nodes.values():
@@ -199,6 +221,7 @@ class Writers:
         while not self._stop.is_set():
             self.sent[sid] = max(self.sent[sid], seq)
             body = {"seq": seq, "observations": [[0.1 * (seq % 10), 0.2]]}
+            sent = time.monotonic()
             try:
                 answer = await client.post(f"/v1/streams/{sid}/observations", json=body)
             except httpx.HTTPError as exc:
@@ -211,7 +234,7 @@ class Writers:
                 doc = answer.json()
                 if not doc["duplicate"] and doc["step"] != seq:
                     self.misapplied += 1
-                ack = Ack(sid, seq, bool(doc["duplicate"]), tries > 0, time.monotonic())
+                ack = Ack(sid, seq, bool(doc["duplicate"]), tries > 0, sent, time.monotonic())
                 self.acks.append(ack)
                 self._checks.append(asyncio.create_task(self._check(ack)))
                 self.acked[sid] = seq
@@ -245,9 +268,9 @@ class Writers:
         return self._nodes[port]
 
     async def _holds(self, port: int, key: str, seq: int) -> str:
-        """What the node on ``port`` says now: ``holds`` (a replica whose copy of the stream is at ``seq`` or
-        beyond), ``behind``, ``primary``, ``down`` (refused), ``timeout`` (paused), or ``error ...`` when it answered
-        but could not serve the read (cluster down, loading, the slot not its own yet)."""
+        """What the node on ``port`` says now: ``holds`` (its copy of the stream is at ``seq`` or beyond) or
+        ``behind``, each with its role; ``down`` (refused), ``timeout`` (paused), or ``error ...`` when it answered
+        but could not serve the read (cluster down, loading, the slot not its own)."""
         for attempt in (1, 2):  # a second, at once, on a new connection: the pooled one may predate a restart
             try:
                 async with self._node(port).pipeline(transaction=False) as pipe:
@@ -263,9 +286,10 @@ class Writers:
                     return "down"
         if isinstance(role, Exception) or isinstance(step, Exception):
             return f"error {str(step if isinstance(step, Exception) else role).split(' ', 1)[0]}"
-        if not (isinstance(role, list) and role and role[0] in (b"slave", "slave")):
-            return "primary"
-        return "holds" if isinstance(step, bytes) and int(step) >= seq else "behind"
+        held = "holds" if isinstance(step, bytes) and int(step) >= seq else "behind"
+        if isinstance(role, list) and role and role[0] in (b"slave", "slave"):
+            return f"{held} (replica)"
+        return f"{held} (primary, {len(role[2]) if isinstance(role, list) and len(role) > 2 else '?'} replicas)"
 
     async def _check(self, ack: Ack) -> None:
         """Read every node of the stream's shard right after the answer; a node that answered an error is asked
@@ -279,16 +303,20 @@ class Writers:
         seen = await ask(ports)
         for _ in range(RECHECKS):
             unanswered = [p for p, said in seen.items() if said.startswith("error")]
-            if not unanswered or list(seen.values()).count("holds") >= max(self.wait, 1):
+            if not unanswered or _copies(seen) > self.wait:
                 break
             await asyncio.sleep(RECHECK_S)
             seen |= await ask(unanswered)
+        for port, said in seen.items():  # struck after the request was sent: it may have acknowledged first
+            if said in ("down", "timeout") and self.struck.get(port, float("inf")) > ack.sent:
+                seen[port] = f"{said}, struck after the request"
         ack.seen = seen
-        ack.holders = list(seen.values()).count("holds")
+        ack.holders = _copies(seen)
+        ack.unverifiable = any(said.endswith("struck after the request") for said in seen.values())
 
     async def final_check(self) -> dict[str, int]:
         lost, doubled, stored = self.lost, self.misapplied, 0
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+        async with self._client() as client:
             for sid in self.shard_of:
                 step = await self._step(client, sid)
                 stored += step
@@ -305,7 +333,9 @@ class Writers:
         return round(max(gaps), 2)
 
 
-async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: str, wait: int) -> dict[str, Any]:
+async def _drive(
+    cluster: LocalCluster, server: UserServer, key: str, prefix: str, fault: str, wait: int
+) -> dict[str, Any]:
     primaries = cluster.primary_ports()
     victim = next(p for p in primaries if p != cluster.ports[0])
     target = next(p for p in primaries if p not in (victim, cluster.ports[0]))
@@ -315,12 +345,13 @@ async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: 
     shard_of = stream_ids(prefix, slots, STREAMS_PER_SHARD)
     moved = groups[target] if fault == "slot_migration" else []
     nodes_of = {sid: [*groups[p], *(moved if p == victim else [])] for sid, p in shard_of.items()}
-    writers = Writers(server.url, prefix, wait, shard_of, nodes_of)
+    ctx = Context(cluster, server, victim, target)
+    writers = Writers(server.url, key, prefix, wait, ctx.struck, shard_of, nodes_of)
     await writers.create()
     task = asyncio.create_task(writers.run())
     await asyncio.sleep(STEADY_S)
     t0 = time.monotonic()
-    await asyncio.to_thread(FAULTS[fault], Context(cluster, server, victim, target))
+    await asyncio.to_thread(FAULTS[fault], ctx)
     fault_s = time.monotonic() - t0
     served = set(cluster.slots_of(target))  # the migration's proof: the victim's streams are on the target now
     moved = sum(
@@ -340,9 +371,17 @@ async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: 
             total.update(writers.statuses[sid])
         return dict(total)
 
-    short = [a for a in writers.acks if a.holders < wait]
+    short = [a for a in writers.acks if a.holders < 1 + wait and not a.unverifiable]
     examples = [
-        {"victim": shard_of[a.sid] == victim, "seq": a.seq, "retry": a.retry, "at_s": round(a.at - t0, 2), **a.seen}
+        {
+            "victim": shard_of[a.sid] == victim,
+            "seq": a.seq,
+            "duplicate": a.duplicate,
+            "retry": a.retry,
+            "sent_s": round(a.sent - t0, 2),
+            "at_s": round(a.at - t0, 2),
+            **a.seen,
+        }
         for a in short[:5]
     ]
     return {
@@ -351,7 +390,8 @@ async def _drive(cluster: LocalCluster, server: UserServer, prefix: str, fault: 
         "acks_on_retry": sum(a.retry for a in writers.acks),
         "acks_without_promised_replicas": len(short),
         "of_them_on_retry": sum(a.retry for a in short),
-        "acks_not_on_a_replica": sum(a.holders == 0 for a in writers.acks),
+        "acks_on_one_node": sum(a.holders <= 1 and not a.unverifiable for a in writers.acks),
+        "acks_unverifiable": sum(a.holders < 1 + wait and a.unverifiable for a in writers.acks),
         "outage_victim_s": writers.outage(on_victim, end),
         "outage_healthy_s": writers.outage(healthy, end),
         "answers_victim": answers(on_victim),
@@ -369,16 +409,17 @@ def run_case(
     ``cluster-require-full-coverage``); every process is stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="cluster-faults-", dir=base_dir) as tmp:
         with LocalCluster(tmp, replicas=replicas, full_coverage=full_coverage) as cluster:
-            prefix = f"cf-{uuid.uuid4().hex[:8]}"
+            prefix, key = f"cf-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
             env = {
                 "MPFLOW_REDIS_URL": cluster.url,
                 "MPFLOW_REDIS_PREFIX": prefix,
                 "MPFLOW_REDIS_WAIT_REPLICAS": str(wait),
                 "MPFLOW_LOG_LEVEL": "WARNING",
+                "MPFLOW_API_KEYS": f"default:{key}",
             }
             with UserServer(env, Path(tmp) / "service.log", args=["--workers", "1"]) as server:
                 server.start()
-                result = asyncio.run(_drive(cluster, server, prefix, fault, wait))
+                result = asyncio.run(_drive(cluster, server, key, prefix, fault, wait))
         return {"fault": fault, "wait": wait, "replicas": replicas, "full_coverage": full_coverage, **result}
 
 
