@@ -10,6 +10,8 @@ keys, and its event channel, live in one slot and a Lua script may touch them al
     <p>:{<tenant>:<stream_id>}:history list: the per-step history, one JSON entry per applied step, oldest first,
                                       capped to the last ``history_steps`` (``MPFLOW_HISTORY_STEPS``); it exists
                                       from the first update on (:mod:`mpflow.service.history`)
+    <p>:{<tenant>:<stream_id>}:ack    never left set: what a script that changes nothing writes (set and
+                                      deleted at once) so that ``WAIT`` covers it ("Replica acknowledgement")
     <p>:tenant:<tenant>:streams       sorted set, the tenant's listing index (see below); one key, so any
                                       command on it is single-slot
     <p>:readyz                        string: what ``/readyz`` writes to check that the store takes writes
