@@ -414,7 +414,7 @@ class StreamStore:
 
     def history_key(self, tenant: str, stream_id: str) -> str:
         """The key of a stream's per-step history (same hash tag, so the same slot, as its other keys)."""
-        return self._keys(tenant, stream_id)[0].removesuffix(":meta") + ":history"
+        return self._script_keys(tenant, stream_id)[2]
 
     def _script_keys(self, tenant: str, stream_id: str) -> list[str]:
         """The write scripts' KEYS: meta, state, history and the scratch key of ``_NO_CHANGE`` (never left set)."""
