@@ -35,6 +35,7 @@ from mpflow.service.engine import UpdateEngine
 from mpflow.service.methods import check_method_options
 from mpflow.service.metrics import Metrics
 from mpflow.service.middleware import AuthGate, BodyLimit, Observe
+from mpflow.service.replication import DegradedShards
 from mpflow.service.settings import Settings
 from mpflow.service.stepping import row_views
 from mpflow.service.store import StoreUnavailable, StreamStore
@@ -77,6 +78,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await engine.start()
     await asyncio.to_thread(app.state.operators.load)
     app.state.store = store
+    app.state.degraded = DegradedShards(
+        lambda: store.client, settings.redis_wait_replicas, app.state.metrics.degraded_shards.set
+    )
     reachable = await store.ping()
     # the dashboard's live feeds: a connection pool of their own (in the store's mode, once that is known)
     app.state.feeds = Feeds(url, cluster=store.cluster if reachable else None, per_tenant=settings.max_feeds_per_tenant)

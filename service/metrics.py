@@ -9,6 +9,9 @@ benchmarks can build many apps in one process).
 ``mpflow_batch_size``                       histogram streams per operator call (micro-batch size)
 ``mpflow_streams``                          gauge     streams in the store (refreshed at each scrape)
 ``mpflow_store_errors_total``               counter   requests that found the store unreachable
+``mpflow_store_degraded_shards``            gauge     primaries with fewer replicas in sync than
+                                                      ``MPFLOW_REDIS_WAIT_REPLICAS`` needs (their writes
+                                                      answer 503; :mod:`mpflow.service.replication`)
 ``mpflow_update_fallbacks_total``           counter   family, method, fallback — steps whose method failed
                                                       numerically and were computed by ``fallback``
                                                       (``none``: every fall-back failed too, 422); like
@@ -107,6 +110,13 @@ class Metrics:
         self.streams = Gauge("mpflow_streams", "streams in the store", multiprocess_mode="mostrecent", registry=r)
         self.store_errors = Counter(
             "mpflow_store_errors_total", "requests that found the store unreachable", registry=r
+        )
+        # set at each look at the store's replicas (/readyz, /metrics): like mpflow_streams, the latest look counts
+        self.degraded_shards = Gauge(
+            "mpflow_store_degraded_shards",
+            "primaries with fewer replicas in sync than MPFLOW_REDIS_WAIT_REPLICAS needs (their writes answer 503)",
+            multiprocess_mode="mostrecent",
+            registry=r,
         )
         self.fallbacks = Counter(
             "mpflow_update_fallbacks_total",

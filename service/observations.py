@@ -73,6 +73,9 @@ class Observations:
             meta, data = await views.read(self.store, tenant, stream_id)
             step = int(meta["step"])
             if check_seq(req.seq, n, step) is Seq.DUPLICATE:
+                # a duplicate acknowledges the write it found: only once that is on the replicas WAIT asks for
+                if not await self.store.confirm(tenant, stream_id, int(meta["version"])):
+                    return None  # the stream changed since the read: read again
                 summary, samples = await self.work.run(
                     meta, views.summary_and_draws, meta, data, req.return_samples, draws=req.return_samples
                 )

@@ -327,18 +327,23 @@ async def healthz() -> Response:
 @ops.get("/readyz", response_model=Readiness, responses={503: {"model": ErrorResponse, "description": "not ready"}})
 async def readyz(request: Request) -> Response:
     """Ready when the state store takes a write now (a small one, acknowledged as updates are) and the operators
-    are loaded."""
+    are loaded. `degraded_shards`: the store's primaries with fewer replicas in sync than
+    MPFLOW_REDIS_WAIT_REPLICAS needs (their streams' writes answer 503 until replicas are back); only with
+    MPFLOW_REDIS_WAIT_REPLICAS > 0."""
     store_ok = await request.app.state.store.writable()
     ops_ok = bool(request.app.state.operators.loaded)
+    # the shards whose writes answer 503 for want of replicas: named, without taking the replica out (the others serve)
+    watch = request.app.state.degraded
+    degraded = {"degraded_shards": sorted(await watch.look())} if watch.needed else {}
     if store_ok and ops_ok:
-        return JSONResponse({"status": "ready", "store": True, "operators": True})
+        return JSONResponse({"status": "ready", "store": True, "operators": True, **degraded})
     missing = [
         what
         for what, ok in (("the state store does not take writes", store_ok), ("operators are not loaded", ops_ok))
         if not ok
     ]
     body = error_body("not_ready", "; ".join(missing))
-    return JSONResponse({**body, "store": store_ok, "operators": ops_ok}, status_code=503)
+    return JSONResponse({**body, "store": store_ok, "operators": ops_ok, **degraded}, status_code=503)
 
 
 @ops.get(
@@ -358,6 +363,7 @@ async def metrics(request: Request) -> Response:
     # a scrape never fails because the store is down: the gauge keeps its last value
     with contextlib.suppress(Exception):
         state.metrics.streams.set(await asyncio.wait_for(state.store.count(), 2.0))
+    await state.degraded.look()  # sets mpflow_store_degraded_shards; never raises
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -672,6 +672,9 @@ class Readiness(BaseModel):
     status: str
     store: bool
     operators: bool
+    degraded_shards: list[str] = Field(
+        default=[], description="primaries with fewer replicas in sync than MPFLOW_REDIS_WAIT_REPLICAS needs"
+    )
 
 
 __all__ = [

@@ -8,7 +8,7 @@ bad value fails at start with a message naming the field.
   node of a Redis Cluster works too: the service asks the node and then uses the whole cluster.
 - ``redis_wait_replicas``: ``N > 0`` acknowledges a write (create, update, delete) only once N replicas have it
   (Redis ``WAIT``, up to ``redis_wait_timeout_ms``, below the store's 5 s command timeout; fewer in time: 503
-  ``store_outcome_unknown``). 0 (default):
+  ``store_outcome_unknown``), and so every answer that acknowledges one (a retried ``duplicate`` too). 0 (default):
   acknowledged once the primary has it — a failover may then lose the writes its replica had not received.
 - ``api_keys``: ``"tenantA:key1,tenantB:key2"``; empty means open (no auth, one tenant).
 - ``operator_dirs``: extra folders of trained operators, separated by ``,`` or the OS path separator.

@@ -10,6 +10,8 @@ keys, and its event channel, live in one slot and a Lua script may touch them al
     <p>:{<tenant>:<stream_id>}:history list: the per-step history, one JSON entry per applied step, oldest first,
                                       capped to the last ``history_steps`` (``MPFLOW_HISTORY_STEPS``); it exists
                                       from the first update on (:mod:`mpflow.service.history`)
+    <p>:{<tenant>:<stream_id>}:ack    never left set: what a script that changes nothing writes (set and
+                                      deleted at once) so that ``WAIT`` covers it ("Replica acknowledgement")
     <p>:tenant:<tenant>:streams       sorted set, the tenant's listing index (see below); one key, so any
                                       command on it is single-slot
     <p>:readyz                        string: what ``/readyz`` writes to check that the store takes writes
@@ -36,6 +38,17 @@ carries the stream's hash tag, so the script stays single-slot and the event sta
 Replica acknowledgement (``wait_replicas = N > 0``): every write (create, compare-and-set, delete) is followed on
 its connection by ``WAIT N wait_timeout_ms`` and acknowledged only when N replicas have it; otherwise the write
 is on the primary only and :class:`StoreOutcomeUnknown` is raised (:func:`mpflow.service.redis_conn.run_acknowledged`).
+So is every answer that acknowledges a write without making one — a ``duplicate`` (:meth:`StreamStore.confirm`), a
+create that finds the stream, a delete that finds none (what a client retrying after a 503 is told). Those scripts
+write too, something that changes nothing (``_NO_CHANGE``: a scratch key of the stream's slot set and deleted),
+because ``WAIT`` proves nothing about another connection's writes: Redis keeps, per connection, the replication
+offset after that connection's last write and waits for the replicas to reach it — a connection that wrote nothing
+waits for offset 0, which every connected replica has. The no-change write's offset lies past every write the
+primary ran before it, the acknowledged one included (the script sees it there), and a replica at that offset
+holds the primary's data as of then (one ordered replication stream). The script checks the stream on the same
+node in the same atomic step: a failover between the service's read and the proof that lost the write shows as
+a changed version (``confirm`` answers ``False``: read again, and the step is applied anew), never as a proof
+from a primary that does not have it. Measured in ``benchmarks/cluster_faults.py``.
 
 Listing index (decision). A sorted set per tenant, all scores 0, members ``<created_ms, 15 digits>:<stream_id>``
 and range queries by lex order: this orders streams by creation time, breaks ties by id, and a page
@@ -95,10 +108,14 @@ _PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # fields the store owns: callers' values for these are ignored
 _RESERVED = ("version", "_index")
 
-# KEYS: meta, state, history. ARGV: ttl, state bytes, field, value, ... Answers 1, or the existing stream's index
-# member. A new stream starts without history (none of an earlier stream of the same id is kept).
-_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HGET', KEYS[1], '_index') or '' end
+# What a script writes when it changes nothing, so that the WAIT after it still covers every write before it:
+# a scratch key of the stream's slot (KEYS[4]) set and deleted (module docstring, "Replica acknowledgement")
+_NO_CHANGE = "redis.call('SET', KEYS[4], '1') redis.call('DEL', KEYS[4])"
+
+# KEYS: meta, state, history, scratch. ARGV: ttl, state bytes, field, value, ... Answers 1, or the existing
+# stream's index member. A new stream starts without history (none of an earlier stream of the same id is kept).
+_CREATE = f"""
+if redis.call('EXISTS', KEYS[1]) == 1 then {_NO_CHANGE} return redis.call('HGET', KEYS[1], '_index') or '' end
 redis.call('DEL', KEYS[3])
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -141,11 +158,19 @@ _GET = """
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2])}
 """
 
-# KEYS: meta, state, history. Answers the deleted stream's index member, or 0 when there was none.
-_DELETE = """
+# KEYS: meta, state, history, scratch. Answers the deleted stream's index member, or 0 when there was none.
+_DELETE = f"""
 local idx = redis.call('HGET', KEYS[1], '_index')
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+if redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) == 0 then {_NO_CHANGE} end
 return idx or 0
+"""
+
+# KEYS: meta, _, _, scratch. ARGV: the version the caller read. Answers 1 when the stream is still at that version,
+# else 0 (another write came, or a failover lost the one read); a write that changes nothing either way.
+_CONFIRM = f"""
+{_NO_CHANGE}
+if redis.call('HGET', KEYS[1], 'version') == ARGV[1] then return 1 end
+return 0
 """
 
 # KEYS: meta, history. ARGV: how many of the latest entries. Answers false for no stream, else {its step (JSON;
@@ -320,6 +345,7 @@ class StreamStore:
         self._create = client.register_script(_CREATE)
         self._cas = client.register_script(_CAS.replace("'PUBLISH'", f"'{publish}'"))
         self._delete = client.register_script(_DELETE)
+        self._confirm = client.register_script(_CONFIRM)
         self._get = client.register_script(_GET)
         self._history = client.register_script(_HISTORY)
         self._probe = client.register_script(_PROBE)
@@ -398,7 +424,13 @@ class StreamStore:
 
     def history_key(self, tenant: str, stream_id: str) -> str:
         """The key of a stream's per-step history (same hash tag, so the same slot, as its other keys)."""
-        return self._keys(tenant, stream_id)[0].removesuffix(":meta") + ":history"
+        return self._script_keys(tenant, stream_id)[2]
+
+    def _script_keys(self, tenant: str, stream_id: str) -> list[str]:
+        """The write scripts' KEYS: meta, state, history and the scratch key of ``_NO_CHANGE`` (never left set)."""
+        meta_key, state_key = self._keys(tenant, stream_id)
+        tag = meta_key.removesuffix(":meta")
+        return [meta_key, state_key, f"{tag}:history", f"{tag}:ack"]
 
     def _index(self, tenant: str) -> str:
         _check_name("tenant", tenant)
@@ -406,8 +438,8 @@ class StreamStore:
 
     # ------------------------------------------------------------------ operations
     async def create(self, tenant: str, stream_id: str, meta: dict[str, Any], state_bytes: bytes, ttl: int) -> bool:
-        """Write a new stream at version 1; ``False`` (nothing written) if ``stream_id`` exists."""
-        meta_key, state_key = self._keys(tenant, stream_id)
+        """Write a new stream at version 1; ``False`` (nothing written) if ``stream_id`` exists — an answer that,
+        with replica acknowledgement, also waits until the existing stream is on the replicas."""
         index = self._index(tenant)
         member = f"{time.time_ns() // 1_000_000:015d}:{stream_id}"
         fields = [*_encode_fields(meta), "version", "1", "_index", member]
@@ -415,8 +447,7 @@ class StreamStore:
         await self._decided()
         async with _guard(write=True):
             await self.client.zadd(index, {member: 0})  # first: the index never misses a stored stream
-            keys = [meta_key, state_key, self.history_key(tenant, stream_id)]
-            result = await self._write(self._create, keys, args)
+            result = await self._write(self._create, self._script_keys(tenant, stream_id), args)
             if result == 1:
                 return True
             if result != member.encode():  # the id exists: our member goes (unless it is the existing stream's)
@@ -467,6 +498,18 @@ class StreamStore:
         async with _guard(write=True):
             return bool(await self._write(self._cas, keys, args))
 
+    async def confirm(self, tenant: str, stream_id: str, version: int) -> bool:
+        """Whether the stream is still at ``version``, the one a reader saw, once that is on the replicas: what a
+        ``duplicate`` answer needs before it acknowledges the write it found (module docstring). ``True`` at once
+        without replica acknowledgement; ``False``: read again (a write came since, or a failover lost the one
+        read); :class:`StoreOutcomeUnknown` when too few replicas have it."""
+        if not self.wait_replicas:
+            return True
+        keys = self._script_keys(tenant, stream_id)
+        await self._decided()
+        async with _guard(write=True):
+            return bool(await self._write(self._confirm, keys, [str(version)]))
+
     async def history(self, tenant: str, stream_id: str, limit: int) -> tuple[int | None, list[bytes]] | None:
         """``(step, entries)``: the stream's ``step`` meta field and its latest ``limit`` history entries (encoded,
         oldest first), read by one script (a consistent pair); ``None`` for no stream."""
@@ -482,12 +525,12 @@ class StreamStore:
         return json.loads(step), list(entries)
 
     async def delete(self, tenant: str, stream_id: str) -> bool:
-        """Remove a stream (its keys, history included, and its index entry); ``False`` if it did not exist."""
-        meta_key, state_key = self._keys(tenant, stream_id)
+        """Remove a stream (its keys, history included, and its index entry); ``False`` if it did not exist — an
+        answer that, with replica acknowledgement, also waits until its absence is on the replicas."""
         index = self._index(tenant)
         await self._decided()
         async with _guard(write=True):
-            member = await self._write(self._delete, [meta_key, state_key, self.history_key(tenant, stream_id)], [])
+            member = await self._write(self._delete, self._script_keys(tenant, stream_id), [])
             if not member:
                 return False
             await self.client.zrem(index, member)  # after: the index never misses a stored stream

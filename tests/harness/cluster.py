@@ -7,7 +7,8 @@ promoted within about a second), joins them with ``redis-cli --cluster create ..
 also when the body raised — every node is killed and its directory removed. ``cluster.url`` is one node's
 ``redis://`` URL: what ``MPFLOW_REDIS_URL`` is set to (the service finds the rest of the cluster from it).
 
-Faults, for the fault script: :meth:`LocalCluster.kill` (SIGKILL a node), :meth:`LocalCluster.wait_promoted`
+Faults, for the fault script: :meth:`LocalCluster.kill` (SIGKILL a node), :meth:`LocalCluster.pause` and
+:meth:`LocalCluster.resume` (SIGSTOP, SIGCONT), :meth:`LocalCluster.wait_promoted`
 (a replica took over the killed primary's slots), :meth:`LocalCluster.restart` (the killed node rejoins, as a
 replica), :meth:`LocalCluster.reshard` (``redis-cli --cluster reshard``: move slots between primaries while
 clients run) and :meth:`LocalCluster.keys_per_primary`.
@@ -63,13 +64,22 @@ def _free_node_port(taken: set[int]) -> int:
 class LocalCluster:
     """``primaries`` primaries with ``replicas`` replicas each on 127.0.0.1 (module docstring)."""
 
-    def __init__(self, base_dir: str | os.PathLike[str] | None = None, primaries: int = 3, replicas: int = 1):
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        primaries: int = 3,
+        replicas: int = 1,
+        full_coverage: bool = True,
+    ):
         found = cluster_binaries()
         if found is None:
             raise RuntimeError("a local Redis Cluster needs redis-server >= 7 and redis-cli on PATH")
         self.server_bin, self.cli_bin = found
         self.base_dir = Path(base_dir) if base_dir else None
         self.primaries, self.replicas = primaries, replicas
+        #: Redis' ``cluster-require-full-coverage``: ``True`` (its default) stops every node's queries while any slot
+        #: has no primary (during a failover), ``False`` lets the other shards serve on
+        self.full_coverage = full_coverage
         self.ports: list[int] = []
         self.procs: dict[int, subprocess.Popen] = {}
         self._dir: Path | None = None
@@ -129,6 +139,7 @@ class LocalCluster:
             "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
             "--repl-diskless-sync-delay", "0",  # a replica's first sync at once (Redis waits 5 s for others)
             "--appendonly", "no",
             "--save", "",
@@ -237,6 +248,35 @@ class LocalCluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node: it holds its connections and answers nothing (a stalled VM or a long GC pause)."""
+        os.killpg(self.procs[port].pid, signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        """SIGCONT a paused node: it runs on with what it had, and learns from the others what changed meanwhile."""
+        os.killpg(self.procs[port].pid, signal.SIGCONT)
+
+    def replica_ports(self, primary: int) -> list[int]:
+        """The ports of the nodes that replicate the primary on ``primary`` (as a live node sees the cluster)."""
+        with self.node(self.alive()[0]) as r:
+            nodes = r.cluster("nodes")
+        ids = {n["node_id"]: int(addr.split(":")[1].split("@")[0]) for addr, n in nodes.items()}
+        return [
+            int(addr.split(":")[1].split("@")[0])
+            for addr, n in nodes.items()
+            if "slave" in n.get("flags", "") and ids.get(n.get("master_id")) == primary
+        ]
+
+    def slots_of(self, primary: int) -> list[int]:
+        """The hash slots the primary on ``primary`` serves, in order."""
+        with self.node(primary) as r:
+            nodes = r.cluster("nodes")
+        mine = next(n for n in nodes.values() if "myself" in n.get("flags", ""))
+        slots: list[int] = []
+        for start, end in (map(int, s) for s in mine["slots"]):
+            slots.extend(range(start, end + 1))
+        return slots
 
     def wait_promoted(self, dead_port: int, timeout: float = 30.0) -> None:
         """Until the cluster is ok again without ``dead_port`` serving slots (its replica took over)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from mpflow.service.replication import REFRESH_S, DegradedShards
 from mpflow.service.settings import Settings
 from mpflow.service.store import StoreOutcomeUnknown, StreamStore
 
@@ -183,12 +184,24 @@ def test_replica_acknowledgement(redis_cluster):
     asyncio.run(main())
 
 
+async def _degraded_until(watch: DegradedShards, done: Any, timeout: float = 20.0) -> bool:
+    """Look at the shards (once per ``REFRESH_S``) until ``done(degraded)``; whether it came in time."""
+    deadline = time.monotonic() + timeout
+    while not done(await watch.look()):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(REFRESH_S)
+    return True
+
+
 @pytest.mark.skipif(cluster_binaries() is None, reason="needs redis-server >= 7 and redis-cli")
 def test_failover_keeps_acknowledged_writes_and_readiness_follows(tmp_path):
     """The primary of the readiness key SIGKILLed: writes acknowledged with ``wait_replicas=1`` survive on the
     promoted replica. The store takes no acknowledged write (``/readyz`` false) while the slot has no primary,
     nor once the replica took over alone (no replica left to acknowledge); when the killed node is back (it
-    rejoins as the new primary's replica) the same store — not restarted — is writable again."""
+    rejoins as the new primary's replica) the same store — not restarted — is writable again. Meanwhile the
+    promoted replica is named as a degraded shard (a primary without the replica ``WAIT`` 1 needs), and no longer
+    once the killed node is back."""
     prefix = f"mpflowtest-{uuid.uuid4().hex}"
     with LocalCluster(tmp_path) as cluster:
 
@@ -199,10 +212,14 @@ def test_failover_keeps_acknowledged_writes_and_readiness_follows(tmp_path):
                     assert await store.create("t", f"s{i}", {"step": 0}, b"x", 600)
                     assert await store.compare_and_set("t", f"s{i}", 1, {"step": 1}, b"y", 600)
                 victim = store.client.get_node_from_key(f"{prefix}:readyz").port
+                watch, before = DegradedShards(lambda: store.client, 1), set(cluster.primary_ports())
+                assert await watch.look() == {}
                 cluster.kill(victim)
                 assert not await store.writable()
                 await asyncio.to_thread(cluster.wait_promoted, victim)
                 assert not await store.writable()  # a primary alone: nothing can be acknowledged
+                replacement = next(p for p in cluster.primary_ports() if p not in before)
+                assert await _degraded_until(watch, lambda found: f"127.0.0.1:{replacement}" in found)
                 for i in range(24):  # every acknowledged write is on the primaries now
                     meta, state = await store.get("t", f"s{i}")
                     assert (meta["version"], meta["step"], state) == (2, 1, b"y")
@@ -214,6 +231,7 @@ def test_failover_keeps_acknowledged_writes_and_readiness_follows(tmp_path):
                     assert time.monotonic() < deadline, "the store never became writable after the failover"
                     await asyncio.sleep(0.1)
                 assert await store.compare_and_set("t", "s0", 2, {"step": 2}, b"z", 600)
+                assert await _degraded_until(watch, lambda found: found == {})
             finally:
                 await store.aclose()
 

@@ -1,0 +1,426 @@
+"""Faults of a real local Redis Cluster under sequential writers, checked as Jepsen would: one case of
+``benchmarks/cluster_faults.py`` (the matrix) and ``tests/reliability/test_cluster_faults.py`` (its must-show rows).
+
+A case (:func:`run_case`): a fresh :class:`~tests.harness.cluster.LocalCluster` (3 primaries, ``replicas`` each,
+``cluster-node-timeout`` 1 s) and ``python -m mpflow serve --workers 1`` pointed at one node with
+``MPFLOW_REDIS_WAIT_REPLICAS = wait`` (timeout 1000 ms, the default). ``STREAMS_PER_SHARD`` streams live on each
+primary; those of the *victim* primary (never the URL's node) on its lowest slots, the ones ``redis-cli --cluster
+reshard`` moves first. Each stream has one sequential writer that does what docs/API.md says: the next ``seq``;
+after a 503 or a lost connection the same ``seq`` again until 200 (a ``duplicate`` 200 acknowledges too); a 409
+``seq_conflict`` means the stream is behind what was acknowledged — lost steps, counted — and it carries on from
+the stream's step. After ``STEADY_S`` s of load the fault (:data:`FAULTS`) runs, then ``AFTER_S`` s more.
+
+What is checked, over every answer:
+
+* **acknowledged**: the highest ``seq`` answered 200, summed over streams; **stored**: the streams' steps at the end;
+* **lost**: acknowledged steps a stream no longer had (at a 409, or at the end); **doubled**: steps beyond the
+  highest ``seq`` sent, or an applied (not ``duplicate``) answer whose step is not its ``seq``;
+* **without the promised replicas**: acknowledgments (first answers and retries alike) of which, read right after
+  the answer from every node of the stream's shard (``READONLY``, the stream's ``step``), fewer than ``1 + wait``
+  nodes hold the step — the primary and the ``wait`` replicas ``WAIT`` promises. Copies are counted whatever the
+  node's role by then: a replica that acknowledged may have been promoted since (a paused primary that wakes before
+  it learns of its replacement runs the writes it was sent and, with ``WAIT 1``, acknowledges them only with its
+  replica's — the new primary's — acknowledgment). **On one node**: those that one node alone holds (what ``WAIT 0``
+  risks in a failover: Redis replicates asynchronously). A node that is down or paused holds nothing for anyone; a
+  node that answers but cannot serve the read yet (the cluster down for a moment, loading a resync, a slot not its
+  own) is asked again, every 0.1 s for up to 2 s. **Unverifiable**: short acknowledgments for which a node that did
+  not answer was killed or paused after the request was sent — it may have acknowledged just before;
+* **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aredis
+from redis import exceptions as redis_errors
+from redis.crc import key_slot
+
+from tests.harness.cluster import LocalCluster
+from tests.harness.server import UserServer
+
+STREAM = {
+    "model": {"family": "linear_gaussian", "params": {}},
+    "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},
+    "method": "kalman",
+}
+STREAMS_PER_SHARD = 2
+STEADY_S = 2.0
+AFTER_S = 2.0
+#: how long a killed node stays down after the cluster settled without it (so writers meet the degraded shard)
+DOWN_S = 3.0
+#: the victim's lowest slots that the migration moves (the victim's streams live there)
+MIGRATED_SLOTS = 200
+#: how long the replica check waits for one node's answer (a longer wait: it is paused)
+CHECK_TIMEOUT_S = 2.0
+#: a node that answered the check with an error (cluster down, loading, a slot not its own yet) is asked again
+RECHECK_S, RECHECKS = 0.1, 20
+
+
+@dataclass
+class Context:
+    """What a fault acts on."""
+
+    cluster: LocalCluster
+    server: UserServer
+    victim: int
+    target: int
+    #: node port -> when it was killed or paused (the check's judge of a replica that died after it acknowledged)
+    struck: dict[int, float] = field(default_factory=dict)
+
+    def strike(self, port: int, how: Any) -> None:
+        self.struck[port] = time.monotonic()
+        how(port)
+
+
+def primary_kill(ctx: Context) -> None:
+    """SIGKILL the victim primary; once its replica took over, ``DOWN_S`` s more; then it restarts (empty: no
+    persistence here) and rejoins as the new primary's replica."""
+    ctx.strike(ctx.victim, ctx.cluster.kill)
+    ctx.cluster.wait_promoted(ctx.victim)
+    time.sleep(DOWN_S)
+    ctx.cluster.restart(ctx.victim)
+    ctx.cluster.wait_ok()
+
+
+def primary_pause(ctx: Context) -> None:
+    """SIGSTOP the victim primary until a replica took over its slots, 1 s more, then SIGCONT: it comes back
+    believing it is the primary, with whatever writes reached it, learns otherwise and rejoins as a replica."""
+    ctx.strike(ctx.victim, ctx.cluster.pause)
+    try:
+        deadline = time.monotonic() + 30
+        while ctx.victim in ctx.cluster.primary_ports():
+            assert time.monotonic() < deadline, "no replica took over the paused primary"
+            time.sleep(0.05)
+        time.sleep(1.0)
+    finally:
+        ctx.cluster.resume(ctx.victim)
+    ctx.cluster.wait_ok()
+
+
+def replica_kill(ctx: Context) -> None:
+    """SIGKILL one replica of the victim; ``DOWN_S`` s later it restarts and resyncs."""
+    replica = ctx.cluster.replica_ports(ctx.victim)[0]
+    ctx.strike(replica, ctx.cluster.kill)
+    time.sleep(DOWN_S)
+    ctx.cluster.restart(replica)
+    ctx.cluster.wait_ok()
+
+
+def slot_migration(ctx: Context) -> None:
+    """``redis-cli --cluster reshard``: the victim's lowest ``MIGRATED_SLOTS`` slots, streams and all, to another
+    primary."""
+    ctx.cluster.reshard([ctx.victim], ctx.target, MIGRATED_SLOTS)
+
+
+def server_restart(ctx: Context) -> None:
+    """SIGKILL the service mid-write (no shutdown) and start it again on its port."""
+    ctx.server.kill()
+    ctx.server.start()
+
+
+FAULTS = {
+    "primary_kill": primary_kill,
+    "primary_pause": primary_pause,
+    "replica_kill": replica_kill,
+    "slot_migration": slot_migration,
+    "server_restart": server_restart,
+}
+
+
+def stream_ids(prefix: str, slots_by_shard: dict[int, list[int]], per_shard: int) -> dict[str, int]:
+    """``{stream id: its shard's primary port}``: ``per_shard`` random ids whose keys fall in each shard's given
+    slots (the key is ``<prefix>:{default:<id>}:meta``: the service knows one API key, of tenant ``default``)."""
+    out: dict[str, int] = {}
+    for port, slots in slots_by_shard.items():
+        wanted, found = set(slots), 0
+        while found < per_shard:
+            sid = f"cf-{uuid.uuid4().hex[:10]}"
+            if key_slot(f"{prefix}:{{default:{sid}}}:meta".encode()) in wanted:
+                out[sid], found = port, found + 1
+    return out
+
+
+def _copies(seen: dict[int, str]) -> int:
+    """How many nodes hold the acknowledged step, whatever their role now (a replica that acknowledged may have been
+    promoted since; a paused primary's copy made with ``WAIT 1`` had a replica's acknowledgment)."""
+    return sum(said.startswith("holds") for said in seen.values())
+
+
+@dataclass
+class Ack:
+    sid: str
+    seq: int
+    duplicate: bool
+    retry: bool  # not the first request of this seq
+    sent: float  # time.monotonic() of the request
+    at: float  # time.monotonic() of the answer
+    holders: int = -1  # nodes that held it (its primary, replicas), read right after (-1: not read yet)
+    unverifiable: bool = False  # a node that did not answer was killed or paused after the request was sent
+    seen: dict[int, str] = field(default_factory=dict)  # per node: "holds", "behind", "primary", or the error
+
+
+@dataclass
+class Writers:
+    """The sequential writers and their history (module docstring)."""
+
+    url: str
+    key: str  # the API key of tenant ``default``: a stranger's server on a reused port answers 401, not our streams
+    prefix: str
+    wait: int  # the replicas each acknowledgment promises
+    struck: dict[int, float]  # the fault's nodes killed or paused, and when
+    shard_of: dict[str, int]  # stream -> the port of its primary at the start
+    nodes_of: dict[str, list[int]]  # stream -> the nodes that may replicate it during the case
+    acked: dict[str, int] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    ack_times: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+    acks: list[Ack] = field(default_factory=list)
+    statuses: dict[str, collections.Counter] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
+    lost: int = 0
+    misapplied: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._checks: list[asyncio.Task] = []
+        self._nodes: dict[int, aredis.Redis] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30, headers={"authorization": f"Bearer {self.key}"})
+
+    async def create(self) -> None:
+        async with self._client() as client:
+            for sid in self.shard_of:
+                answer = await client.post("/v1/streams", json={**STREAM, "stream_id": sid})
+                assert answer.status_code == 201, answer.text
+                self.acked[sid] = self.sent[sid] = 0
+                self.ack_times[sid].append(time.monotonic())
+
+    async def run(self) -> None:
+        async with self._client() as client:
+            await asyncio.gather(*(self._writer(client, sid) for sid in self.shard_of))
+        await asyncio.gather(*self._checks)
+        for node in self._nodes.values():
+            await node.aclose()
+
+    async def _writer(self, client: httpx.AsyncClient, sid: str) -> None:
+        seq, tries = 1, 0
+        while not self._stop.is_set():
+            self.sent[sid] = max(self.sent[sid], seq)
+            body = {"seq": seq, "observations": [[0.1 * (seq % 10), 0.2]]}
+            sent = time.monotonic()
+            try:
+                answer = await client.post(f"/v1/streams/{sid}/observations", json=body)
+            except httpx.HTTPError as exc:
+                self.statuses[sid][type(exc).__name__] += 1
+                tries += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.statuses[sid][str(answer.status_code)] += 1
+            if answer.status_code == 200:
+                doc = answer.json()
+                if not doc["duplicate"] and doc["step"] != seq:
+                    self.misapplied += 1
+                ack = Ack(sid, seq, bool(doc["duplicate"]), tries > 0, sent, time.monotonic())
+                self.acks.append(ack)
+                self._checks.append(asyncio.create_task(self._check(ack)))
+                self.acked[sid] = seq
+                self.ack_times[sid].append(time.monotonic())
+                seq, tries = seq + 1, 0
+            elif answer.status_code == 409 and answer.json()["error"]["code"] == "seq_conflict":
+                step = await self._step(client, sid)
+                self.lost += max(0, self.acked[sid] - step)
+                self.acked[sid] = step
+                seq, tries = step + 1, 0
+            else:  # 503: the same seq again
+                tries += 1
+                await asyncio.sleep(0.05)
+
+    async def _step(self, client: httpx.AsyncClient, sid: str) -> int:
+        while True:
+            with_answer = await client.get(f"/v1/streams/{sid}")
+            if with_answer.status_code == 200:
+                return int(with_answer.json()["step"])
+            await asyncio.sleep(0.05)
+
+    def _node(self, port: int) -> aredis.Redis:
+        if port not in self._nodes:
+            self._nodes[port] = aredis.Redis(  # one try, no retry: the node as it is right after the answer
+                host="127.0.0.1",
+                port=port,
+                socket_timeout=CHECK_TIMEOUT_S,
+                socket_connect_timeout=CHECK_TIMEOUT_S,
+                retry=None,
+            )
+        return self._nodes[port]
+
+    async def _holds(self, port: int, key: str, seq: int) -> str:
+        """What the node on ``port`` says now: ``holds`` (its copy of the stream is at ``seq`` or beyond) or
+        ``behind``, each with its role; ``down`` (refused), ``timeout`` (paused), or ``error ...`` when it answered
+        but could not serve the read (cluster down, loading, the slot not its own)."""
+        for attempt in (1, 2):  # a second, at once, on a new connection: the pooled one may predate a restart
+            try:
+                async with self._node(port).pipeline(transaction=False) as pipe:
+                    pipe.execute_command("READONLY").execute_command("ROLE").hget(key, "step")
+                    _, role, step = await pipe.execute(raise_on_error=False)
+                break
+            except redis_errors.BusyLoadingError:
+                return "error LOADING"
+            except (TimeoutError, redis_errors.TimeoutError):
+                return "timeout"
+            except (redis_errors.ConnectionError, ConnectionError, OSError):
+                if attempt == 2:
+                    return "down"
+        if isinstance(role, Exception) or isinstance(step, Exception):
+            return f"error {str(step if isinstance(step, Exception) else role).split(' ', 1)[0]}"
+        held = "holds" if isinstance(step, bytes) and int(step) >= seq else "behind"
+        if isinstance(role, list) and role and role[0] in (b"slave", "slave"):
+            return f"{held} (replica)"
+        return f"{held} (primary, {len(role[2]) if isinstance(role, list) and len(role) > 2 else '?'} replicas)"
+
+    async def _check(self, ack: Ack) -> None:
+        """Read every node of the stream's shard right after the answer; a node that answered an error is asked
+        again every ``RECHECK_S`` (at most ``RECHECKS`` times) until it serves the read, unless enough hold it."""
+        key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
+        ports = self.nodes_of[ack.sid]
+
+        async def ask(nodes: list[int]) -> dict[int, str]:
+            return dict(zip(nodes, await asyncio.gather(*(self._holds(p, key, ack.seq) for p in nodes)), strict=True))
+
+        seen = await ask(ports)
+        for _ in range(RECHECKS):
+            unanswered = [p for p, said in seen.items() if said.startswith("error")]
+            if not unanswered or _copies(seen) > self.wait:
+                break
+            await asyncio.sleep(RECHECK_S)
+            seen |= await ask(unanswered)
+        for port, said in seen.items():  # struck after the request was sent: it may have acknowledged first
+            if said in ("down", "timeout") and self.struck.get(port, float("inf")) > ack.sent:
+                seen[port] = f"{said}, struck after the request"
+        ack.seen = seen
+        ack.holders = _copies(seen)
+        ack.unverifiable = any(said.endswith("struck after the request") for said in seen.values())
+
+    async def final_check(self) -> dict[str, int]:
+        lost, doubled, stored = self.lost, self.misapplied, 0
+        async with self._client() as client:
+            for sid in self.shard_of:
+                step = await self._step(client, sid)
+                stored += step
+                lost += max(0, self.acked[sid] - step)
+                doubled += max(0, step - self.sent[sid])
+        return {"acknowledged": sum(self.acked.values()), "stored": stored, "lost": lost, "doubled": doubled}
+
+    def outage(self, sids: list[str], until: float) -> float:
+        """The longest time (s) one of ``sids`` went without an acknowledgment (up to ``until``)."""
+        gaps = [0.0]
+        for sid in sids:
+            times = [*self.ack_times[sid], until]
+            gaps += [b - a for a, b in itertools.pairwise(times)]
+        return round(max(gaps), 2)
+
+
+async def _drive(
+    cluster: LocalCluster, server: UserServer, key: str, prefix: str, fault: str, wait: int
+) -> dict[str, Any]:
+    primaries = cluster.primary_ports()
+    victim = next(p for p in primaries if p != cluster.ports[0])
+    target = next(p for p in primaries if p not in (victim, cluster.ports[0]))
+    groups = {p: [p, *cluster.replica_ports(p)] for p in primaries}
+    slots = {p: cluster.slots_of(p) for p in primaries}
+    slots[victim] = slots[victim][:MIGRATED_SLOTS]
+    shard_of = stream_ids(prefix, slots, STREAMS_PER_SHARD)
+    moved = groups[target] if fault == "slot_migration" else []
+    nodes_of = {sid: [*groups[p], *(moved if p == victim else [])] for sid, p in shard_of.items()}
+    ctx = Context(cluster, server, victim, target)
+    writers = Writers(server.url, key, prefix, wait, ctx.struck, shard_of, nodes_of)
+    await writers.create()
+    task = asyncio.create_task(writers.run())
+    await asyncio.sleep(STEADY_S)
+    t0 = time.monotonic()
+    await asyncio.to_thread(FAULTS[fault], ctx)
+    fault_s = time.monotonic() - t0
+    served = set(cluster.slots_of(target))  # the migration's proof: the victim's streams are on the target now
+    moved = sum(
+        key_slot(f"{prefix}:{{default:{sid}}}:meta".encode()) in served for sid, p in shard_of.items() if p == victim
+    )
+    await asyncio.sleep(AFTER_S)
+    writers.stop()
+    await task
+    end = time.monotonic()
+    counts = await writers.final_check()
+    on_victim = [sid for sid, p in shard_of.items() if p == victim]
+    healthy = [sid for sid, p in shard_of.items() if p != victim]
+
+    def answers(sids: list[str]) -> dict[str, int]:
+        total: collections.Counter = collections.Counter()
+        for sid in sids:
+            total.update(writers.statuses[sid])
+        return dict(total)
+
+    short = [a for a in writers.acks if a.holders < 1 + wait and not a.unverifiable]
+    examples = [
+        {
+            "victim": shard_of[a.sid] == victim,
+            "seq": a.seq,
+            "duplicate": a.duplicate,
+            "retry": a.retry,
+            "sent_s": round(a.sent - t0, 2),
+            "at_s": round(a.at - t0, 2),
+            **a.seen,
+        }
+        for a in short[:5]
+    ]
+    return {
+        **counts,
+        "acks": len(writers.acks),
+        "acks_on_retry": sum(a.retry for a in writers.acks),
+        "acks_without_promised_replicas": len(short),
+        "of_them_on_retry": sum(a.retry for a in short),
+        "acks_on_one_node": sum(a.holders <= 1 and not a.unverifiable for a in writers.acks),
+        "acks_unverifiable": sum(a.holders < 1 + wait and a.unverifiable for a in writers.acks),
+        "outage_victim_s": writers.outage(on_victim, end),
+        "outage_healthy_s": writers.outage(healthy, end),
+        "answers_victim": answers(on_victim),
+        "answers_healthy": answers(healthy),
+        "fault_s": round(fault_s, 1),
+        "victim_streams_moved": moved,
+        "short_examples": examples,
+    }
+
+
+def run_case(
+    fault: str, wait: int, replicas: int, full_coverage: bool = True, base_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """One case on a fresh cluster and server (module docstring; ``full_coverage``: Redis'
+    ``cluster-require-full-coverage``); every process is stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="cluster-faults-", dir=base_dir) as tmp:
+        with LocalCluster(tmp, replicas=replicas, full_coverage=full_coverage) as cluster:
+            prefix, key = f"cf-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+            env = {
+                "MPFLOW_REDIS_URL": cluster.url,
+                "MPFLOW_REDIS_PREFIX": prefix,
+                "MPFLOW_REDIS_WAIT_REPLICAS": str(wait),
+                "MPFLOW_LOG_LEVEL": "WARNING",
+                "MPFLOW_API_KEYS": f"default:{key}",
+            }
+            with UserServer(env, Path(tmp) / "service.log", args=["--workers", "1"]) as server:
+                server.start()
+                result = asyncio.run(_drive(cluster, server, key, prefix, fault, wait))
+        return {"fault": fault, "wait": wait, "replicas": replicas, "full_coverage": full_coverage, **result}
+
+
+__all__ = ["FAULTS", "run_case"]
