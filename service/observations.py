@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpflow.service import history, views
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.updaters import Updater
+from mpflow.service import costs, history, views
 from mpflow.service.dashboard.publish import update_event
 from mpflow.service.documents import now, observation_document
 from mpflow.service.engine import UpdateEngine
@@ -28,6 +30,23 @@ def check_samples(settings: Settings, n: int) -> None:
     """413 for more draws than ``max_samples_per_request``."""
     if n > settings.max_samples_per_request:
         raise too_large(f"n: at most {settings.max_samples_per_request} samples per request, got {n}")
+
+
+def check_work(
+    settings: Settings, meta: dict[str, Any], model: ModelFamily, updater: Updater, req: ObservationsRequest
+) -> None:
+    """413 before any tensor work for a step that integrates in too many sub-steps (its ``dt``) or a request over
+    the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations`` and how many fit."""
+    steps = costs.requested_steps(req.observations)
+    for i, (dt, _) in enumerate(steps):
+        costs.check_substeps(settings, model, dt, f"observations[{i}]")
+    n, d = int(meta["num_particles"]), model.state_dim
+    what = f"applying {len(steps)} steps to this {meta['method']} stream (N = {n}, d = {d})"
+
+    def cost(m: int) -> costs.Cost:
+        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples)
+
+    costs.check(settings, "observations", len(steps), cost, what)
 
 
 class Observations:
@@ -68,6 +87,7 @@ class Observations:
         # announce the n updates about to come, so the engine waits for them (and only for them)
         with self.engine.expect(n) as announced:
             meta, data = await views.read(self.store, tenant, stream_id)
+            costs.check_draws(self.settings, "return_samples", req.return_samples, meta)
             step = int(meta["step"])
             if check_seq(req.seq, n, step) is Seq.DUPLICATE:
                 summary, samples = await self.work.run(
@@ -78,6 +98,7 @@ class Observations:
                 model, updater = self.methods.resolve(meta)
             else:  # the first use of an operator loads it from disk
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)
+            check_work(self.settings, meta, model, updater, req)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
             applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced)
@@ -104,4 +125,4 @@ class Observations:
         return doc if stored else None
 
 
-__all__ = ["Observations", "check_samples"]
+__all__ = ["Observations", "check_samples", "check_work"]

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.operators.updaters import UPDATERS
+from mpflow.service import costs, views
 from mpflow.service import summary as summaries
-from mpflow.service import views
 from mpflow.service.creation import check_limits, check_state_names
 from mpflow.service.documents import document, now
 from mpflow.service.errors import invalid
@@ -209,6 +209,21 @@ class Snapshots:
         try:
             model = self.methods.model(stream["model"], d)
             updater = self.methods.updater(stream["method"], operator, stream["method_options"] or None)
+        except (OperatorUnavailableError, StreamExistsError):
+            raise
+        except Exception as exc:
+            raise _refuse(f"the stream does not validate on this server ({type(exc).__name__}: {exc})") from None
+        # the check step below (and every later one) within the cost model's budgets, before it runs
+        costs.check_substeps(self.settings, model, 1.0, None)
+        what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"
+        costs.check(
+            self.settings,
+            "num_particles",
+            n,
+            lambda m: costs.observations_cost(model, updater, m, [(1.0, None)], 0),
+            what,
+        )
+        try:
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
         except (OperatorUnavailableError, StreamExistsError):
             raise
