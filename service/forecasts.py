@@ -101,7 +101,8 @@ def check_work(
     costs.check_substeps(settings, model, dt, "")
     n = int(meta["num_particles"])
     what = f"a forecast of this {meta['method']} stream (N = {n}, d = {model.state_dim})"
-    costs.check(settings, "samples", samples, lambda m: costs.forecast_cost(model, updater, n, 1, dt, m), what)
+    if samples > 0:
+        costs.check(settings, "samples", samples, lambda m: costs.forecast_cost(model, updater, n, 1, dt, m), what)
     costs.check(settings, "steps", steps, lambda k: costs.forecast_cost(model, updater, n, k, dt, samples), what)
 
 
