@@ -54,6 +54,11 @@ class StepWork(NamedTuple):
     bytes: float
 
 
+#: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
+#: per-stream ``randn`` of n × d costs about as much as 30 n d multiply-adds)
+RANDN_FLOPS = 30.0
+
+
 class NonFiniteError(FloatingPointError):
     """An update produced NaN or infinite particles; the caller keeps the old state."""
 
@@ -253,13 +258,14 @@ class Updater:
         """One update of ``n`` particles of one stream under ``model``, a step of duration ``dt`` observing ``k``
         entries (None: the family's observation size). The default is a particle method's (``smc``): every
         particle's transition and likelihood (:meth:`ModelFamily.particle_flops`), the cloud's moments and a
-        Liu–West move (a few n d², a d³ factorisation), the step's model (:meth:`ModelFamily.step_model_flops`);
-        about eight float64 copies of the cloud and two of its predicted observations. Methods whose work
-        grows otherwise (iterations, pairs of particles, d³ algebra) override it."""
+        Liu–West move (a few n d², a d³ factorisation), n d normal draws (:data:`RANDN_FLOPS` each), the step's
+        model (:meth:`ModelFamily.step_model_flops`); about eight float64 copies of the cloud and two of its
+        predicted observations. Methods whose work grows otherwise (iterations, pairs of particles, d³ algebra)
+        override it."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
-        flops = n * model.particle_flops(dt, k) + 6.0 * n * d * d + 10.0 * d**3 + model.step_model_flops()
-        return StepWork(flops, 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
+        flops = n * (model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d) + 10.0 * d**3
+        return StepWork(flops + model.step_model_flops(), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """:meth:`forecast` by propagation: per horizon every particle's transition (all its sub-steps) and one

@@ -17,7 +17,7 @@ from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.kalman import kalman_predict
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import StepWork, Updater
+from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive, gaussian_predictive
 
 
@@ -68,10 +68,11 @@ class KalmanUpdater(Updater):
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """The Kalman predict and update in float64 (products and factorisations of d × d and k × k: about
-        30 d³ + 20 d² k + 10 k³) and n fresh draws of the Gaussian (2 n d²)."""
+        30 d³ + 20 d² k + 10 k³) and n fresh draws of the Gaussian (n d normal draws and 2 n d²)."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
-        flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + 2.0 * n * d * d + model.step_model_flops()
+        draws = n * d * (RANDN_FLOPS + 2.0 * d)
+        flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_model_flops()
         return StepWork(flops, 8.0 * (3 * n * d + 20 * (d + k) ** 2))
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
