@@ -17,7 +17,7 @@ does around them (a summary per step, the JSON answer) and compares the total wi
 
 The functions ``*_cost`` give a request's :class:`Cost` without refusing anything, so other parts of the service
 can weigh a job (:func:`share`: the fraction of the budget it uses, ≤ 1 for every accepted request; :func:`heavy`);
-:func:`check` refuses, with the largest value of the request's field that fits.
+:func:`check` refuses, with the largest value of the request's field that fits (:func:`largest`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from mpflow.service.settings import Settings
 #: bytes a number of a JSON answer costs while it is built: a Python float (24), its list slot (8) and its text
 #: with a separator (about 20)
 JSON_BYTES_PER_NUMBER = 56
+#: the work of one number of a JSON answer (``tolist``, encoding, sending) in floating-point operations' worth:
+#: measured, a GET .../particles of 4.3 million numbers takes as long as about 2e10 operations of a step
+JSON_FLOPS_PER_NUMBER = 5000.0
 #: the numbers of a summary of a d-dimensional state besides its covariance: mean, sd and 5 quantiles per dimension
 SUMMARY_NUMBERS_PER_DIM = 7
 #: :func:`heavy`'s default threshold: a request using more than this share of a budget
@@ -71,27 +74,30 @@ def heavy(settings: Settings, cost: Cost, threshold: float = HEAVY_SHARE) -> boo
 def summary_cost(n: int, d: int) -> Cost:
     """A summary of n particles in d dimensions (:mod:`mpflow.service.summary`): weighted moments (2 n d²), the
     quantiles' sort (about 20 n d log₂ n, five float64 copies of the cloud) and its JSON (d² + 7 d numbers)."""
-    flops = 2.0 * n * d * d + 20.0 * n * d * math.log2(max(n, 2))
-    return Cost(flops, 8.0 * 5 * n * d + JSON_BYTES_PER_NUMBER * (d * d + SUMMARY_NUMBERS_PER_DIM * d))
+    numbers = d * d + SUMMARY_NUMBERS_PER_DIM * d
+    flops = 2.0 * n * d * d + 20.0 * n * d * math.log2(max(n, 2)) + JSON_FLOPS_PER_NUMBER * numbers
+    return Cost(flops, 8.0 * 5 * n * d + JSON_BYTES_PER_NUMBER * numbers)
 
 
 def draws_cost(n_draws: int, d: int) -> Cost:
     """``n_draws`` draws of a d-dimensional state, as JSON (a product by a d × d factor each)."""
-    return Cost(2.0 * n_draws * d * d, (8.0 * 2 + JSON_BYTES_PER_NUMBER) * n_draws * d)
+    return Cost((2.0 * d + JSON_FLOPS_PER_NUMBER) * n_draws * d, (8.0 * 2 + JSON_BYTES_PER_NUMBER) * n_draws * d)
 
 
 def particles_cost(n: int, d: int) -> Cost:
     """``GET .../particles``: the n × d particles and n log-weights as JSON."""
-    return Cost(float(n * d), JSON_BYTES_PER_NUMBER * n * (d + 1) + 8.0 * n * d)
+    return Cost(JSON_FLOPS_PER_NUMBER * n * (d + 1), JSON_BYTES_PER_NUMBER * n * (d + 1) + 8.0 * n * d)
 
 
 def creation_cost(model: ModelFamily, updater: Updater, prior: Prior, n: int) -> Cost:
-    """A new stream: the prior's n draws (``draw_flops``), the method's start (a step's worth of work at most: a
-    moment match, a Gaussian fit) and the step-0 summary; the state held in float64 a few times over."""
+    """A new stream: the prior's n draws (``draw_flops``), the method's start (a moment match or a Gaussian fit:
+    a few n d² and a d³ factorisation) and the step-0 summary, the state held in float64 a few times over — and
+    its first step (:meth:`Updater.step_work`, dt = 1), so that a stream is never created that no update of
+    could be accepted."""
     d = model.state_dim
-    step = updater.step_work(model, n)
     start = Cost(prior.draw_flops(n) + 4.0 * n * d * d + 10.0 * d**3, 8.0 * 8 * n * d)
-    return start.then(Cost(step.flops / 10.0, step.bytes / 4.0)).then(summary_cost(n, d))
+    step = updater.step_work(model, n)
+    return start.then(summary_cost(n, d)).then(Cost(step.flops, step.bytes))
 
 
 def observations_cost(
@@ -104,8 +110,9 @@ def observations_cost(
     for dt, k in steps:
         step = updater.step_work(model, n, dt, k)
         total = total.then(Cost(step.flops, step.bytes)).then(summary_cost(n, d))
-    answer = JSON_BYTES_PER_NUMBER * len(steps) * (2 * d + 8)
-    return total.then(draws_cost(samples, d)).plus_bytes(answer)
+    answer = len(steps) * (2 * d + 8)  # per_step: mean and sd, and a few scalars
+    total = Cost(total.flops + JSON_FLOPS_PER_NUMBER * answer, total.bytes)
+    return total.then(draws_cost(samples, d)).plus_bytes(JSON_BYTES_PER_NUMBER * answer)
 
 
 def forecast_cost(model: ModelFamily, updater: Updater, n: int, steps: int, dt: float, samples: int) -> Cost:
@@ -115,7 +122,23 @@ def forecast_cost(model: ModelFamily, updater: Updater, n: int, steps: int, dt: 
     d, k = model.state_dim, model.observation_size()
     work = updater.forecast_work(model, n, steps, dt)
     numbers = steps * ((d * d + 6 * d) + (k * k + 6 * k) + samples * (d + k))
-    return Cost(work.flops + 2.0 * steps * samples * (d * d + k * k), work.bytes + JSON_BYTES_PER_NUMBER * numbers)
+    flops = work.flops + 2.0 * steps * samples * (d * d + k * k) + JSON_FLOPS_PER_NUMBER * numbers
+    return Cost(flops, work.bytes + JSON_BYTES_PER_NUMBER * numbers)
+
+
+def largest(settings: Settings, value: int, cost_of: Callable[[int], Cost]) -> int:
+    """The largest v ≤ ``value`` whose ``cost_of(v)`` is within the budgets (0 when not even 1 is; the cost grows
+    with v): a bisection, about log₂ value estimates."""
+    if share(settings, cost_of(value)) <= 1.0:
+        return value
+    low, high = 0, value  # cost_of(low) fits or low = 0; cost_of(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if share(settings, cost_of(mid)) <= 1.0:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def check(
@@ -126,13 +149,7 @@ def check(
     cost = cost_of(value)
     if share(settings, cost) <= 1.0:
         return cost
-    low, high = 0, value  # cost_of(low) fits or low = 0; cost_of(high) does not
-    while high - low > 1:
-        mid = (low + high) // 2
-        if share(settings, cost_of(mid)) <= 1.0:
-            low = mid
-        else:
-            high = mid
+    low = largest(settings, value, cost_of)
     over = []
     if cost.flops > settings.max_request_flops:
         over.append(
@@ -201,6 +218,7 @@ def _entries(value: Any) -> int:
 __all__ = [
     "HEAVY_SHARE",
     "JSON_BYTES_PER_NUMBER",
+    "JSON_FLOPS_PER_NUMBER",
     "Cost",
     "check",
     "check_draws",
@@ -209,6 +227,7 @@ __all__ = [
     "draws_cost",
     "forecast_cost",
     "heavy",
+    "largest",
     "observations_cost",
     "particles_cost",
     "requested_steps",

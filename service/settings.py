@@ -79,8 +79,8 @@ class Settings(BaseSettings):
     redis_wait_timeout_ms: int = 1000
     history_steps: int = 500
     # the cost model's budgets (mpflow.service.costs; docs/API.md "Limits")
-    max_request_flops: float = 5e10
-    max_request_bytes: int = 256 * 1024 * 1024
+    max_request_flops: float = 2.5e10
+    max_request_bytes: int = 384 * 1024 * 1024
     max_integration_substeps: int = 1000
 
     @field_validator(*_POSITIVE)

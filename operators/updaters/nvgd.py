@@ -280,9 +280,10 @@ class NVGDUpdater(AssumedDensityUpdater):
     }
 
     def iteration_work(self, model: ModelFamily, n: int) -> StepWork:
-        """Up to ``inner_steps`` Adam steps of the witness MLP d → ``hidden`` → d on the particles, forward and
-        backward (about 6 flops per weight and particle), carrying t tangents for the divergence (t = d when exact:
-        ``divergence`` "exact", or "auto" up to d = 16; else ``probes``); activations and tangents in float32."""
+        """Up to ``inner_steps`` Adam steps of the witness MLP d → ``hidden`` → d: forward and backward on the
+        training half, forward on the validation half (about 4 flops per weight and particle), carrying t tangents
+        for the divergence (t = d when exact: ``divergence`` "exact", or "auto" up to d = 16; else ``probes``);
+        activations and tangents in float32."""
         d = model.state_dim
         sizes = [d, *self.options["hidden"], d]
         exact = self.options["divergence"] == "exact" or (
@@ -290,7 +291,7 @@ class NVGDUpdater(AssumedDensityUpdater):
         )
         tangents = d if exact else int(self.options["probes"])
         weights = sum(a * b for a, b in itertools.pairwise(sizes))
-        flops = float(self.options["inner_steps"]) * 6.0 * n * weights * (1 + tangents)
+        flops = float(self.options["inner_steps"]) * 4.0 * n * weights * (1 + tangents)
         return StepWork(flops, 4.0 * 6 * n * sum(sizes) * (1 + tangents) + 80.0 * n * d)
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
