@@ -71,6 +71,28 @@ def heavy(settings: Settings, cost: Cost, threshold: float = HEAVY_SHARE) -> boo
     return share(settings, cost) > threshold
 
 
+class Budget:
+    """One request's budget shared by several checks — a batch's updates (``POST /v1/observations:batch``), which
+    run concurrently: each update's cost takes its :func:`share`, and an update that would take the total past
+    the budget is refused (413 naming ``updates``) while those before it run. A retried check of the same update
+    (the same ``update`` object) replaces its earlier share."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._shares: dict[int, tuple[object, float]] = {}  # id → (the update, kept alive so ids stay unique; share)
+
+    def spend(self, update: object, cost: Cost) -> None:
+        taken = sum(s for k, (_, s) in self._shares.items() if k != id(update))
+        mine = share(self.settings, cost)
+        if taken + mine > 1.0:
+            raise too_large(
+                f"updates: this update needs {mine:.0%} of the server's budget for one request "
+                f"(MPFLOW_MAX_REQUEST_FLOPS, MPFLOW_MAX_REQUEST_BYTES), of which the batch's other updates already "
+                f"take {taken:.0%}; send it in another batch"
+            )
+        self._shares[id(update)] = (update, mine)
+
+
 def summary_cost(n: int, d: int) -> Cost:
     """A summary of n particles in d dimensions (:mod:`mpflow.service.summary`): weighted moments (2 n d²), the
     quantiles' sort (about 20 n d log₂ n, five float64 copies of the cloud) and its JSON (d² + 7 d numbers)."""
@@ -219,6 +241,7 @@ __all__ = [
     "HEAVY_SHARE",
     "JSON_BYTES_PER_NUMBER",
     "JSON_FLOPS_PER_NUMBER",
+    "Budget",
     "Cost",
     "check",
     "check_draws",

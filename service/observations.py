@@ -33,10 +33,16 @@ def check_samples(settings: Settings, n: int) -> None:
 
 
 def check_work(
-    settings: Settings, meta: dict[str, Any], model: ModelFamily, updater: Updater, req: ObservationsRequest
+    settings: Settings,
+    meta: dict[str, Any],
+    model: ModelFamily,
+    updater: Updater,
+    req: ObservationsRequest,
+    budget: costs.Budget | None = None,
 ) -> None:
     """413 before any tensor work for a step that integrates in too many sub-steps (its ``dt``) or a request over
-    the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations`` and how many fit."""
+    the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations`` and how many fit; with a
+    ``budget`` shared by a batch's updates, also when the batch's updates together are over it."""
     steps = costs.requested_steps(req.observations)
     for i, (dt, _) in enumerate(steps):
         costs.check_substeps(settings, model, dt, f"observations[{i}]")
@@ -46,7 +52,9 @@ def check_work(
     def cost(m: int) -> costs.Cost:
         return costs.observations_cost(model, updater, n, steps[:m], req.return_samples)
 
-    costs.check(settings, "observations", len(steps), cost, what)
+    spent = costs.check(settings, "observations", len(steps), cost, what)
+    if budget is not None:
+        budget.spend(req, spent)
 
 
 class Observations:
@@ -69,8 +77,11 @@ class Observations:
         self.stepper = stepper
         self._locks = KeyedLocks()
 
-    async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
-        """The answer to ``POST /v1/streams/{stream_id}/observations`` (docs/API.md)."""
+    async def observe(
+        self, tenant: str, stream_id: str, req: ObservationsRequest, budget: costs.Budget | None = None
+    ) -> dict[str, Any]:
+        """The answer to ``POST /v1/streams/{stream_id}/observations`` (docs/API.md); ``budget``: the cost model's
+        budget shared with the other updates of a batch."""
         n = len(req.observations)
         limit = self.settings.max_observations_per_request
         if n > limit:
@@ -80,9 +91,11 @@ class Observations:
         check_samples(self.settings, req.return_samples)
         with self.work.observation():
             async with self._locks.hold((tenant, stream_id)):
-                return await until_written(lambda: self._attempt(tenant, stream_id, req, n))
+                return await until_written(lambda: self._attempt(tenant, stream_id, req, n, budget))
 
-    async def _attempt(self, tenant: str, stream_id: str, req: ObservationsRequest, n: int) -> dict[str, Any] | None:
+    async def _attempt(
+        self, tenant: str, stream_id: str, req: ObservationsRequest, n: int, budget: costs.Budget | None
+    ) -> dict[str, Any] | None:
         """One read → check seq → apply → compare-and-set: the answer, or None when another writer won."""
         # announce the n updates about to come, so the engine waits for them (and only for them)
         with self.engine.expect(n) as announced:
@@ -98,7 +111,7 @@ class Observations:
                 model, updater = self.methods.resolve(meta)
             else:  # the first use of an operator loads it from disk
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)
-            check_work(self.settings, meta, model, updater, req)
+            check_work(self.settings, meta, model, updater, req, budget)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
             applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced)

@@ -22,6 +22,7 @@ Refusals are :class:`~mpflow.service.errors.ApiError` s whose type fixes the HTT
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -91,7 +92,8 @@ class StreamService:
 
     async def batch(self, tenant: str, req: BatchRequest) -> list[dict[str, Any]]:
         limit = self.settings.max_observations_per_request
-        return await run_batch(self.observe, tenant, req, limit, self.on_store_error)
+        observe = functools.partial(self.observations.observe, budget=costs.Budget(self.settings))
+        return await run_batch(observe, tenant, req, limit, self.on_store_error)
 
     async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await views.read(self.store, tenant, stream_id)

@@ -77,6 +77,9 @@ class ModelFamily:
     #: the parameters that set how many numerical-integration sub-steps a step runs (``lorenz96``: delta,
     #: rk4_step; :meth:`integration_substeps`), named when a step would run too many; empty: closed form
     substep_params: ClassVar[tuple[str, ...]] = ()
+    #: the work of one integration sub-step whatever the particle count, in floating-point operations' worth: the
+    #: launch of its tensor operations (:meth:`step_fixed_flops`)
+    substep_overhead_flops: ClassVar[float] = 0.0
 
     # catalogue (``GET /v1/models``)
     #: the model in one line
@@ -330,6 +333,11 @@ class ModelFamily:
         """Floating-point operations of building the model of a step of another duration (:meth:`at_step`): 0 for
         a parameter rescaled; the continuous-time ``lds`` computes two matrix exponentials."""
         return 0.0
+
+    def step_fixed_flops(self, dt: float = 1.0) -> float:
+        """The work of a step of duration ``dt`` that does not grow with the particles: its model
+        (:meth:`step_model_flops`) and the launch of every integration sub-step's operations."""
+        return self.step_model_flops() + self.integration_substeps(dt) * self.substep_overhead_flops
 
     def particle_flops(self, dt: float = 1.0, k: int | None = None) -> float:
         """One particle's share of a step of duration ``dt`` observing ``k`` entries: its transition over every

@@ -265,7 +265,7 @@ class Updater:
         d = model.state_dim
         k = model.observation_size() if k is None else k
         flops = n * (model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d) + 10.0 * d**3
-        return StepWork(flops + model.step_model_flops(), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
+        return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """:meth:`forecast` by propagation: per horizon every particle's transition (all its sub-steps) and one
@@ -276,7 +276,8 @@ class Updater:
         sort = 20.0 * (d + k) * math.log2(max(n, 2))
         per = model.transition_flops() * model.integration_substeps(dt) + 2.0 * d * k + 2.0 * k * k
         per += 2.0 * (d * d + k * k) + sort
-        return StepWork(steps * n * per + model.step_model_flops(), 8.0 * 6 * steps * n * (d + k))
+        fixed = model.step_model_flops() + steps * (model.step_fixed_flops(dt) - model.step_model_flops())
+        return StepWork(steps * n * per + fixed, 8.0 * 6 * steps * n * (d + k))
 
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:

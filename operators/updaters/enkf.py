@@ -110,7 +110,7 @@ class EnKFUpdater(Updater):
         analyses = d if self.options["localisation"] is not None else 1
         flops = n * model.particle_flops(dt, k) + 2.0 * n * d * k + analyses * (4.0 * n * k * k + 4.0 * n * k)
         held = 8.0 * (6 * n * d + 4 * n * k + 3 * analyses * n * k)
-        return StepWork(flops + model.step_model_flops(), held)
+        return StepWork(flops + model.step_fixed_flops(dt), held)
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape

@@ -72,14 +72,14 @@ class KalmanUpdater(Updater):
         d = model.state_dim
         k = model.observation_size() if k is None else k
         draws = n * d * (RANDN_FLOPS + 2.0 * d)
-        flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_model_flops()
+        flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * (3 * n * d + 20 * (d + k) ** 2))
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """The exact predictive: per horizon a Kalman predict and the observation's moments (d × d and k × k
         algebra, no particles)."""
         d, k = model.state_dim, model.observation_size()
-        flops = steps * (30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3) + model.step_model_flops()
+        flops = steps * (30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3) + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * 4 * steps * (d * d + k * k))
 
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:

@@ -92,10 +92,10 @@ def test_estimates_grow_as_the_methods_do():
     assert svgd.step_work(m, 4096).bytes >= 8 * 4096**2  # two float32 n × n buffers
     big = lds(256)
     assert kalman.step_work(big, 16).flops >= 30 * 256**3
-    # lorenz96's work grows with its sub-steps: 99 more RK4 steps of every particle
+    # lorenz96's work grows with its sub-steps: 99 more RK4 steps of every particle, and their launches
     l96 = make_model("lorenz96", {}, 40)
     extra = smc.step_work(l96, 100, dt=100.0).flops - smc.step_work(l96, 100).flops
-    assert extra == pytest.approx(99 * 100 * l96.RK4_FLOPS_PER_VARIABLE * 40)
+    assert extra == pytest.approx(99 * (100 * l96.RK4_FLOPS_PER_VARIABLE * 40 + l96.substep_overhead_flops))
 
 
 def test_forecast_memory_grows_with_steps_and_is_small_for_kalman():
@@ -116,6 +116,18 @@ def test_share_and_heavy():
 
 
 # ----------------------------------------------------------------- refusals
+
+
+def test_a_batch_shares_one_budget():
+    budget = costs.Budget(SETTINGS)
+    first, second = object(), object()
+    most = costs.Cost(0.6 * SETTINGS.max_request_flops, 0.0)
+    budget.spend(first, most)
+    budget.spend(first, most)  # a retried check of the same update replaces its share
+    with pytest.raises(ApiError) as err:
+        budget.spend(second, most)
+    assert err.value.status == 413 and err.value.message.startswith("updates: ")
+    budget.spend(second, costs.Cost(0.3 * SETTINGS.max_request_flops, 0.0))
 
 
 def test_check_answers_the_largest_value_that_fits():
