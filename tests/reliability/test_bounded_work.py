@@ -25,6 +25,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.harness.server import drop_prefix, serve_as_user
+from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url  # the real-Redis fixture of the integration tests
@@ -42,13 +43,6 @@ LORENZ = {
     "method": "smc",
     "num_particles": 64,
     "seed": 3,
-}
-LINEAR = {
-    "model": {"family": "linear_gaussian"},
-    "prior": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},
-    "method": "smc",
-    "num_particles": 16,
-    "seed": 1,
 }
 
 
@@ -123,7 +117,7 @@ def timed(call, *args, **kwargs) -> tuple[httpx.Response, float]:
 
 
 def other_stream_updates(c: httpx.Client) -> None:
-    sid = create(c, LINEAR)
+    sid = create(c, LINEAR_STREAM)
     r = c.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.1, 0.2]]})
     assert r.status_code == 200 and r.json()["step"] == 1, r.text
 
