@@ -19,19 +19,21 @@ exactly as the original would.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
 from typing import Any
 
 import torch
+from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.operators.updaters import UPDATERS
+from mpflow.operators.updaters import UPDATERS, Updater
 from mpflow.service import costs, views
 from mpflow.service import summary as summaries
 from mpflow.service.creation import check_limits, check_state_names
 from mpflow.service.documents import document, now
-from mpflow.service.errors import invalid
+from mpflow.service.errors import ApiError, invalid
 from mpflow.service.methods import Methods, check_stream_options
 from mpflow.service.numerics import finite_json, finite_state
 from mpflow.service.schemas import MAX_SEED, MAX_TTL_SECONDS
@@ -140,6 +142,11 @@ def _check_state(stream: dict[str, Any], state: ParticleState) -> None:
         raise _refuse("the state holds NaN or infinite values")
 
 
+def _one_step(model: ModelFamily, updater: Updater, n: int) -> costs.Cost:
+    """The cost of the predict step an import runs on n particles to check the state (and of any later step)."""
+    return costs.observations_cost(model, updater, n, [(1.0, None)], 0)
+
+
 class Snapshots:
     """Exports and imports streams (module docstring)."""
 
@@ -209,23 +216,12 @@ class Snapshots:
         try:
             model = self.methods.model(stream["model"], d)
             updater = self.methods.updater(stream["method"], operator, stream["method_options"] or None)
-        except (OperatorUnavailableError, StreamExistsError):
-            raise
-        except Exception as exc:
-            raise _refuse(f"the stream does not validate on this server ({type(exc).__name__}: {exc})") from None
-        # the check step below (and every later one) within the cost model's budgets, before it runs
-        costs.check_substeps(self.settings, model, 1.0, None)
-        what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"
-        costs.check(
-            self.settings,
-            "num_particles",
-            n,
-            lambda m: costs.observations_cost(model, updater, m, [(1.0, None)], 0),
-            what,
-        )
-        try:
+            # the check step below (and every later one) within the cost model's budgets, before it runs (413)
+            costs.check_substeps(self.settings, model, 1.0, None)
+            what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"
+            costs.check(self.settings, "num_particles", n, functools.partial(_one_step, model, updater), what)
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
-        except (OperatorUnavailableError, StreamExistsError):
+        except ApiError:  # an answer already: an operator this server lacks (422), over the budgets (413)
             raise
         except Exception as exc:
             raise _refuse(f"the stream does not validate on this server ({type(exc).__name__}: {exc})") from None
