@@ -27,6 +27,9 @@ its entry point in the group ``mpflow.families``, which puts it in :data:`mpflow
 * the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
   and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
   experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
+* the cost of its work, for the service's cost model (:mod:`mpflow.service.costs`): the integration sub-steps of
+  a step (:meth:`ModelFamily.integration_substeps`, bounded by the service before any step runs) and the
+  floating-point operations of one particle's step (:meth:`ModelFamily.particle_flops`);
 * evaluation and benchmark defaults: ``eval_steps`` and ``eval_particles`` (``mpflow evaluate``),
   :meth:`ModelFamily.posterior_modes` (mode-fraction diagnostics), :meth:`ModelFamily.example_params`
   (``mpflow filter``), :meth:`ModelFamily.benchmark_params`, ``benchmark_model`` and ``latency_benchmark``
