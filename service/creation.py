@@ -80,12 +80,15 @@ def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
         )
 
 
-def check_work(settings: Settings, model: ModelFamily, updater: Updater, prior: Prior, n: int, method: str) -> None:
-    """413 before any tensor work for a stream whose steps integrate in too many sub-steps, or whose creation is
-    over the cost model's budget (:mod:`mpflow.service.costs`; the field: ``num_particles``)."""
+def check_work(
+    settings: Settings, model: ModelFamily, updater: Updater, prior: Prior, n: int, method: str
+) -> costs.Cost:
+    """The creation's estimated cost; 413 before any tensor work for a stream whose steps integrate in too many
+    sub-steps, or whose creation is over the cost model's budget (:mod:`mpflow.service.costs`; the field:
+    ``num_particles``)."""
     costs.check_substeps(settings, model, 1.0, None)
     what = f"creating a {model.name} stream run by {method} with d = {model.state_dim}"
-    costs.check(settings, "num_particles", n, lambda m: costs.creation_cost(model, updater, prior, m), what)
+    return costs.check(settings, "num_particles", n, lambda m: costs.creation_cost(model, updater, prior, m), what)
 
 
 def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:

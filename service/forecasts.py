@@ -94,16 +94,16 @@ def document(
 
 def check_work(
     settings: Settings, meta: dict[str, Any], model: ModelFamily, updater: Updater, steps: int, dt: float, samples: int
-) -> None:
-    """413 before any tensor work for a ``dt`` that integrates in too many sub-steps, or a forecast over the cost
-    model's budget (:mod:`mpflow.service.costs`): ``samples`` named when even one horizon of them is over it,
-    else ``steps``, with how many fit."""
+) -> costs.Cost:
+    """The forecast's estimated cost; 413 before any tensor work for a ``dt`` that integrates in too many
+    sub-steps, or a forecast over the cost model's budget (:mod:`mpflow.service.costs`): ``samples`` named when even
+    one horizon of them is over it, else ``steps``, with how many fit."""
     costs.check_substeps(settings, model, dt, "")
     n = int(meta["num_particles"])
     what = f"a forecast of this {meta['method']} stream (N = {n}, d = {model.state_dim})"
     if samples > 0:
         costs.check(settings, "samples", samples, lambda m: costs.forecast_cost(model, updater, n, 1, dt, m), what)
-    costs.check(settings, "steps", steps, lambda k: costs.forecast_cost(model, updater, n, k, dt, samples), what)
+    return costs.check(settings, "steps", steps, lambda k: costs.forecast_cost(model, updater, n, k, dt, samples), what)
 
 
 class Forecasts:

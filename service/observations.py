@@ -39,10 +39,11 @@ def check_work(
     updater: Updater,
     req: ObservationsRequest,
     budget: costs.Budget | None = None,
-) -> None:
-    """413 before any tensor work for a step that integrates in too many sub-steps (its ``dt``) or a request over
-    the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations`` and how many fit; with a
-    ``budget`` shared by a batch's updates, also when the batch's updates together are over it."""
+) -> costs.Cost:
+    """The request's estimated cost; 413 before any tensor work for a step that integrates in too many sub-steps
+    (its ``dt``) or a request over the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations``
+    and how many fit; with a ``budget`` shared by a batch's updates, also when the batch's updates together are
+    over it."""
     steps = costs.requested_steps(req.observations)
     for i, (dt, _) in enumerate(steps):
         costs.check_substeps(settings, model, dt, f"observations[{i}]")
@@ -55,6 +56,7 @@ def check_work(
     spent = costs.check(settings, "observations", len(steps), cost, what)
     if budget is not None:
         budget.spend(req, spent)
+    return spent
 
 
 class Observations:
