@@ -232,10 +232,15 @@ def requested_steps(observations: list[Any]) -> list[tuple[float, int | None]]:
 
 
 def _entries(value: Any) -> int:
-    """The numbers of a JSON observation (its leaves; at least 1)."""
-    if isinstance(value, list):
-        return max(1, sum(_entries(v) for v in value))
-    return 1
+    """The numbers of a JSON observation (its leaves, ``null`` included; at least 1), without recursion."""
+    count, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        else:
+            count += 1
+    return max(1, count)
 
 
 __all__ = [
