@@ -14,7 +14,9 @@ from typing import Any
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.mpf import operator_domain
+from mpflow.service import costs
 from mpflow.service import summary as summaries
 from mpflow.service.documents import now
 from mpflow.service.errors import invalid, too_large
@@ -78,6 +80,17 @@ def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
         )
 
 
+def check_work(
+    settings: Settings, model: ModelFamily, updater: Updater, prior: Prior, n: int, method: str
+) -> costs.Cost:
+    """The creation's estimated cost; 413 before any tensor work for a stream whose steps integrate in too many
+    sub-steps, or whose creation is over the cost model's budget (:mod:`mpflow.service.costs`; the field:
+    ``num_particles``)."""
+    costs.check_substeps(settings, model, 1.0, None)
+    what = f"creating a {model.name} stream run by {method} with d = {model.state_dim}"
+    return costs.check(settings, "num_particles", n, lambda m: costs.creation_cost(model, updater, prior, m), what)
+
+
 def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:
     """``{"inside": bool, "outside": [what lies outside, …]}`` for a stream run by a trained operator: its
     model and prior against the region the operator was trained on
@@ -110,6 +123,7 @@ def prepare(
         updater.check_compatible(model, prior)
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
+        check_work(settings, model, updater, prior, n, choice.method)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         state = updater.init(prior, model, n, seed)
     except ValueError as exc:
@@ -145,4 +159,12 @@ def prepare(
     return meta, state, summary
 
 
-__all__ = ["DEFAULT_PARTICLES", "check_limits", "check_state_names", "prepare", "prior_dim_and_count", "stored_prior"]
+__all__ = [
+    "DEFAULT_PARTICLES",
+    "check_limits",
+    "check_state_names",
+    "check_work",
+    "prepare",
+    "prior_dim_and_count",
+    "stored_prior",
+]

@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.predictive import Predictive
-from mpflow.service import views
+from mpflow.service import costs, views
 from mpflow.service.documents import state_names
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.methods import Methods
@@ -90,6 +92,20 @@ def document(
     return {"stream_id": stream_id, "step": step, "state_names": names, "forecast": horizons}
 
 
+def check_work(
+    settings: Settings, meta: dict[str, Any], model: ModelFamily, updater: Updater, steps: int, dt: float, samples: int
+) -> costs.Cost:
+    """The forecast's estimated cost; 413 before any tensor work for a ``dt`` that integrates in too many
+    sub-steps, or a forecast over the cost model's budget (:mod:`mpflow.service.costs`): ``samples`` named when even
+    one horizon of them is over it, else ``steps``, with how many fit."""
+    costs.check_substeps(settings, model, dt, "")
+    n = int(meta["num_particles"])
+    what = f"a forecast of this {meta['method']} stream (N = {n}, d = {model.state_dim})"
+    if samples > 0:
+        costs.check(settings, "samples", samples, lambda m: costs.forecast_cost(model, updater, n, 1, dt, m), what)
+    return costs.check(settings, "steps", steps, lambda k: costs.forecast_cost(model, updater, n, k, dt, samples), what)
+
+
 class Forecasts:
     """Answers forecast requests (module docstring)."""
 
@@ -110,6 +126,7 @@ class Forecasts:
             raise too_large(f"samples: at most {limit} draws (MPFLOW_MAX_SAMPLES_PER_REQUEST), got {samples}")
         meta, data = await views.read(self.store, tenant, stream_id)
         model, updater = await self.work.off_loop(self.methods.resolve, meta)
+        check_work(self.settings, meta, model, updater, steps, dt, samples)
         try:
             step_model = model.at_step(dt, None, "")
         except ValueError as exc:
@@ -137,4 +154,4 @@ class Forecasts:
         return await self.work.off_loop(compute)
 
 
-__all__ = ["Forecasts", "document", "forecast_seed"]
+__all__ = ["Forecasts", "check_work", "document", "forecast_seed"]

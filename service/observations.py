@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpflow.service import history, views
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.updaters import Updater
+from mpflow.service import costs, history, views
 from mpflow.service.dashboard.publish import update_event
 from mpflow.service.documents import now, observation_document
 from mpflow.service.engine import UpdateEngine
@@ -29,6 +31,33 @@ def check_samples(settings: Settings, n: int) -> None:
     """413 for more draws than ``max_samples_per_request``."""
     if n > settings.max_samples_per_request:
         raise too_large(f"n: at most {settings.max_samples_per_request} samples per request, got {n}")
+
+
+def check_work(
+    settings: Settings,
+    meta: dict[str, Any],
+    model: ModelFamily,
+    updater: Updater,
+    req: ObservationsRequest,
+    budget: costs.Budget | None = None,
+) -> costs.Cost:
+    """The request's estimated cost; 413 before any tensor work for a step that integrates in too many sub-steps
+    (its ``dt``) or a request over the cost model's budget (:mod:`mpflow.service.costs`), naming ``observations``
+    and how many fit; with a ``budget`` shared by a batch's updates, also when the batch's updates together are
+    over it."""
+    steps = costs.requested_steps(req.observations)
+    for i, (dt, _) in enumerate(steps):
+        costs.check_substeps(settings, model, dt, f"observations[{i}]")
+    n, d = int(meta["num_particles"]), model.state_dim
+    what = f"applying {len(steps)} steps to this {meta['method']} stream (N = {n}, d = {d})"
+
+    def cost(m: int) -> costs.Cost:
+        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples)
+
+    spent = costs.check(settings, "observations", len(steps), cost, what)
+    if budget is not None:
+        budget.spend(req, spent)
+    return spent
 
 
 class Observations:
@@ -53,8 +82,11 @@ class Observations:
         self.usage = usage
         self._locks = KeyedLocks()
 
-    async def observe(self, tenant: str, stream_id: str, req: ObservationsRequest) -> dict[str, Any]:
-        """The answer to ``POST /v1/streams/{stream_id}/observations`` (docs/API.md)."""
+    async def observe(
+        self, tenant: str, stream_id: str, req: ObservationsRequest, budget: costs.Budget | None = None
+    ) -> dict[str, Any]:
+        """The answer to ``POST /v1/streams/{stream_id}/observations`` (docs/API.md); ``budget``: the cost model's
+        budget shared with the other updates of a batch."""
         n = len(req.observations)
         limit = self.settings.max_observations_per_request
         if n > limit:
@@ -64,13 +96,16 @@ class Observations:
         check_samples(self.settings, req.return_samples)
         with self.work.observation():
             async with self._locks.hold((tenant, stream_id)):
-                return await until_written(lambda: self._attempt(tenant, stream_id, req, n))
+                return await until_written(lambda: self._attempt(tenant, stream_id, req, n, budget))
 
-    async def _attempt(self, tenant: str, stream_id: str, req: ObservationsRequest, n: int) -> dict[str, Any] | None:
+    async def _attempt(
+        self, tenant: str, stream_id: str, req: ObservationsRequest, n: int, budget: costs.Budget | None
+    ) -> dict[str, Any] | None:
         """One read → check seq → apply → compare-and-set: the answer, or None when another writer won."""
         # announce the n updates about to come, so the engine waits for them (and only for them)
         with self.engine.expect(n) as announced:
             meta, data = await views.read(self.store, tenant, stream_id)
+            costs.check_draws(self.settings, "return_samples", req.return_samples, meta)
             step = int(meta["step"])
             if check_seq(req.seq, n, step) is Seq.DUPLICATE:
                 # a duplicate acknowledges the write it found: only once that is on the replicas WAIT asks for
@@ -84,6 +119,7 @@ class Observations:
                 model, updater = self.methods.resolve(meta)
             else:  # the first use of an operator loads it from disk
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)
+            check_work(self.settings, meta, model, updater, req, budget)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
             applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced)
@@ -114,4 +150,4 @@ class Observations:
         return doc if stored else None
 
 
-__all__ = ["Observations", "check_samples"]
+__all__ = ["Observations", "check_samples", "check_work"]

@@ -18,6 +18,9 @@ bad value fails at start with a message naming the field.
   updater's ``defaults``; checked when the app starts).
 - ``history_steps``: the per-step history each stream keeps, its last N steps (``GET /v1/streams/{id}/history``;
   :mod:`mpflow.service.history`).
+- ``max_request_flops``, ``max_request_bytes``, ``max_integration_substeps``: the cost model's budgets
+  (:mod:`mpflow.service.costs`): a request's estimated floating-point operations and peak bytes, and the
+  numerical-integration sub-steps of one step (Lorenz-96's RK4 over Δ·dt).
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
@@ -69,6 +72,9 @@ _QUOTAS = (
     "max_feeds_per_tenant",
     "max_websockets",
     "max_websockets_per_tenant",
+    "max_request_flops",
+    "max_request_bytes",
+    "max_integration_substeps",
 )
 
 
@@ -108,6 +114,10 @@ class Settings(BaseSettings):
     max_websockets: int = 1024
     max_websockets_per_tenant: int = 128
     # ---------------------------------------------------------------------------------------------------------
+    # the cost model's budgets (mpflow.service.costs; docs/API.md "Limits")
+    max_request_flops: float = 2.5e10
+    max_request_bytes: int = 384 * 1024 * 1024
+    max_integration_substeps: int = 1000
 
     @field_validator(*_POSITIVE, *_QUOTAS)
     @classmethod

@@ -23,15 +23,18 @@ the original, so it continues exactly as the original would.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
 from typing import Any, Literal
 
+from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, read_metadata
+from mpflow.operators.updaters import Updater
+from mpflow.service import costs, views
 from mpflow.service import snapshot_checks as checks
 from mpflow.service import summary as summaries
-from mpflow.service import views
 from mpflow.service.documents import document, now
 from mpflow.service.errors import ApiError
 from mpflow.service.methods import Methods
@@ -40,7 +43,7 @@ from mpflow.service.quotas import TenantUsage
 from mpflow.service.settings import Settings
 from mpflow.service.snapshot_signing import SnapshotKey, key_id, signature, verifies
 from mpflow.service.store import StreamStore
-from mpflow.service.stream_errors import OperatorUnavailableError, StreamExistsError
+from mpflow.service.stream_errors import OperatorUnavailableError
 from mpflow.service.tensor_work import TensorWork
 
 FORMAT = "mpflow-snapshot-v1"
@@ -164,6 +167,11 @@ def description(meta: dict[str, str]) -> dict[str, Any]:
     return {k: stream.get(k) for k in STREAM_FIELDS}
 
 
+def _one_step(model: ModelFamily, updater: Updater, n: int) -> costs.Cost:
+    """The cost of the predict step an import runs on n particles to check the state (and of any later step)."""
+    return costs.observations_cost(model, updater, n, [(1.0, None)], 0)
+
+
 class Snapshots:
     """Exports and imports streams (module docstring)."""
 
@@ -233,8 +241,13 @@ class Snapshots:
             raise checks.refuse(f"stream: {exc}") from None
         checks.check_fields(state, expected)
         try:
+            n, d = stream["num_particles"], stream["state_dim"]
+            # the check step below (and every later one) within the cost model's budgets, before it runs (413)
+            costs.check_substeps(self.settings, model, 1.0, None)
+            what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"
+            costs.check(self.settings, "num_particles", n, functools.partial(_one_step, model, updater), what)
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
-        except (OperatorUnavailableError, StreamExistsError):
+        except ApiError:  # an answer already: an operator this server lacks (422), over the budgets (413)
             raise
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"

@@ -23,11 +23,12 @@ Refusals are :class:`~mpflow.service.errors.ApiError` s whose type fixes the HTT
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from mpflow.service import creation, history, views
+from mpflow.service import costs, creation, history, views
 from mpflow.service.batch import run_batch
 from mpflow.service.catalogue import OperatorCatalogue
 from mpflow.service.documents import document, list_entry
@@ -92,7 +93,8 @@ class StreamService:
 
     async def batch(self, tenant: str, req: BatchRequest) -> list[dict[str, Any]]:
         limit = self.settings.max_observations_per_request
-        return await run_batch(self.observe, tenant, req, limit, self.on_store_error)
+        observe = functools.partial(self.observations.observe, budget=costs.Budget(self.settings))
+        return await run_batch(observe, tenant, req, limit, self.on_store_error)
 
     async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await views.read(self.store, tenant, stream_id)
@@ -102,6 +104,7 @@ class StreamService:
     async def samples(self, tenant: str, stream_id: str, n: int) -> list:
         check_samples(self.settings, n)
         meta, data = await views.read(self.store, tenant, stream_id)
+        costs.check_draws(self.settings, "n", n, meta)
         _, draws = await self.work.run(meta, views.summary_and_draws, meta, data, n, draws=n)
         return draws or []
 
@@ -121,6 +124,15 @@ class StreamService:
 
     async def particles(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await views.read(self.store, tenant, stream_id)
+        n, d = int(meta["num_particles"]), int(meta["state_dim"])
+        costs.check(
+            self.settings,
+            "stream_id",
+            n,
+            lambda m: costs.particles_cost(m, d),
+            f"sending this stream's {n} particles of d = {d} as JSON",
+            "; read draws with GET .../samples?n=, or the whole state with GET .../export",
+        )
         return await self.work.run(meta, views.particles, data)
 
     async def delete(self, tenant: str, stream_id: str) -> None:

@@ -27,6 +27,9 @@ its entry point in the group ``mpflow.families``, which puts it in :data:`mpflow
 * the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
   and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
   experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
+* the cost of its work, for the service's cost model (:mod:`mpflow.service.costs`): the integration sub-steps of
+  a step (:meth:`ModelFamily.integration_substeps`, bounded by the service before any step runs) and the
+  floating-point operations of one particle's step (:meth:`ModelFamily.particle_flops`);
 * evaluation and benchmark defaults: ``eval_steps`` and ``eval_particles`` (``mpflow evaluate``),
   :meth:`ModelFamily.posterior_modes` (mode-fraction diagnostics), :meth:`ModelFamily.example_params`
   (``mpflow filter``), :meth:`ModelFamily.benchmark_params`, ``benchmark_model`` and ``latency_benchmark``
@@ -74,6 +77,12 @@ class ModelFamily:
     #: every model of the family factorises over its dimensions (:meth:`per_dimension` never returns None), so an
     #: ``mpf`` operator trained at d = 1 serves every d, one dimension at a time
     factorised: ClassVar[bool] = False
+    #: the parameters that set how many numerical-integration sub-steps a step runs (``lorenz96``: delta,
+    #: rk4_step; :meth:`integration_substeps`), named when a step would run too many; empty: closed form
+    substep_params: ClassVar[tuple[str, ...]] = ()
+    #: the work of one integration sub-step whatever the particle count, in floating-point operations' worth: the
+    #: launch of its tensor operations (:meth:`step_fixed_flops`)
+    substep_overhead_flops: ClassVar[float] = 0.0
 
     # catalogue (``GET /v1/models``)
     #: the model in one line
@@ -300,6 +309,43 @@ class ModelFamily:
     def transition_noise(self) -> torch.Tensor:
         """Q [B, d, d] of x_m = f(x_{m-1}) + N(0, Q)."""
         return self.transition_affine()[2]
+
+    # ----------------------------------------------------------------- cost (the service's cost model)
+    def integration_substeps(self, dt: float = 1.0) -> float:
+        """The sub-steps of numerical integration that one step of duration ``dt`` runs (the largest over the batch):
+        1 for a transition in closed form (every family but ``lorenz96``). A float, which may be astronomically
+        large: a caller compares it with its limit before running the step (:mod:`mpflow.service.costs`)."""
+        return 1.0
+
+    def transition_flops(self) -> float:
+        """Floating-point operations of one particle's transition over one sub-step: a dense F x and a correlated
+        noise draw, about 4 d², for a dynamic family; 0 for a static one."""
+        return 4.0 * self.state_dim**2 if self.dynamic else 0.0
+
+    def observation_size(self) -> int:
+        """The entries of one step's observation (one row where the shape is free: ``logistic``'s M)."""
+        return math.prod(1 if n < 0 else n for n in self.obs_shape)
+
+    def likelihood_flops(self, k: int | None = None) -> float:
+        """Floating-point operations of one particle's log-likelihood (or score) of an observation of ``k`` entries
+        (None: :meth:`observation_size`): about 2 d k + 10 k, a linear map and a few operations per entry."""
+        k = self.observation_size() if k is None else k
+        return 2.0 * self.state_dim * k + 10.0 * k
+
+    def step_model_flops(self) -> float:
+        """Floating-point operations of building the model of a step of another duration (:meth:`at_step`): 0 for
+        a parameter rescaled; the continuous-time ``lds`` computes two matrix exponentials."""
+        return 0.0
+
+    def step_fixed_flops(self, dt: float = 1.0) -> float:
+        """The work of a step of duration ``dt`` that does not grow with the particles: its model
+        (:meth:`step_model_flops`) and the launch of every integration sub-step's operations."""
+        return self.step_model_flops() + self.integration_substeps(dt) * self.substep_overhead_flops
+
+    def particle_flops(self, dt: float = 1.0, k: int | None = None) -> float:
+        """One particle's share of a step of duration ``dt`` observing ``k`` entries: its transition over every
+        sub-step and its likelihood."""
+        return self.transition_flops() * self.integration_substeps(dt) + self.likelihood_flops(k)
 
     # ----------------------------------------------------------------- additive Gaussian observations
     def linear_observation(self) -> bool:

@@ -155,6 +155,12 @@ class LDS(LinearObservationFamily):
                     "diffusion reach every coordinate (through F)"
                 )
 
+    def step_model_flops(self) -> float:
+        """Two matrix exponentials of 2d × 2d (scipy's scaling and squaring: about 15 products, 2 (2d)³ each) for
+        a continuous-time model (:func:`~mpflow.operators.models.continuous_time.van_loan`); nothing in discrete
+        time."""
+        return 2 * 15 * 2 * (2 * self.state_dim) ** 3 if self.continuous else 0.0
+
     def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
         """The step of duration ``dt`` with inputs ``u``: A, Q (and the input offset c = C u, or Γ C u in continuous
         time) of that step; the model itself for dt = 1 without inputs in discrete time."""

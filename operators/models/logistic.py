@@ -81,6 +81,11 @@ class Logistic(ModelFamily):
     def _split(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return obs[..., :-1], obs[..., -1]
 
+    def likelihood_flops(self, k: int | None = None) -> float:
+        """The logits x·a of M rows of k = M (d + 1) entries and their softplus: about 4 k + 20 M per particle."""
+        k = self.observation_size() if k is None else k
+        return 4.0 * k + 20.0 * k / (self.state_dim + 1)
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         a, y = self._split(obs)  # [B, M, d], [B, M]
         logits = x @ a.transpose(-1, -2)  # [B, N, M]

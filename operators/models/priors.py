@@ -87,6 +87,12 @@ class GaussianMixture:
         grad = -gaussian.precision_times(diff, chol).unflatten(0, (B, K))
         return (resp[..., None] * grad).sum(1)
 
+    def draw_flops(self, n: int) -> float:
+        """Floating-point operations of :meth:`sample` (n draws of one stream): one factorisation per component
+        (d³ / 3 each) and a product per draw (2 d²)."""
+        K, d = self.means.shape[1:]
+        return K * d**3 / 3.0 + 2.0 * n * d * d
+
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         w = self.weights
         mean = torch.einsum("bk,bkd->bd", w, self.means)
@@ -101,7 +107,9 @@ class GaussianMixture:
         return GaussianMixture(self.weights, m.unflatten(0, (B, K)), C.unflatten(0, (B, K)))
 
     def sample(self, n: int, gens: Generators) -> torch.Tensor:
-        """n draws per stream [B, n, d]: a component by inverse-CDF on its weight, then μ_k + L_k ξ."""
+        """n draws per stream [B, n, d]: a component by inverse-CDF on its weight, then μ_k + L_k ξ — one product
+        per component with the draws that chose it, so the memory is O(n d + K d²), never a factor per draw
+        ([n, d, d] gathered factors: 4.3 GB at n = 65536, d = 128)."""
         B, K, d = self.means.shape
         dtype = self.means.dtype
         u = rand(gens, [n], dtype)  # [B, n]
@@ -109,8 +117,14 @@ class GaussianMixture:
         k = torch.searchsorted(cdf, u.contiguous()).clamp_max(K - 1)  # [B, n]
         xi = randn(gens, [n, d], dtype)
         chol = self._chol()  # [B, K, d, d]
-        bidx = torch.arange(B)[:, None]
-        return self.means[bidx, k] + (chol[bidx, k] @ xi[..., None]).squeeze(-1)
+        if K == 1:
+            return self.means[:, :1] + xi @ chol[:, 0].transpose(-1, -2)
+        out = torch.empty(B, n, d, dtype=dtype)
+        for b in range(B):
+            for c in torch.unique(k[b]).tolist():
+                rows = (k[b] == c).nonzero().squeeze(-1)
+                out[b, rows] = self.means[b, c] + xi[b, rows] @ chol[b, c].T
+        return out
 
 
 @dataclass
@@ -127,6 +141,10 @@ class ParticlePrior:
 
     def to(self, dtype: torch.dtype) -> ParticlePrior:
         return ParticlePrior(self.particles.to(dtype))
+
+    def draw_flops(self, n: int) -> float:
+        """The particles are used as given: a copy."""
+        return float(n * self.dim)
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         return gaussian.moments(self.particles)
@@ -152,6 +170,11 @@ class SamplerPrior:
 
     def to(self, dtype: torch.dtype) -> SamplerPrior:
         return replace(self, dtype=dtype)
+
+    def draw_flops(self, n: int) -> float:
+        """The generator network's forward pass per draw (2 flops per weight) and the whitening map (2 d²)."""
+        weights = sum(p.numel() for p in self.sampler.generator.parameters())
+        return 2.0 * n * (weights + self.dim**2)
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         mean, cov = (t.to(self.dtype).expand(self.batch, *t.shape).clone() for t in self.sampler.moments())

@@ -16,6 +16,11 @@ Subclasses implement ``_update``; the base class restores each stream's generato
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
 
+Cost. :meth:`Updater.step_work` and :meth:`Updater.forecast_work` estimate one update's and one forecast's
+floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.costs`), which refuses
+a request over its budget before any of this runs; a method whose work grows otherwise than a particle filter's
+(iterations, pairs of particles, d³ algebra) overrides them.
+
 Hand-over between methods. A step one method cannot compute (it fails numerically) may be computed by another
 from the same state and the result taken back (the service's fall-back). Each method converts its own state, so
 the caller never reads another method's extras:
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from mpflow.operators import gaussian
@@ -44,6 +49,19 @@ from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
 from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
 from mpflow.operators.state import ParticleState, StepInfo, ess, scatter_info
 from mpflow.operators.updaters.predictive import Predictive, particle_predictive
+
+
+class StepWork(NamedTuple):
+    """An estimate of one update of one stream (:meth:`Updater.step_work`, read by :mod:`mpflow.service.costs`):
+    floating-point operations, and the peak bytes of the tensors it holds at once."""
+
+    flops: float
+    bytes: float
+
+
+#: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
+#: per-stream ``randn`` of n × d costs about as much as 30 n d multiply-adds)
+RANDN_FLOPS = 30.0
 
 
 class NonFiniteError(FloatingPointError):
@@ -239,6 +257,32 @@ class Updater:
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ cost (the service's cost model)
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """One update of ``n`` particles of one stream under ``model``, a step of duration ``dt`` observing ``k``
+        entries (None: the family's observation size). The default is a particle method's (``smc``): every
+        particle's transition and likelihood (:meth:`ModelFamily.particle_flops`), the cloud's moments and a
+        Liu–West move (a few n d², a d³ factorisation), n d normal draws (:data:`RANDN_FLOPS` each), the step's
+        model (:meth:`ModelFamily.step_model_flops`); about eight float64 copies of the cloud and two of its
+        predicted observations. Methods whose work grows otherwise (iterations, pairs of particles, d³ algebra)
+        override it."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        flops = n * (model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d) + 10.0 * d**3
+        return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
+
+    def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
+        """:meth:`forecast` by propagation: per horizon every particle's transition (all its sub-steps) and one
+        draw of its observation (2 d k + 2 k²), the weighted moments (2 (d² + k²)) and quantiles (a sort); every
+        horizon's cloud is kept in float64 — k × n × (d + o) — and the quantiles' sort copies it about five
+        times more."""
+        d, k = model.state_dim, model.observation_size()
+        sort = 20.0 * (d + k) * math.log2(max(n, 2))
+        per = model.transition_flops() * model.integration_substeps(dt) + 2.0 * d * k + 2.0 * k * k
+        per += 2.0 * (d * d + k * k) + sort
+        fixed = model.step_model_flops() + steps * (model.step_fixed_flops(dt) - model.step_model_flops())
+        return StepWork(steps * n * per + fixed, 8.0 * 6 * steps * n * (d + k))
 
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:

@@ -35,7 +35,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.base import StepWork, Updater
 
 VARIANTS = ("etkf", "perturbed")
 
@@ -100,6 +100,17 @@ class EnKFUpdater(Updater):
         R = model.observation_noise()
         if not torch.equal(R, torch.diag_embed(torch.diagonal(R, dim1=-2, dim2=-1))):
             raise ValueError("options.localisation: the LETKF needs independent observation errors (a diagonal R)")
+
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """Every member's transition and predicted observation (:meth:`ModelFamily.particle_flops`), the
+        anomalies' products (2 n d k) and the thin SVD of the n × k whitened anomalies (about 4 n k²) — once for
+        the ETKF, once per state variable for the LETKF (``localisation``), which holds d tapered n × k copies."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        analyses = d if self.options["localisation"] is not None else 1
+        flops = n * model.particle_flops(dt, k) + 2.0 * n * d * k + analyses * (4.0 * n * k * k + 4.0 * n * k)
+        held = 8.0 * (6 * n * d + 4 * n * k + 3 * analyses * n * k)
+        return StepWork(flops + model.step_fixed_flops(dt), held)
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, d = state.particles.shape

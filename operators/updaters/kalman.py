@@ -17,7 +17,7 @@ from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.kalman import kalman_predict
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive, gaussian_predictive
 
 
@@ -65,6 +65,22 @@ class KalmanUpdater(Updater):
         zero = torch.zeros(state.batch_size, dtype=torch.float64)
         n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
         return self._drawn(state, m, P, gens), StepInfo(zero, n)
+
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """The Kalman predict and update in float64 (products and factorisations of d × d and k × k: about
+        30 d³ + 20 d² k + 10 k³) and n fresh draws of the Gaussian (n d normal draws and 2 n d²)."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        draws = n * d * (RANDN_FLOPS + 2.0 * d)
+        flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_fixed_flops(dt)
+        return StepWork(flops, 8.0 * (3 * n * d + 20 * (d + k) ** 2))
+
+    def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
+        """The exact predictive: per horizon a Kalman predict and the observation's moments (d × d and k × k
+        algebra, no particles)."""
+        d, k = model.state_dim, model.observation_size()
+        flops = steps * (30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3) + model.step_fixed_flops(dt)
+        return StepWork(flops, 8.0 * 4 * steps * (d * d + k * k))
 
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
         """The exact predictive: the Kalman predict ``steps`` times, and N(H m_j, H P_j Hᵀ + R)."""

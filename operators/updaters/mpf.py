@@ -57,7 +57,7 @@ from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
-from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.base import StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
 
@@ -313,6 +313,20 @@ class MPFUpdater(Updater):
             return o["moves"]
         plain = not (o["correct"] or o["track_density"])
         return posterior_moves.MOVES if plain and not model.dynamic and model.posterior_moves else 0
+
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """The predict of a particle method (:meth:`Updater.step_work`), then up to ``max_substeps`` stages, each
+        a re-fit of the likelihood (``POSTERIOR_ITERATIONS`` of every particle's score) and ``steps`` RK4 steps of
+        the velocity (4 evaluations: the base flow's d × d map, 4 d², and a trained network's 2 flops per
+        weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle)."""
+        base = super().step_work(model, n, dt, k)
+        net = self.options["network"]
+        weights = sum(p.numel() for p in net.parameters()) if net is not None else 0
+        likelihood = model.likelihood_flops(k)
+        stage = 4.0 * self.options["steps"] * (4.0 * model.state_dim**2 + 2.0 * weights)
+        stage += POSTERIOR_ITERATIONS * likelihood
+        moves = self.moves(model) * (self.options["window"] + 1) * likelihood
+        return StepWork(base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes)
 
     def base_flow(self, dim: int) -> MPFVelocity:
         """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""

@@ -39,8 +39,10 @@ from dataclasses import dataclass
 
 import torch
 from mpflow.operators import rng
+from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators
 from mpflow.operators.updaters.assumed_density import AssumedDensityUpdater, FlowResult, PosteriorTarget, Whitening
+from mpflow.operators.updaters.base import StepWork
 from torch.nn import functional
 
 Score = Callable[[torch.Tensor], torch.Tensor]
@@ -276,6 +278,21 @@ class NVGDUpdater(AssumedDensityUpdater):
         "probes": 1,
         "whiten": True,
     }
+
+    def iteration_work(self, model: ModelFamily, n: int) -> StepWork:
+        """Up to ``inner_steps`` Adam steps of the witness MLP d → ``hidden`` → d: forward and backward on the
+        training half, forward on the validation half (about 4 flops per weight and particle), carrying t tangents
+        for the divergence (t = d when exact: ``divergence`` "exact", or "auto" up to d = 16; else ``probes``);
+        activations and tangents in float32."""
+        d = model.state_dim
+        sizes = [d, *self.options["hidden"], d]
+        exact = self.options["divergence"] == "exact" or (
+            self.options["divergence"] == "auto" and d <= AUTO_EXACT_MAX_DIM
+        )
+        tangents = d if exact else int(self.options["probes"])
+        weights = sum(a * b for a, b in itertools.pairwise(sizes))
+        flops = float(self.options["inner_steps"]) * 4.0 * n * weights * (1 + tangents)
+        return StepWork(flops, 4.0 * 6 * n * sum(sizes) * (1 + tangents) + 80.0 * n * d)
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
         x, trace = nvgd(x, target.score, gens, **self.solver_options())

@@ -28,7 +28,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior
 from mpflow.operators.rng import Generators
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.base import StepWork, Updater
 from mpflow.operators.updaters.enkf import predictive_log_density
 from mpflow.operators.updaters.kalman import KalmanUpdater
 from mpflow.operators.updaters.predictive import Predictive
@@ -54,6 +54,16 @@ class UKFUpdater(KalmanUpdater):
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         """Any prior: the filter starts from its mean and covariance."""
         Updater.check_compatible(self, model, prior)
+
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """The Kalman filter's algebra (:meth:`KalmanUpdater.step_work`) with 2d + 1 sigma points, each moved through
+        the transition and the observation function, and their (2d + 1) × (d + k) cross-moments."""
+        base = super().step_work(model, n, dt, k)
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        points = 2 * d + 1
+        flops = base.flops + points * (model.particle_flops(dt, k) + 4.0 * (d + k) ** 2)
+        return StepWork(flops, base.bytes + 8.0 * 4 * points * (d + k))
 
     # ------------------------------------------------------------------ the unscented transform
     def _sigma(self, m: torch.Tensor, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,6 +119,10 @@ class UKFUpdater(KalmanUpdater):
         zero = torch.zeros(state.batch_size, dtype=torch.float64)
         n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
         return self._drawn(state, m, P, gens), StepInfo(zero, n)
+
+    def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
+        """:meth:`forecast`'s, by propagation (:meth:`Updater.forecast_work`)."""
+        return Updater.forecast_work(self, model, n, steps, dt)
 
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
         """The particles propagated (:meth:`Updater.forecast`): f need not be affine."""

@@ -1,0 +1,191 @@
+"""Bounded work (issue 34, items 1 and 3), against the server as a user runs it (``python -m mpflow serve``, real
+Redis, the default limits):
+
+* item 1 — a ``lorenz96`` observation with ``"dt": 1e38`` (POST and WebSocket), a stream created with
+  ``delta: 1e38`` or ``rk4_step: 1e-38``, and ``GET …/forecast?steps=1&dt=1e38`` ran an unbounded RK4 loop: each
+  is now refused in well under a second with a 413 naming the field and the limit, nothing is half-applied (the
+  stream's step is unchanged) and another stream's update succeeds right after;
+* item 3 — a Gaussian prior at N = 65536, d = 128, a forecast at N = 65536, d = 64 with ``steps=10`` and 100000
+  draws of that stream are refused by the cost model with the field named, and the server's peak memory does not
+  grow by more than :data:`RSS_BOUND` while they are; creating the N = 65536, d = 64 stream (accepted) stays under
+  3 × that bound; a forecast of 1000 steps on a small stream is answered within it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.harness.server import drop_prefix, serve_as_user
+from tests.harness.specs import LINEAR_STREAM
+from tests.integration import conftest as integration
+
+redis_url = integration.redis_url  # the real-Redis fixture of the integration tests
+
+#: a refusal of the cost model comes before any work: well under a second (loaded CI machines included)
+QUICK_S = 1.0
+#: the growth of the server's peak RSS (VmHWM) allowed while refused requests arrive, or a forecast of 1000 steps
+#: on a small stream is answered (measured: under 30 MiB for each; the refused requests allocate nothing)
+RSS_BOUND = 100 * 2**20
+
+D = 8
+LORENZ = {
+    "model": {"family": "lorenz96"},
+    "prior": {"type": "gaussian", "mean": [8.0] * D, "cov": [[float(i == j) for j in range(D)] for i in range(D)]},
+    "method": "smc",
+    "num_particles": 64,
+    "seed": 3,
+}
+
+
+def gaussian_stream(n: int, d: int, method: str = "smc") -> dict:
+    eye = [[float(i == j) for j in range(d)] for i in range(d)]
+    return {
+        "model": {"family": "lds", "params": {"A": [[0.9 * v for v in row] for row in eye], "B": eye}},
+        "prior": {"type": "gaussian", "mean": [0.0] * d, "cov": eye},
+        "method": method,
+        "num_particles": n,
+        "seed": 2,
+    }
+
+
+class Server:
+    def __init__(self, url: str, pid: int):
+        self.url, self.pid = url, pid
+
+    def status(self, key: str) -> int:
+        """A ``/proc/PID/status`` memory line of the server, in bytes."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    def reset_peak(self) -> int:
+        """Reset the server's peak RSS to its current RSS (``clear_refs`` 5); that RSS."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+        return self.status("VmRSS")
+
+
+@pytest.fixture(scope="module")
+def server(redis_url, tmp_path_factory) -> Iterator[Server]:
+    prefix = f"mpflowtest-{uuid.uuid4().hex}"
+    env = {"MPFLOW_REDIS_URL": redis_url, "MPFLOW_REDIS_PREFIX": prefix, "MPFLOW_LOG_LEVEL": "WARNING"}
+    log_path = tmp_path_factory.mktemp("bounded") / "service.log"
+    try:
+        with serve_as_user(env, log_path, args=["--workers", "1"]) as s:  # one process: its memory is the server's
+            yield Server(s.url, s.pid)
+    finally:
+        asyncio.run(drop_prefix(redis_url, prefix))
+
+
+@pytest.fixture
+def client(server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def create(c: httpx.Client, body: dict) -> str:
+    r = c.post("/v1/streams", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["stream_id"]
+
+
+def refused(r: httpx.Response, seconds: float, *fields: str, status: int = 413) -> str:
+    """The refusal's message, after checking its status, code, speed and that it names each field and a limit."""
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == ("limit_exceeded" if status == 413 else "invalid_request")
+    assert seconds < QUICK_S, f"refused after {seconds:.2f} s"
+    for field in fields:
+        assert field in error["message"], error["message"]
+    assert "at most" in error["message"], error["message"]
+    return error["message"]
+
+
+def timed(call, *args, **kwargs) -> tuple[httpx.Response, float]:
+    t0 = time.perf_counter()
+    r = call(*args, **kwargs)
+    return r, time.perf_counter() - t0
+
+
+def other_stream_updates(c: httpx.Client) -> None:
+    sid = create(c, LINEAR_STREAM)
+    r = c.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.1, 0.2]]})
+    assert r.status_code == 200 and r.json()["step"] == 1, r.text
+
+
+def test_lorenz96_observation_dt_is_bounded(server, client):
+    sid = create(client, LORENZ)
+    ok = client.post(f"/v1/streams/{sid}/observations", json={"observations": [[8.0] * D]})
+    assert ok.status_code == 200 and ok.json()["step"] == 1
+    body = {"observations": [{"value": [8.0] * D, "dt": 1.0}, {"value": [8.0] * D, "dt": 1e38}]}
+    r, seconds = timed(client.post, f"/v1/streams/{sid}/observations", json=body)
+    message = refused(r, seconds, "observations[1].dt", "MPFLOW_MAX_INTEGRATION_SUBSTEPS")
+    assert "1000" in message
+    assert client.get(f"/v1/streams/{sid}").json()["step"] == 1  # nothing half-applied (not even the first step)
+    other_stream_updates(client)
+    # the same frame over the WebSocket: the POST's answer, as an error frame
+    with connect(f"{server.url.replace('http://', 'ws://')}/v1/streams/{sid}/ws", open_timeout=10) as ws:
+        t0 = time.perf_counter()
+        ws.send(json.dumps(body))
+        frame = json.loads(ws.recv(timeout=10))
+        assert time.perf_counter() - t0 < QUICK_S
+    assert frame["status"] == 413 and "observations[1].dt" in frame["error"]["message"]
+    assert client.get(f"/v1/streams/{sid}").json()["step"] == 1
+    # the largest dt the message offers is accepted
+    r = client.post(f"/v1/streams/{sid}/observations", json={"observations": [{"value": [8.0] * D, "dt": 1000.0}]})
+    assert r.status_code == 200 and r.json()["step"] == 2, r.text
+
+
+@pytest.mark.parametrize(("param", "value"), [("delta", 1e38), ("rk4_step", 1e-38)])
+def test_lorenz96_creation_substeps_are_bounded(client, param, value):
+    body = {**LORENZ, "model": {"family": "lorenz96", "params": {param: value}}}
+    r, seconds = timed(client.post, "/v1/streams", json=body)
+    refused(r, seconds, f"model.params.{param}", "MPFLOW_MAX_INTEGRATION_SUBSTEPS")
+    other_stream_updates(client)
+
+
+def test_forecast_dt_is_bounded(client):
+    sid = create(client, LORENZ)
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": 1, "dt": 1e38})
+    refused(r, seconds, "dt", "MPFLOW_MAX_INTEGRATION_SUBSTEPS")
+    assert client.get(f"/v1/streams/{sid}").json()["step"] == 0
+    other_stream_updates(client)
+
+
+def test_heavy_requests_are_refused_before_they_allocate(server, client):
+    before = server.reset_peak()
+    # item 3: a Gaussian prior of N = 65536 particles in d = 128 (it built an [N, d, d] Cholesky: +4.2 GB)
+    r, seconds = timed(client.post, "/v1/streams", json=gaussian_stream(65536, 128))
+    refused(r, seconds, "num_particles", "MPFLOW_MAX_REQUEST_BYTES")
+    # a stream at N = 65536, d = 64 is within the budget; its 10-step forecast (+2.25 GB, 29 s) is not
+    sid = create(client, gaussian_stream(65536, 64))
+    peak_created = server.status("VmHWM") - before
+    before = server.reset_peak()
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": 10})
+    refused(r, seconds, "steps", "MPFLOW_MAX_REQUEST")
+    # nor are 100000 draws of it (as JSON: about 460 MiB)
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/samples", params={"n": 100000})
+    refused(r, seconds, "n", "MPFLOW_MAX_REQUEST_BYTES")
+    assert server.status("VmHWM") - before < RSS_BOUND
+    assert peak_created < 3 * RSS_BOUND, f"creating N = 65536, d = 64 took {peak_created / 2**20:.0f} MiB"
+    assert client.delete(f"/v1/streams/{sid}").status_code == 204
+    other_stream_updates(client)
+
+
+def test_long_forecast_of_a_small_stream_is_bounded(server, client):
+    sid = create(client, gaussian_stream(256, 2))
+    before = server.reset_peak()
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": 1000})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["forecast"]) == 1000
+    assert server.status("VmHWM") - before < RSS_BOUND
+    assert seconds < 10.0

@@ -1,0 +1,175 @@
+"""The cost model (:mod:`mpflow.service.costs`) and the bounded integration loops it relies on: sub-steps counted by
+the family, the loop refusing more than its ceiling, estimates that grow as the methods do, and 413s that name the
+field, the limit and the largest value that fits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.rng import StreamRNG, rand, randn
+from mpflow.operators.updaters import get_updater
+from mpflow.service import costs
+from mpflow.service.errors import ApiError
+from mpflow.service.settings import Settings
+
+SETTINGS = Settings()
+
+
+def lds(d: int):
+    eye = torch.eye(d)
+    return make_model("lds", {"A": (0.9 * eye).tolist(), "B": eye.tolist()}, d)
+
+
+def gaussian(d: int) -> GaussianMixture:
+    return GaussianMixture.gaussian(torch.zeros(1, d), torch.eye(d)[None])
+
+
+# ----------------------------------------------------------------- integration sub-steps
+
+
+def test_lorenz96_counts_its_substeps_in_float64():
+    assert make_model("lorenz96", {}, 8).integration_substeps() == 1.0
+    fine = make_model("lorenz96", {"delta": 0.1, "rk4_step": 0.001}, 8)
+    assert fine.integration_substeps() == 100.0
+    assert fine.integration_substeps(2.5) == 250.0
+    assert fine.at_step(2.5).integration_substeps() == 250.0  # the step's model says the same
+    huge = make_model("lorenz96", {"delta": 1e38}, 8).integration_substeps(1e38)
+    assert huge == pytest.approx(2e77, rel=1e-6)  # an honest count, not inf or an overflow
+    tiny = make_model("lorenz96", {"rk4_step": 1e-38}, 8).integration_substeps()
+    assert tiny == pytest.approx(5e36, rel=1e-3)
+
+
+def test_closed_form_families_take_one_substep_whatever_dt():
+    assert lds(2).integration_substeps(1e30) == 1.0
+    assert make_model("linear_gaussian", {}, 2).integration_substeps(1e30) == 1.0
+
+
+def test_lorenz96_loop_refuses_beyond_its_ceiling_before_any_step():
+    model = make_model("lorenz96", {"delta": 1e38}, 8)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"model.params.delta, model.params.rk4_step: .* more than the 1000000"):
+        model.transition_mean(torch.zeros(1, 4, 8))
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_check_substeps_names_the_field_and_the_longest_dt():
+    model = make_model("lorenz96", {"delta": 0.05, "rk4_step": 0.005}, 8)  # 10 sub-steps per observation
+    costs.check_substeps(SETTINGS, model, 99.0, "observations[0]")  # 990 sub-steps: under the limit
+    with pytest.raises(ApiError) as err:
+        costs.check_substeps(SETTINGS, model, 1e38, "observations[3]")
+    assert err.value.status == 413 and err.value.code == "limit_exceeded"
+    assert err.value.message.startswith("observations[3].dt: ")
+    assert "MPFLOW_MAX_INTEGRATION_SUBSTEPS" in err.value.message and "dt at most about 100" in err.value.message
+    with pytest.raises(ApiError) as err:
+        costs.check_substeps(SETTINGS, model, 1e38, "")  # a query parameter
+    assert err.value.message.startswith("dt: ")
+    with pytest.raises(ApiError) as err:
+        costs.check_substeps(SETTINGS, make_model("lorenz96", {"rk4_step": 1e-38}, 8), 1.0, None)
+    assert err.value.message.startswith("model.params.delta, model.params.rk4_step: ")
+
+
+def test_requested_steps_read_dt_and_entries_and_refuse_bad_dt():
+    steps = costs.requested_steps([[1.0, 2.0], {"value": [[1, 2], [3, None]], "dt": 0.5}, None])
+    assert steps == [(1.0, 2), (0.5, 4), (1.0, 1)]
+    with pytest.raises(ApiError) as err:
+        costs.requested_steps([[1.0], {"value": [1.0], "dt": -1}])
+    assert err.value.status == 422 and err.value.message.startswith("observations[1].dt: ")
+
+
+# ----------------------------------------------------------------- estimates
+
+
+def test_estimates_grow_as_the_methods_do():
+    m = lds(8)
+    smc, svgd, kalman = (get_updater(name) for name in ("smc", "svgd", "kalman"))
+    # smc is linear in N, svgd quadratic (its kernel), kalman's algebra does not grow with N beyond its draws
+    assert smc.step_work(m, 2000).flops / smc.step_work(m, 1000).flops == pytest.approx(2.0, rel=0.05)
+    assert svgd.step_work(m, 2000).flops / svgd.step_work(m, 1000).flops == pytest.approx(4.0, rel=0.1)
+    assert svgd.step_work(m, 4096).bytes >= 8 * 4096**2  # two float32 n × n buffers
+    big = lds(256)
+    assert kalman.step_work(big, 16).flops >= 30 * 256**3
+    # lorenz96's work grows with its sub-steps: 99 more RK4 steps of every particle, and their launches
+    l96 = make_model("lorenz96", {}, 40)
+    extra = smc.step_work(l96, 100, dt=100.0).flops - smc.step_work(l96, 100).flops
+    assert extra == pytest.approx(99 * (100 * l96.RK4_FLOPS_PER_VARIABLE * 40 + l96.substep_overhead_flops))
+
+
+def test_forecast_memory_grows_with_steps_and_is_small_for_kalman():
+    m = lds(64)
+    smc, kalman = get_updater("smc"), get_updater("kalman")
+    ten = costs.forecast_cost(m, smc, 65536, 10, 1.0, 0)
+    assert ten.bytes > 10 * costs.forecast_cost(m, smc, 65536, 1, 1.0, 0).bytes / 2
+    assert ten.bytes > 2e9  # what the issue measured: +2.25 GB
+    assert costs.forecast_cost(m, kalman, 65536, 10, 1.0, 0).bytes < 0.01 * ten.bytes
+
+
+def test_share_and_heavy():
+    light = costs.Cost(SETTINGS.max_request_flops * 0.01, 1e6)
+    full = costs.Cost(SETTINGS.max_request_flops, SETTINGS.max_request_bytes * 0.5)
+    assert costs.share(SETTINGS, full) == 1.0 and costs.heavy(SETTINGS, full)
+    assert not costs.heavy(SETTINGS, light)
+    assert costs.Cost(1, 5).then(costs.Cost(2, 3)) == costs.Cost(3, 5)
+
+
+# ----------------------------------------------------------------- refusals
+
+
+def test_a_batch_shares_one_budget():
+    budget = costs.Budget(SETTINGS)
+    first, second = object(), object()
+    most = costs.Cost(0.6 * SETTINGS.max_request_flops, 0.0)
+    budget.spend(first, most)
+    budget.spend(first, most)  # a retried check of the same update replaces its share
+    with pytest.raises(ApiError) as err:
+        budget.spend(second, most)
+    assert err.value.status == 413 and err.value.message.startswith("updates: ")
+    budget.spend(second, costs.Cost(0.3 * SETTINGS.max_request_flops, 0.0))
+
+
+def test_check_answers_the_largest_value_that_fits():
+    m, smc, prior = lds(128), get_updater("smc"), gaussian(128)
+    cost = costs.check(SETTINGS, "num_particles", 1024, lambda n: costs.creation_cost(m, smc, prior, n), "creating")
+    assert costs.share(SETTINGS, cost) <= 1.0
+    with pytest.raises(ApiError) as err:
+        costs.check(SETTINGS, "num_particles", 65536, lambda n: costs.creation_cost(m, smc, prior, n), "creating")
+    assert err.value.status == 413 and err.value.code == "limit_exceeded"
+    message = err.value.message
+    assert message.startswith("num_particles: creating needs about ") and "MPFLOW_MAX_REQUEST_BYTES" in message
+    fits = int(message.rsplit("at most ", 1)[1].split(" ")[0])
+    assert costs.share(SETTINGS, costs.creation_cost(m, smc, prior, fits)) <= 1.0
+    assert costs.share(SETTINGS, costs.creation_cost(m, smc, prior, fits + 1)) > 1.0
+
+
+def test_check_says_when_even_one_is_over():
+    with pytest.raises(ApiError, match="even 1 is over the budget"):
+        costs.check(SETTINGS, "steps", 3, lambda k: costs.Cost(SETTINGS.max_request_flops * 2, 0.0), "x")
+
+
+# ----------------------------------------------------------------- O(d²) per component, not per draw
+
+
+def _gathered_draws(prior: GaussianMixture, n: int, gens) -> torch.Tensor:
+    """The draws as they were computed before: a Cholesky factor gathered per draw ([B, n, d, d])."""
+    B, K, d = prior.means.shape
+    u = rand(gens, [n], prior.means.dtype)
+    k = torch.searchsorted(torch.cumsum(prior.weights, -1), u.contiguous()).clamp_max(K - 1)
+    xi = randn(gens, [n, d], prior.means.dtype)
+    chol, bidx = prior._chol(), torch.arange(B)[:, None]
+    return prior.means[bidx, k] + (chol[bidx, k] @ xi[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("components", [1, 3])
+def test_mixture_draws_are_the_same_with_one_factor_per_component(components):
+    g = torch.Generator().manual_seed(0)
+    d = 5
+    A = torch.randn(2, components, d, d, generator=g, dtype=torch.float64)
+    covs = A @ A.transpose(-1, -2) + torch.eye(d, dtype=torch.float64)
+    weights = torch.softmax(torch.randn(2, components, generator=g, dtype=torch.float64), -1)
+    prior = GaussianMixture(weights, torch.randn(2, components, d, generator=g, dtype=torch.float64), covs)
+    got = prior.sample(300, StreamRNG.from_seeds([1, 2]))
+    want = _gathered_draws(prior, 300, StreamRNG.from_seeds([1, 2]))
+    torch.testing.assert_close(got, want)
