@@ -79,8 +79,9 @@ class RingFlow(nn.Module):
         idx = p["obs_index"].long().reshape(B, -1)
         o = obs.to(dtype).reshape(B, -1)
         seen = torch.isfinite(o)
-        full = torch.zeros(B, d, dtype=dtype, device=analysis.device).scatter(1, idx, torch.where(seen, o, torch.zeros_like(o)))
-        mask = torch.zeros(B, d, dtype=dtype, device=analysis.device).scatter(1, idx, seen.to(dtype))
+        blank = torch.zeros(B, d, dtype=dtype, device=analysis.device)
+        full = blank.scatter(1, idx, torch.where(seen, o, torch.zeros_like(o)))
+        mask = blank.scatter(1, idx, seen.to(dtype))
         shared = torch.stack(
             [
                 ma / 5.0,
