@@ -130,17 +130,8 @@ def task_loss(
     task's generator), else exact (:mod:`mpflow.operators.mpf.divergence`).
     """
     if loss != "kl":
-        return score_loss(
-            net,
-            tasks,
-            N,
-            loss=loss,
-            steps=steps,
-            create_graph=create_graph,
-            device=device,
-            adjoint=adjoint,
-            tbptt=tbptt,
-        )
+        kw = dict(steps=steps, create_graph=create_graph, device=device, adjoint=adjoint, tbptt=tbptt)
+        return score_loss(net, tasks, N, loss=loss, **kw)
     x, tasks, device = _initial_cloud(tasks, N, device)
     model, prior = tasks.model, tasks.prior
     with torch.device(device):
