@@ -1,9 +1,10 @@
 """Lorenz-96 twin experiments at published settings: ``enkf`` against Sakov & Oke 2008, ``smc`` against Bocquet 2010.
 
-``python -m benchmarks.lorenz96 [--quick] [--steps T] [--streams B] [--seed S] [--only SETTING]``
+``python -m benchmarks.lorenz96 [--quick] [--steps T] [--streams B] [--seed S] [--only SETTING] [--ring PATH]
+[--methods M,…] [--merge JSON…]``
 
-Two settings of DAPPER (``dapper/mods/Lorenz96``), both with F = 8, observations every Δ = 0.05 time units, one
-RK4 step of 0.05 between them, a perfect model (no model noise):
+Three settings of DAPPER (``dapper/mods/Lorenz96``), all with F = 8 and a perfect model (no model noise); the first
+two observe every Δ = 0.05 time units, one RK4 step of 0.05 between observations:
 
 * ``sakov2008``: d = 40, every variable observed, R = I. Published analysis RMSE of a tuned ensemble square-root
   filter at N = 40: 0.18 (Sakov & Oke 2008, Table 1; DAPPER: ``EnKF('Sqrt', N=24, infl=1.013)`` 0.18,
@@ -16,7 +17,13 @@ RK4 step of 0.05 between them, a perfect model (no model noise):
   the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), the plain SIR
   filter that resamples at every step, and ``enkf``.
 
-``mpf`` runs both (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.propagate``): the base flow
+* ``spantini2019``: d = 40, Δ = 0.4 (RK4 steps of 0.02), every second variable observed, R = 0.5 (DAPPER's
+  ``Obs['noise'] = .5``). Published rmse.a (DAPPER's suggested tuning): ``EnKF('Sqrt', N=40, infl=1.10)`` 2.2,
+  N = 100 0.97; ``LETKF(N=40, infl=1.10, loc_rad=4)`` 1.0, N = 100 0.84; ``iEnKS('Sqrt', N=40, Lag=2)`` 0.52. Run:
+  the ETKF and the LETKF (``localisation``) at N = 20 … 100, ``ukf``, ``mpf`` at N = 48 and 100, ``smc`` at N = 2000.
+  An experiment is lost above RMSE 2.0 here (:data:`SPANTINI_LOST`).
+
+``mpf`` runs every setting (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.propagate``): the base flow
 at N = 48 (it needs N > d), at N = 48 and 64 with enkf's inflation ρ = 1.01 of the predictive's anomalies (with a
 linear observation the base flow is an exact Gaussian update, an ensemble square-root filter), the same with the
 trained operator for (lorenz96, d) when one is shipped
@@ -28,7 +35,13 @@ setting's reference method (``enkf``, ``smc``: the lowest RMSE among its rows co
 truth on every experiment, :func:`lost_threshold`; the cheaper rows that lost it are listed). ``gpf``,
 ``kalman`` (and ``svgd``, ``nvgd``) cannot run Lorenz-96 — they push Gaussian moments through an affine transition —
 and are reported as refused, with the refusal's message. A full run writes the service's default for ``lorenz96``
-at d = 40 and d = 10 (:func:`default_entry`) into ``service/default_methods.json``.
+of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ and ``obs_every``) into
+``service/default_methods.json``; ``--only SETTING`` replaces that setting's entry alone.
+
+``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
+``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
+method or method:N (``enkf:40``); ``--merge`` joins runs that split one setting's rows between processes (same
+twins) into one table — and, for a full-length run, the defaults.
 
 Each setting runs B independent twin experiments as one batch of streams (B = 4, and 64 on ``bocquet2010``, whose
 filters lose the truth on a few per cent of long runs; 2 with ``--quick``; ``--seed`` draws another set): a truth
@@ -36,7 +49,9 @@ spun up for 1000 steps onto the attractor, its observations, and a prior N(x₀ 
 of a step is √(mean_i (x̂_i − x_i)²) with x̂ the (weighted) posterior mean; a run's RMSE is its mean over the steps after
 the burn-in (DAPPER's ``rmse.a``), and the table gives the mean and spread over the B streams, the published number,
 and the ratio to it. Steps: T = 2000 after a burn-in of 200 (``--quick``: 400 after 100). Wall time per step is one
-thread, the whole batch. Writes ``benchmarks/results/lorenz96.{json,png}`` (``lorenz96-quick.*`` with ``--quick``).
+thread, the whole batch. Each row also gives the ensemble spread √(mean_i var_i), averaged the same way (DAPPER's
+``spread.a``). Writes ``benchmarks/results/lorenz96.{json,png}`` (``lorenz96-quick.*`` with ``--quick``;
+``lorenz96-SETTING.*`` with ``--only``).
 """
 
 from __future__ import annotations
