@@ -55,6 +55,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -447,18 +448,25 @@ def default_choice(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_defaults(entries: list[dict[str, Any]], meta: dict[str, Any], path: Path = DEFAULTS_FILE) -> None:
-    """Put ``entries`` in the service's table: they replace every entry of their families, the other families'
-    entries (written by another benchmark: ``range_bearing``, ``lorenz96``) stay; ``meta`` is recorded under its
-    benchmark's name and each entry names the benchmark that measured it."""
+def write_defaults(
+    entries: list[dict[str, Any]],
+    meta: dict[str, Any],
+    path: Path = DEFAULTS_FILE,
+    key: Callable[[dict[str, Any]], Any] = lambda e: e["family"],
+) -> None:
+    """Put ``entries`` in the service's table: they replace every entry of the same ``key`` (their family; the
+    Lorenz-96 benchmark's: family and setting, so one setting is re-measured alone), the other entries (written by
+    another benchmark: ``range_bearing``, ``lorenz96``) stay; ``meta`` is recorded under its benchmark's name and each
+    entry names the benchmark that measured it."""
     old = json.loads(path.read_text()) if path.exists() else {}
     families = {e["family"] for e in entries}
-    kept = [e for e in old.get("defaults", []) if e["family"] not in families]
+    replaced = {key(e) for e in entries}
+    kept = [e for e in old.get("defaults", []) if key(e) not in replaced]
     sources = old.get("meta", {})
     if "benchmark" in sources:  # the earlier layout: one benchmark's meta
         sources = {sources["benchmark"]: sources}
     entries = [{**e, "benchmark": meta["benchmark"]} for e in entries]
-    table_ = sorted(kept + entries, key=lambda e: (e["family"], e["state_dim"]))
+    table_ = sorted(kept + entries, key=lambda e: (e["family"], e["state_dim"], e.get("setting", "")))
     report.write_json(_strict({"meta": {**sources, meta["benchmark"]: meta}, "defaults": table_}), path, indent=1)
     print(f"wrote {path.relative_to(ROOT)} (the service's default methods: {', '.join(sorted(families))})")
 

@@ -1,9 +1,10 @@
 """Lorenz-96 twin experiments at published settings: ``enkf`` against Sakov & Oke 2008, ``smc`` against Bocquet 2010.
 
-``python -m benchmarks.lorenz96 [--quick] [--steps T] [--streams B] [--seed S] [--only SETTING]``
+``python -m benchmarks.lorenz96 [--quick] [--steps T] [--streams B] [--seed S] [--only SETTING] [--ring PATH]
+[--methods M,…] [--merge JSON…]``
 
-Two settings of DAPPER (``dapper/mods/Lorenz96``), both with F = 8, observations every Δ = 0.05 time units, one
-RK4 step of 0.05 between them, a perfect model (no model noise):
+Three settings of DAPPER (``dapper/mods/Lorenz96``), all with F = 8 and a perfect model (no model noise); the first
+two observe every Δ = 0.05 time units, one RK4 step of 0.05 between observations:
 
 * ``sakov2008``: d = 40, every variable observed, R = I. Published analysis RMSE of a tuned ensemble square-root
   filter at N = 40: 0.18 (Sakov & Oke 2008, Table 1; DAPPER: ``EnKF('Sqrt', N=24, infl=1.013)`` 0.18,
@@ -16,7 +17,13 @@ RK4 step of 0.05 between them, a perfect model (no model noise):
   the kernel's jitter sd is √(1 − a²) of the cloud's, DAPPER's ``reg`` a bandwidth of the same kind), the plain SIR
   filter that resamples at every step, and ``enkf``.
 
-``mpf`` runs both (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.propagate``): the base flow
+* ``spantini2019``: d = 40, Δ = 0.4 (RK4 steps of 0.02), every second variable observed, R = 0.5 (DAPPER's
+  ``Obs['noise'] = .5``). Published rmse.a (DAPPER's suggested tuning): ``EnKF('Sqrt', N=40, infl=1.10)`` 2.2,
+  N = 100 0.97; ``LETKF(N=40, infl=1.10, loc_rad=4)`` 1.0, N = 100 0.84; ``iEnKS('Sqrt', N=40, Lag=2)`` 0.52. Run:
+  the ETKF and the LETKF (``localisation``) at N = 20 … 100, ``ukf``, ``mpf`` at N = 48 and 100, ``smc`` at N = 2000.
+  An experiment is lost above RMSE 2.0 here (:data:`SPANTINI_LOST`).
+
+``mpf`` runs every setting (its predictive: the mapped cloud's Gaussian fit, ``ModelFamily.propagate``): the base flow
 at N = 48 (it needs N > d), at N = 48 and 64 with enkf's inflation ρ = 1.01 of the predictive's anomalies (with a
 linear observation the base flow is an exact Gaussian update, an ensemble square-root filter), the same with the
 trained operator for (lorenz96, d) when one is shipped
@@ -28,7 +35,13 @@ setting's reference method (``enkf``, ``smc``: the lowest RMSE among its rows co
 truth on every experiment, :func:`lost_threshold`; the cheaper rows that lost it are listed). ``gpf``,
 ``kalman`` (and ``svgd``, ``nvgd``) cannot run Lorenz-96 — they push Gaussian moments through an affine transition —
 and are reported as refused, with the refusal's message. A full run writes the service's default for ``lorenz96``
-at d = 40 and d = 10 (:func:`default_entry`) into ``service/default_methods.json``.
+of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ and ``obs_every``) into
+``service/default_methods.json``; ``--only SETTING`` replaces that setting's entry alone.
+
+``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
+``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
+method or method:N (``enkf:40``); ``--merge`` joins runs that split one setting's rows between processes (same
+twins) into one table — and, for a full-length run, the defaults.
 
 Each setting runs B independent twin experiments as one batch of streams (B = 4, and 64 on ``bocquet2010``, whose
 filters lose the truth on a few per cent of long runs; 2 with ``--quick``; ``--seed`` draws another set): a truth
@@ -36,24 +49,31 @@ spun up for 1000 steps onto the attractor, its observations, and a prior N(x₀ 
 of a step is √(mean_i (x̂_i − x_i)²) with x̂ the (weighted) posterior mean; a run's RMSE is its mean over the steps after
 the burn-in (DAPPER's ``rmse.a``), and the table gives the mean and spread over the B streams, the published number,
 and the ratio to it. Steps: T = 2000 after a burn-in of 200 (``--quick``: 400 after 100). Wall time per step is one
-thread, the whole batch. Writes ``benchmarks/results/lorenz96.{json,png}`` (``lorenz96-quick.*`` with ``--quick``).
+thread, the whole batch. Each row also gives the ensemble spread √(mean_i var_i), averaged the same way (DAPPER's
+``spread.a``). Writes ``benchmarks/results/lorenz96.{json,png}`` (``lorenz96-quick.*`` with ``--quick``;
+``lorenz96-SETTING.*`` with ``--only``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.mpf.ring import RingLETKF
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import UPDATERS, get_updater
 from mpflow.operators.updaters.mpf import find_operator
+from mpflow.service.default_methods import REGIME_KEYS
+from mpflow.training.ring_train import load_flow
 
 from benchmarks import report
 from benchmarks.equal_compute import MAX_COST_RATIO, write_defaults
@@ -70,6 +90,9 @@ class Setting:
     runs: list[tuple[str, int, dict[str, Any], float | None, str]] = field(default_factory=list)
     #: twin experiments, run as one batch of streams
     streams: int = 4
+    #: the per-stream analysis RMSE above which an experiment lost the truth (None: the observation noise's sd,
+    #: :func:`lost_threshold`)
+    lost_rmse: float | None = None
 
 
 #: the particle filter's options on ``bocquet2010`` (a shrinkage a is added per row)
@@ -83,6 +106,31 @@ BOCQUET_AUTO = {
     "rejuvenate": "always",
     "shrinkage": 0.85,
 }
+
+#: DAPPER's ``Lorenz96/spantini2019`` (Spantini, Baptista & Marzouk 2022, Fig. 9): observations Δ = 0.4 apart, RK4
+#: steps of 0.02, every second variable observed with R = 0.5 (DAPPER's ``Obs['noise'] = .5``, a variance)
+SPANTINI_PARAMS = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
+#: (N, published rmse.a) of DAPPER's tuned ``EnKF('Sqrt', N, infl=1.10)``
+SPANTINI_ETKF = ((20, None), (40, 2.2), (100, 0.97))
+#: DAPPER's Gaspari–Cohn half-width per unit of its ``loc_rad`` (``dapper/tools/localization.py``: R = radius · 1.82,
+#: √(10/3), so that the taper is exp(−½) at the radius); ``localisation`` here is the half-width itself
+DAPPER_GC = 1.82
+#: (N, ρ, Gaspari–Cohn half-width, published rmse.a) of the LETKF rows; DAPPER's ``LETKF(N, infl, loc_rad=4)``
+#: (half-width 7.28) gets 1.0 (N = 40, ρ = 1.10), 0.89 (N = 60, ρ = 1.02), 0.84 (N = 100, ρ = 1.02)
+SPANTINI_LETKF = (
+    (20, 1.1, 4, None),
+    (40, 1.1, 4, 1.0),
+    (40, 1.05, 4, 1.0),
+    (40, 1.1, 2, 1.0),
+    (60, 1.05, 4, 0.89),
+    (100, 1.02, 4, 0.84),
+    (100, 1.05, 4, 0.84),
+    *((n, rho, 4 * DAPPER_GC, pub) for n, rho, pub in ((40, 1.1, 1.0), (60, 1.02, 0.89), (100, 1.02, 0.84))),
+)
+#: spantini2019's lost-the-truth line: half the attractor's spread (climatology's rmse.a is 3.6); reading the
+#: observed half off the observations gives √0.5 there, but the tuned LETKF at N = 40 is itself at 1.0, and a filter
+#: that lost the truth sits near 3.6 (DAPPER's 3D-Var and optimal interpolation: 2.3, 2.5)
+SPANTINI_LOST = 2.0
 
 SETTINGS = [
     Setting(
@@ -130,11 +178,28 @@ SETTINGS = [
         ],
         streams=64,
     ),
+    Setting(
+        "spantini2019",
+        40,
+        SPANTINI_PARAMS,
+        [
+            *[("enkf", n, {"inflation": 1.1}, pub, "DAPPER spantini2019 EnKF Sqrt") for n, pub in SPANTINI_ETKF],
+            *[
+                ("enkf", n, {"inflation": rho, "localisation": c}, pub, "DAPPER spantini2019 LETKF")
+                for n, rho, c, pub in SPANTINI_LETKF
+            ],
+            ("ukf", 40, {}, None, ""),
+            *[("mpf", n, {}, None, "") for n in (48, 100)],
+            *[("mpf", n, {"inflation": rho}, None, "") for n, rho in ((48, 1.05), (100, 1.05), (100, 1.1))],
+            ("smc", 2000, {"ess_threshold": 0.2, "rejuvenate": "always", "shrinkage": 0.8}, None, ""),
+        ],
+        lost_rmse=SPANTINI_LOST,
+    ),
 ]
 #: the methods that refuse a nonlinear transition, reported with their message
 REFUSED = ("gpf", "kalman")
 #: the methods an ``mpf`` row is compared with at equal compute, per setting (the one with a published number)
-REFERENCE_METHOD = {"sakov2008": "enkf", "bocquet2010": "smc"}
+REFERENCE_METHOD = {"sakov2008": "enkf", "bocquet2010": "smc", "spantini2019": "enkf"}
 
 
 def twin(setting: Setting, streams: int, steps: int, seed: int) -> tuple[ModelFamily, torch.Tensor, torch.Tensor, Any]:
@@ -158,25 +223,44 @@ def lost_threshold(model: ModelFamily) -> float:
     return float(model.observation_sd().max())
 
 
-def filter_rmse(method: str, n: int, options: dict[str, Any], model, xs, obs, prior, burn_in: int) -> dict[str, Any]:
+def filter_rmse(
+    method: str, n: int, options: dict[str, Any], model, xs, obs, prior, burn_in: int, lost_rmse: float | None = None
+) -> dict[str, Any]:
     """Run the method over every step: per-stream mean analysis RMSE after ``burn_in`` (their mean, spread and
-    median, and the mean over the streams that kept the truth), how many streams lost the truth
-    (:func:`lost_threshold`), the RMSE curve (mean over streams) and the wall time per step."""
-    u = get_updater(method, **options)
+    median, and the mean over the streams that kept the truth), the ensemble spread √(mean_i var_i) averaged the same
+    way (DAPPER's ``spread.a``: a calibrated filter's is close to its RMSE), how many streams lost the truth (RMSE
+    above ``lost_rmse``, default :func:`lost_threshold`), the RMSE curve (mean over streams) and the wall time per
+    step."""
+    u = make_updater(method, options)
     B, T, _ = xs.shape
     state = u.init(prior, model, n, seed=[100 + b for b in range(B)])
-    curve = []
+    curve, spreads, diverged = [], [], None
     t0 = time.perf_counter()
     for m in range(T):
-        state, _ = u.update(state, obs[:, m], model)
+        try:
+            state, _ = u.update(state, obs[:, m], model)
+        except (ValueError, ArithmeticError) as exc:  # a cloud gone non-finite or degenerate: the filter diverged
+            diverged = {"step": m, "error": f"{type(exc).__name__}: {exc}"[:200]}
+            break
         w = torch.softmax(state.log_weights.double(), -1)
-        mean = (w[..., None] * state.particles.double()).sum(1)
+        x = state.particles.double()
+        mean = (w[..., None] * x).sum(1)
         curve.append((mean - xs[:, m]).pow(2).mean(-1).sqrt())
-    ms = 1000 * (time.perf_counter() - t0) / T
-    rmse = torch.stack(curve, 1)  # [B, T]
-    per_stream = rmse[:, burn_in:].mean(1)
-    lost = per_stream > lost_threshold(model)
+        spreads.append((w[..., None] * (x - mean[:, None]).pow(2)).sum(1).mean(-1).sqrt())
+    ms = 1000 * (time.perf_counter() - t0) / max(len(curve), 1)
+    if diverged is not None:  # every stream counts as lost; the RMSE is that of the steps it ran
+        curve = curve or [torch.full((B,), float("inf"), dtype=torch.float64)]
+        spreads = spreads or [torch.zeros(B, dtype=torch.float64)]
+    start = burn_in if len(curve) > burn_in else 0
+    rmse = torch.stack(curve, 1).nan_to_num(1e6, 1e6, 1e6)  # [B, T]
+    per_stream = rmse[:, start:].mean(1)
+    spread = torch.stack(spreads, 1)[:, start:].mean(1).nan_to_num(1e6, 1e6, 1e6)
+    lost = per_stream > (lost_threshold(model) if lost_rmse is None else lost_rmse)
+    if diverged is not None:
+        lost[:] = True
     return {
+        "diverged": diverged,
+        "spread": float(spread.mean()),
         "rmse": float(per_stream.mean()),
         "rmse_sd_over_streams": float(per_stream.std()) if B > 1 else 0.0,
         "rmse_median": float(per_stream.median()),
@@ -186,6 +270,27 @@ def filter_rmse(method: str, n: int, options: dict[str, Any], model, xs, obs, pr
         "ms_per_step": round(ms, 2),
         "curve": [round(float(v), 4) for v in rmse.mean(0)],
     }
+
+
+#: ``--ring PATH``: the trained flow after the LETKF (:mod:`mpflow.operators.mpf.ring`), rows ``ring`` per setting
+RING_PARTICLES = {"sakov2008": (40,), "spantini2019": (40, 100)}
+
+
+def ring_runs(setting: Setting, path: str | None) -> list[tuple[str, int, dict[str, Any], float | None, str]]:
+    """Rows of the LETKF + ring flow trained in ``path`` (a ``ring.pt`` of :mod:`mpflow.training.ring_train`), with
+    the LETKF options it was trained after, at the setting's ``RING_PARTICLES``."""
+    if path is None or setting.name not in RING_PARTICLES:
+        return []
+    _, base = load_flow(path)
+    return [("ring", n, {**base, "flow": str(path)}, None, "") for n in RING_PARTICLES[setting.name]]
+
+
+def make_updater(method: str, options: dict[str, Any]):
+    """The registered method with ``options``, or (``ring``) the LETKF + trained ring flow of ``options["flow"]``."""
+    if method != "ring":
+        return get_updater(method, **options)
+    flow, _ = load_flow(options["flow"])
+    return RingLETKF(flow, **{k: v for k, v in options.items() if k != "flow"})
 
 
 def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], float | None, str]]:
@@ -201,14 +306,24 @@ def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], floa
     ]
 
 
-def run_setting(setting: Setting, streams: int, steps: int, burn_in: int, seed: int = 0) -> dict[str, Any]:
-    """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths')."""
+def run_setting(
+    setting: Setting,
+    streams: int,
+    steps: int,
+    burn_in: int,
+    seed: int = 0,
+    ring: str | None = None,
+    rows: set[str] | None = None,
+) -> dict[str, Any]:
+    """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths'), and the
+    ring flow's rows with ``ring``; ``rows``: only the rows named there by method or method:N."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
-    rows = []
-    for method, n, options, published, source in [*setting.runs, *operator_runs(setting)]:
-        out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in)
+    out_rows = []
+    runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring)]
+    for method, n, options, published, source in (r for r in runs if rows is None or {r[0], f"{r[0]}:{r[1]}"} & rows):
+        out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in, setting.lost_rmse)
         ratio = out["rmse"] / published if published else None
-        rows.append(
+        out_rows.append(
             {
                 "method": method,
                 "N": n,
@@ -219,7 +334,11 @@ def run_setting(setting: Setting, streams: int, steps: int, burn_in: int, seed: 
                 **out,
             }
         )
-        print(f"  {setting.name} {method} N={n} {options}: RMSE {out['rmse']:.3f} ({out['ms_per_step']} ms/step)")
+        print(
+            f"  {setting.name} {method} N={n} {options}: RMSE {out['rmse']:.3f}, spread {out['spread']:.3f} "
+            f"({out['streams_lost']} lost; {out['ms_per_step']} ms/step)",
+            flush=True,
+        )
     refused = {method: UPDATERS[method].refusal(type(model)) for method in REFUSED}
     result = {
         "setting": setting.name,
@@ -227,7 +346,7 @@ def run_setting(setting: Setting, streams: int, steps: int, burn_in: int, seed: 
         "params": setting.params,
         "streams": streams,
         "seed": seed,
-        "rows": rows,
+        "rows": out_rows,
         "refused": refused,
     }
     result["equal_compute"] = equal_compute(result)
@@ -242,13 +361,13 @@ def equal_compute(result: dict[str, Any]) -> list[dict[str, Any]]:
     that diverged, not one that was beaten). ``mpf_streams_lost``: the ``mpf`` row's own lost experiments."""
     ref = REFERENCE_METHOD[result["setting"]]
     out = []
-    for row in (r for r in result["rows"] if r["method"] == "mpf"):
+    for row in (r for r in result["rows"] if r["method"] in ("mpf", "ring")):
         within = [r for r in result["rows"] if r["method"] == ref and r["ms_per_step"] <= row["ms_per_step"]]
         held = [r for r in within if not r["streams_lost"]]
         best = min(held, key=lambda r: r["rmse"]) if held else None
         out.append(
             {
-                "mpf": f"N={row['N']} " + (", ".join(f"{k}={v}" for k, v in row["options"].items()) or "base flow"),
+                "mpf": f"{row['method']} N={row['N']} " + (_options(row) or "base flow"),
                 "mpf_rmse": row["rmse"],
                 "mpf_ms": row["ms_per_step"],
                 "mpf_streams_lost": row["streams_lost"],
@@ -261,6 +380,12 @@ def equal_compute(result: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _options(row: dict[str, Any]) -> str:
+    """A row's options in words (a ring flow's file by its name)."""
+    opts = {k: (os.path.basename(v) if k == "flow" else v) for k, v in row["options"].items()}
+    return ", ".join(f"{k}={v}" for k, v in opts.items())
 
 
 def _lost(row: dict[str, Any]) -> str:
@@ -282,9 +407,14 @@ def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
     candidates = [r for r in result["rows"] if per_update[id(r)] <= cap and not r["streams_lost"]]
     best = min(candidates, key=lambda r: (round(r["rmse"], 2), r["ms_per_step"]))
     others = sorted(f"{r['method']} N={r['N']} {r['rmse']:.3f}" for r in candidates if r is not best)
+    model = make_model("lorenz96", result["params"], result["d"], torch.float64)
     return {
         "family": "lorenz96",
         "state_dim": result["d"],
+        "setting": result["setting"],
+        "params": result["params"],
+        # the model parameters a stream's default is matched on (:mod:`mpflow.service.default_methods`)
+        "regime": {k: float(model.params[k][0]) for k in REGIME_KEYS},
         "method": best["method"],
         "num_particles": best["N"],
         "options": best["options"],
@@ -336,7 +466,7 @@ def table(results: list[dict[str, Any]]) -> str:
     body = []
     for r in results:
         for row in r["rows"]:
-            opts = ", ".join(f"{k}={v}" for k, v in row["options"].items()) or "defaults"
+            opts = _options(row) or "defaults"
             body.append(
                 [
                     r["setting"],
@@ -358,6 +488,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def _lost_note(row: dict[str, Any]) -> str:
     """`` (2 lost; the rest 0.241)`` for a row that lost the truth on some experiments, else empty."""
+    if row.get("diverged"):
+        return f" (diverged at step {row['diverged']['step']})"
     if not row["streams_lost"]:
         return ""
     rest = "—" if row["rmse_kept"] is None else f"{row['rmse_kept']:.3f}"
@@ -370,7 +502,7 @@ def _label(row: dict[str, Any]) -> str:
 
 
 #: a colour per method in the accuracy-against-cost panel (grey for any other)
-METHOD_COLOURS = {"mpf": "C0", "smc": "C3", "enkf": "C2", "ukf": "C1"}
+METHOD_COLOURS = {"mpf": "C0", "smc": "C3", "enkf": "C2", "ukf": "C1", "ring": "C4"}
 
 
 def plot(results: list[dict[str, Any]], burn_in: int, path) -> None:
@@ -406,6 +538,31 @@ def plot(results: list[dict[str, Any]], burn_in: int, path) -> None:
             )
 
 
+def merged(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(results, meta) of runs that split one benchmark's rows between processes (``--methods``): the rows of each
+    setting concatenated, its equal-compute table recomputed. The runs must share the twins (seed, streams, steps,
+    burn-in); the meta is the first run's, with each part's wall time and machine load."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]["meta"]
+    twins = ("steps", "burn_in", "quick", "streams")
+    for part in parts[1:]:
+        if any(part["meta"][k] != first[k] for k in twins):
+            raise SystemExit(f"--merge: the runs differ in {[k for k in twins if part['meta'][k] != first[k]]}")
+    results: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for r in part["results"]:
+            if r["setting"] in results:
+                if r["seed"] != results[r["setting"]]["seed"]:
+                    raise SystemExit(f"--merge: {r['setting']} was run with seeds {r['seed']} and another")
+                results[r["setting"]]["rows"] += r["rows"]
+            else:
+                results[r["setting"]] = dict(r)
+    for r in results.values():
+        r["equal_compute"] = equal_compute(r)
+    meta = {**first, "parts": [{k: part["meta"].get(k) for k in ("wall_s", "load_average_after")} for part in parts]}
+    return list(results.values()), meta
+
+
 def main(argv: list[str] | None = None) -> int:
     p = report.parser("lorenz96", __doc__, "400 steps after a burn-in of 100, 2 streams")
     p.add_argument("--steps", type=int, default=None, help="steps after the burn-in (2000; 400 with --quick)")
@@ -414,39 +571,58 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0, help="the twin experiments' seed (0)")
     p.add_argument("--only", choices=[s.name for s in SETTINGS], default=None, help="run one setting")
+    p.add_argument("--ring", default=None, help="a ring.pt (mpflow.training.ring_train): add its LETKF + flow rows")
+    p.add_argument(
+        "--methods", default=None, help="comma-separated: run only these rows, by method or method:N (enkf:40, ring)"
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        help="JSON results of runs that split the rows (--methods) on the same twins: one table, and the defaults "
+        "of a full-length run",
+    )
     args = p.parse_args(argv)
+    rows = None if args.methods is None else set(args.methods.split(","))
     torch.set_num_threads(1)
     steps = args.steps or (400 if args.quick else 2000)
     burn_in = 100 if args.quick else 200
     load = os.getloadavg()
     t0 = time.perf_counter()
-    settings = [s for s in SETTINGS if args.only in (None, s.name)]
-    results = [
-        run_setting(s, args.streams or (2 if args.quick else s.streams), steps, burn_in, args.seed) for s in settings
-    ]
+    if args.merge:
+        results, meta = merged(args.merge)
+        steps, burn_in = meta["steps"], meta["burn_in"]
+        standard = (steps, meta["quick"], args.seed) == (2000, False, 0) and all(r["seed"] == 0 for r in results)
+    else:
+        settings = [s for s in SETTINGS if args.only in (None, s.name)]
+        results = [
+            run_setting(s, args.streams or (2 if args.quick else s.streams), steps, burn_in, args.seed, args.ring, rows)
+            for s in settings
+        ]
+        meta = {
+            "benchmark": "lorenz96" if args.only is None else f"lorenz96-{args.only}",
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "threads": 1,
+            "streams": {r["setting"]: r["streams"] for r in results},
+            "steps": steps,
+            "burn_in": burn_in,
+            "quick": args.quick,
+            "wall_s": round(time.perf_counter() - t0, 1),
+            **report.machine_meta(load),
+        }
+        standard = (args.steps, args.streams, args.seed, args.ring, args.methods) == (None, None, 0, None, None)
+        standard = standard and not args.quick
     print(table(results))
     print("\n" + equal_compute_table(results))
-    defaults = [default_entry(r, r["streams"]) for r in results]
-    meta = {
-        "benchmark": "lorenz96",
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "threads": 1,
-        "streams": {r["setting"]: r["streams"] for r in results},
-        "steps": steps,
-        "burn_in": burn_in,
-        "quick": args.quick,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        **report.machine_meta(load),
-    }
+    defaults = [default_entry(r, r["streams"]) for r in results if any(row["method"] == "mpf" for row in r["rows"])]
     report.write_outputs(
         {"meta": meta, "results": results, "defaults": defaults},
-        report.out_stem(args, "lorenz96"),
+        report.out_stem(args, meta["benchmark"]),
         lambda path: plot(results, burn_in, path),
         indent=1,
     )
-    standard = (args.steps, args.streams, args.only, args.seed) == (None, None, None, 0)
-    if not args.quick and args.out is None and standard:
-        write_defaults(defaults, meta)
+    if args.out is None and standard:  # --only replaces that setting's entry alone
+        write_defaults(defaults, meta, key=lambda e: (e["family"], e.get("setting")))
     return 0
 
 

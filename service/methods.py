@@ -28,7 +28,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.registry import NAME_RE
 from mpflow.operators.updaters import UPDATERS, Updater, get_updater
 from mpflow.service.catalogue import OperatorCatalogue
-from mpflow.service.default_methods import default_method
+from mpflow.service.default_methods import default_method, model_regime
 from mpflow.service.errors import invalid
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
@@ -222,7 +222,7 @@ class Methods:
         """The measured default for ``model`` (:mod:`mpflow.service.default_methods`), or ``smc`` where the default's
         options, under the ``requested`` ones, cannot run the model's parameters (measured at the benchmark's:
         lorenz96's measured flow_fraction needs a linear observation, which arctan is not)."""
-        dm = default_method(model.name, model.state_dim, model.linear_gaussian)
+        dm = default_method(model.name, model.state_dim, model.linear_gaussian, params=model_regime(model.params))
         options = {k: v for k, v in dm.options.items() if k != "operator"}
         try:
             default = self._configured(dm.method, {**options, **(requested or {})})

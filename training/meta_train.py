@@ -49,6 +49,7 @@ from mpflow.operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import generator
+from mpflow.training.scores import SCORES, score
 from mpflow.training.tasks import Tasks, sample_tasks
 from torch import nn
 from tqdm.auto import tqdm
@@ -69,7 +70,8 @@ def _to_device(tasks: Tasks, device: torch.device) -> Tasks:
     model = type(m)({k: v.to(device) for k, v in m.params.items()}, m.state_dim)
     p = tasks.prior
     prior = GaussianMixture(p.weights.to(device), p.means.to(device), p.covs.to(device))
-    return Tasks(model, prior, tasks.obs.to(device), tasks.x_true.to(device), tasks.gens)
+    states = None if tasks.states is None else tasks.states.to(device)
+    return Tasks(model, prior, tasks.obs.to(device), tasks.x_true.to(device), tasks.gens, states)
 
 
 def _density(kind: str, particles: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -109,8 +111,12 @@ def task_loss(
     segment_prior: str = "kde",
     predicted_prior: str = "gaussian",
     adjoint: bool = False,
+    loss: str = "kl",
+    tbptt: int | None = None,
 ) -> torch.Tensor:
-    """The eq. 19 loss of each task [B] (summed over the T steps, mean over particles).
+    """The loss of each task [B]: the eq. 19 loss (``loss="kl"``, the paper's; summed over the T steps, mean over
+    particles), or a scoring rule of the clouds against the simulated truth (``"energy"``, ``"crps"``:
+    :func:`score_loss`, which ``tbptt`` truncates).
 
     Static families: the cumulative loss with eq. 22. ``segment`` = S cuts the sequence every S steps
     (eq. 21): at a cut the particles are detached, the new segment's prior is π̂(x; X_cut) (``segment_prior``:
@@ -123,14 +129,12 @@ def task_loss(
     For d > 8 the divergence is Hutchinson's with one Rademacher probe per particle and step (drawn from the
     task's generator), else exact (:mod:`mpflow.operators.mpf.divergence`).
     """
-    device = torch.device("cpu") if device is None else device
-    x = tasks.prior.sample(N, tasks.gens)  # X_0 ~ π, drawn on CPU from the per-task generators
-    tasks = _to_device(tasks, device)
+    if loss != "kl":
+        kw = dict(steps=steps, create_graph=create_graph, device=device, adjoint=adjoint, tbptt=tbptt)
+        return score_loss(net, tasks, N, loss=loss, **kw)
+    x, tasks, device = _initial_cloud(tasks, N, device)
     model, prior = tasks.model, tasks.prior
     with torch.device(device):
-        x = x.to(device)
-        if prior.weights.shape[1] == 1:  # as MPFUpdater._init: exact prior moments at step 0
-            x = gaussian.moment_matched(x, *prior.moments())
         log_q = prior.log_prob(x)
         log_prior, start = prior.log_prob, 0
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
@@ -163,6 +167,72 @@ def task_loss(
                 log_joint = log_joint + model.log_likelihood(tasks.obs[:, s], x)
             total = total + (log_q - log_joint).mean(-1)
     return total
+
+
+def _initial_cloud(tasks: Tasks, N: int, device) -> tuple[torch.Tensor, Tasks, torch.device]:
+    """(X_0 ~ π [B, N, d] on ``device``, the tasks moved there, the device): drawn on CPU from the per-task
+    generators, with the exact prior moments for a Gaussian prior (as MPFUpdater._init)."""
+    device = torch.device("cpu") if device is None else device
+    x = tasks.prior.sample(N, tasks.gens)
+    tasks = _to_device(tasks, device)
+    with torch.device(device):
+        x = x.to(device)
+        if tasks.prior.weights.shape[1] == 1:
+            x = gaussian.moment_matched(x, *tasks.prior.moments())
+    return x, tasks, device
+
+
+LOSSES = ("kl", *SCORES)
+
+
+def score_loss(
+    net: MPFVelocity,
+    tasks: Tasks,
+    N: int,
+    *,
+    loss: str = "energy",
+    steps: int = 1,
+    create_graph: bool = True,
+    device=None,
+    adjoint: bool = False,
+    tbptt: int | None = None,
+) -> torch.Tensor:
+    """The mean over the T steps of a strictly proper score of the step's posterior cloud against the simulated true
+    state, per task [B] (:mod:`mpflow.training.scores`: ``"energy"`` or per-dimension ``"crps"``).
+
+    The cloud is carried from step to step as at serving time (dynamic families predict first,
+    :func:`mpflow.operators.mpf.step.predict`), with its graph: the gradient of step m's score reaches the flows of
+    the earlier steps, truncated every ``tbptt`` steps (the cloud is detached there: truncated back-propagation
+    through time, memory O(tbptt)); None keeps the whole sequence. No log-density is tracked (the score needs
+    none), so a step costs one velocity evaluation per RK4 stage and no divergence."""
+    if loss not in SCORES:
+        raise ValueError(f"loss: expected one of {list(LOSSES)}, got {loss!r}")
+    if tasks.states is None:
+        raise ValueError("a scoring-rule loss needs the tasks' true states (sample_tasks gives them)")
+    x, tasks, device = _initial_cloud(tasks, N, device)
+    model = tasks.model
+    with torch.device(device):
+        total = torch.zeros(tasks.batch_size, dtype=x.dtype)
+        for m in range(tasks.length):
+            if tbptt and m > 0 and m % tbptt == 0:
+                x = x.detach()
+            white = None
+            if model.dynamic:
+                x, _, white = predict(model, x, tasks.gens, density=False)
+            x, _ = flow_step(
+                net,
+                model,
+                tasks.obs[:, m],
+                x,
+                None,
+                steps=steps,
+                divergence="none",
+                create_graph=create_graph,
+                adjoint=adjoint,
+                whitened=white,
+            )
+            total = total + score(loss, x, tasks.states[:, m].to(x.dtype))
+    return total / tasks.length
 
 
 def validation_loss(
@@ -261,8 +331,14 @@ def meta_train(
     skip_above: float = 1e7,
     max_minutes: float | None = None,
     min_improvement: float = 0.0,
+    loss: str = "kl",
+    tbptt: int | None = None,
 ) -> dict[str, Any]:
     """Algorithm 1 (module docstring). Trains ``net`` in place and leaves the best validated θ in it.
+
+    ``loss``: "kl" (eq. 19, the paper's), or a strictly proper scoring rule of each step's cloud against the
+    simulated truth, "energy" or "crps" (:func:`score_loss`; ``tbptt`` truncates its back-propagation through the
+    steps). Validation uses the same loss.
 
     ``lr_schedule``: "constant" or "cosine" (:func:`learning_rate`, annealed over ``iterations``; with
     ``max_minutes``, choose ``iterations`` the time allows, or the run stops before the schedule ends).
@@ -299,7 +375,11 @@ def meta_train(
     dev = resolve_device(device)
     net.to(dev)
     rank, world = _world()
+    if loss not in LOSSES:
+        raise ValueError(f"loss: expected one of {list(LOSSES)}, got {loss!r}")
     loss_kw = dict(steps=steps, segment=segment, segment_prior=segment_prior, predicted_prior=predicted_prior)
+    if loss != "kl":  # (not in the KL run's key: a checkpoint of an earlier version resumes under the same loss)
+        loss_kw.update(loss=loss, tbptt=tbptt)
     loss_module: nn.Module = TaskLoss(net)
     if world > 1:
         loss_module = nn.parallel.DistributedDataParallel(

@@ -38,13 +38,16 @@ BUILDERS = {name: cls.sample_task_models for name, cls in FAMILIES.items()}
 
 @dataclass
 class Tasks:
-    """A batch of B tasks: model (B streams), prior, observations [B, T, ...], true states [B, d]."""
+    """A batch of B tasks: model (B streams), prior, observations [B, T, ...], true initial states [B, d] and the
+    true states at the observations [B, T, d] (``states``: what a scoring-rule loss rates the clouds against; a
+    static family's repeat x_true)."""
 
     model: ModelFamily
     prior: GaussianMixture
     obs: torch.Tensor
     x_true: torch.Tensor
     gens: list[torch.Generator]
+    states: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -90,8 +93,8 @@ def sample_tasks(
         if isinstance(point, str) or len(point) != dim:
             raise ValueError(f"true_x: must be 'paper', 'prior' or a point of length {dim}, got {true_x!r}")
         x0 = torch.tensor(point, dtype=dtype).expand(batch, dim).clone()
-    _, obs = model.simulate(T, x0, gens)  # dynamic families: x0 ~ π is x_0, moved before the first observation
-    return Tasks(model, prior, obs, x0, gens)
+    xs, obs = model.simulate(T, x0, gens)  # dynamic families: x0 ~ π is x_0, moved before the first observation
+    return Tasks(model, prior, obs, x0, gens, xs)
 
 
 __all__ = [

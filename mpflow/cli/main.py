@@ -367,7 +367,8 @@ def _train(args: argparse.Namespace) -> int:
         "task_kwargs": task_kwargs,
         "world_size": world,
         "device": device.type,
-        "loss": "MPF eq. 19 (cumulative; eq. 21 segments; dynamic families: per-step loss vs the predicted density)",
+        "loss": LOSS_DESCRIPTIONS[args.loss],
+        "tbptt": args.tbptt,
         "init_from": init_from,
     }
     stem = f"{args.family}-d{args.dim}-seed{args.seed}"
@@ -399,6 +400,8 @@ def _train(args: argparse.Namespace) -> int:
         adjoint=args.adjoint,
         max_minutes=args.max_minutes,
         min_improvement=args.min_improvement,
+        loss=args.loss,
+        tbptt=args.tbptt,
     )
     if rank != 0:
         return 0
@@ -449,6 +452,14 @@ def no_improvement_warning(result: dict[str, Any], refused: bool) -> str:
         f"({result['val_loss_untrained']:.4f}; best iteration 0 of {result['iterations']}): {what}.\n"
         "Train longer (--iterations), with another learning rate (--lr), or on more tasks (--batch).\n" + "!" * 100
     )
+
+
+#: ``mpflow train --loss``: what the operator's config records as its training loss
+LOSS_DESCRIPTIONS = {
+    "kl": "MPF eq. 19 (cumulative; eq. 21 segments; dynamic families: per-step loss vs the predicted density)",
+    "energy": "fair energy score of each step's cloud against the simulated truth, mean over the steps",
+    "crps": "fair CRPS summed over the dimensions, of each step's cloud against the simulated truth, mean over steps",
+}
 
 
 def _add_train(sub: Any) -> argparse.ArgumentParser:
@@ -504,6 +515,16 @@ def _add_train(sub: Any) -> argparse.ArgumentParser:
         default="gaussian",
         choices=["kde", "kde-shrunk", "gaussian"],
         help="dynamic families' step prior",
+    )
+    t.add_argument(
+        "--loss",
+        default="kl",
+        choices=list(LOSS_DESCRIPTIONS),
+        help="kl: MPF eq. 19 (the paper's); energy: the energy score of each step's cloud against the simulated "
+        "truth; crps: the CRPS summed over the dimensions (strictly proper scores: no divergence is computed)",
+    )
+    t.add_argument(
+        "--tbptt", type=int, default=None, help="energy/crps: detach the cloud every K steps (default: never)"
     )
     t.add_argument("--curriculum", type=float, default=0.0, help="fraction of the run over which T grows from 1")
     t.add_argument(

@@ -113,8 +113,18 @@ class EnKFUpdater(Updater):
         return StepWork(flops + model.step_fixed_flops(dt), held)
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
-        B, N, d = state.particles.shape
-        x = model.transition(state.particles, gens).to(torch.float64)
+        B, N, _ = state.particles.shape
+        xa, log_pred = self.analysis(model.transition(state.particles, gens), obs, model, gens)
+        n = torch.full((B,), float(N), dtype=torch.float64)
+        return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n)
+
+    def analysis(
+        self, forecast: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1 (inflation) to 4 of the module docstring on the forecast ensemble [B, N, d] → (analysis ensemble
+        [B, N, d] float64, log p(o | o_<m) [B])."""
+        B, N, d = forecast.shape
+        x = forecast.to(torch.float64)
         m64 = model.to(torch.float64)
         mean = x.mean(1, keepdim=True)
         A = float(self.options["inflation"]) * (x - mean)
@@ -132,8 +142,7 @@ class EnKFUpdater(Updater):
             xa = self._global_analysis(mean, A, Y, e_bar, R)
         else:
             xa = self._local_analysis(mean, A, Y, e_bar, R, m64)
-        n = torch.full((B,), float(N), dtype=torch.float64)
-        return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n)
+        return xa, log_pred
 
     @staticmethod
     def _global_analysis(mean: torch.Tensor, A: torch.Tensor, Y: torch.Tensor, e_bar: torch.Tensor, R: torch.Tensor):

@@ -20,7 +20,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service.catalogue import methods_for
-from mpflow.service.default_methods import default_method
+from mpflow.service.default_methods import default_method, model_regime
 from mpflow.service.settings import Settings
 
 from tests.harness.server import TENANT_KEYS, drop_prefix, serve_in_process, serve_tenants
@@ -191,6 +191,32 @@ def test_default_method_and_reproducibility(redis_url):
         assert r.status_code == 201 and len(r.json()["stream_id"]) >= 16
         r = await c.post("/v1/streams", json={**spec, "stream_id": "a"})
         assert r.status_code == 409 and r.json()["error"]["code"] == "stream_exists"
+
+    run(redis_url, body)
+
+
+def test_lorenz96_default_follows_the_regime(redis_url):
+    """A Lorenz-96 stream with no method and no num_particles gets the default measured in its regime: the
+    spantini2019 one at Δ = 0.4 with every second variable observed, the sakov2008 one at the defaults (Δ = 0.05,
+    every variable) — and the answer names it (``method``, ``method_reason``)."""
+    d = 40
+    prior = {"type": "gaussian", "mean": [8.0] * d, "cov": torch.eye(d).tolist()}
+    spantini = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
+
+    async def body(app: FastAPI, c: httpx.AsyncClient):
+        for params, setting in ((spantini, "spantini2019"), ({}, "sakov2008")):
+            spec = {"model": {"family": "lorenz96", "params": params}, "prior": prior, "seed": 3}
+            r = await c.post("/v1/streams", json=spec)
+            assert r.status_code == 201, r.text
+            doc = r.json()
+            model = make_model("lorenz96", params, d)
+            default = default_method("lorenz96", d, False, params=model_regime(model.params))
+            assert (doc["method"], doc["method_options"]) == (default.method, default.options)
+            assert doc["num_particles"] == default.num_particles and doc["method_reason"] == default.reason
+            assert f"Lorenz-96 {setting}" in doc["method_reason"]
+            obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
+            r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
+            assert r.status_code == 200 and r.json()["step"] == 1, r.text
 
     run(redis_url, body)
 

@@ -20,8 +20,8 @@ def _request(family: str, d: int, **fields) -> CreateStreamRequest:
     return CreateStreamRequest.model_validate({"model": {"family": family}, "prior": prior, **fields})
 
 
-def _model(family: str, d: int):
-    return make_model(family, {}, d)
+def _model(family: str, d: int, params: dict | None = None):
+    return make_model(family, params or {}, d)
 
 
 def test_the_table_is_a_full_benchmark_run_within_the_cost_cap() -> None:
@@ -41,7 +41,8 @@ def test_the_service_follows_the_table(entry) -> None:
     family, d = entry["family"], entry["state_dim"]
     if family == "lds":
         pytest.skip("lds has required parameters: checked through the API in tests/integration")
-    choice = methods.choose(_request(family, d), _model(family, d))
+    model = _model(family, d, entry.get("params"))  # the setting it was measured in (lorenz96: sakov2008, …)
+    choice = methods.choose(_request(family, d), model)
     assert choice.method == entry["method"]
     assert choice.num_particles == entry["num_particles"]
     want = dict(entry["options"])
@@ -49,7 +50,7 @@ def test_the_service_follows_the_table(entry) -> None:
     assert choice.options == want
     assert choice.reason == entry["reason"]
     # a request that names its method gets it, without a reason
-    named = methods.choose(_request(family, d, method="smc"), _model(family, d))
+    named = methods.choose(_request(family, d, method="smc"), model)
     assert (named.method, named.reason, named.options) == ("smc", None, {})
 
 
@@ -67,3 +68,37 @@ def test_a_dimension_not_measured_takes_the_nearest_one() -> None:
     unknown = default_method("my_family", 3, False, entries)
     assert unknown.method == "smc" and "not benchmarked" in unknown.reason
     assert default_method("my_linear_family", 3, True, entries).method == "kalman"
+
+
+def test_a_family_measured_in_several_regimes_takes_the_nearest_regime() -> None:
+    """lorenz96 at d = 40 is measured at Δ = 0.05 with every variable observed (sakov2008) and at Δ = 0.4 with every
+    second one (spantini2019): a stream takes the entry of its own regime, or the nearest in log-distance."""
+    entries = [
+        {"family": "lorenz96", "state_dim": 40, "regime": {"delta": 0.05, "obs_every": 1.0}, "method": "ukf",
+         "options": {}, "num_particles": 40, "reason": "sakov"},
+        {"family": "lorenz96", "state_dim": 40, "regime": {"delta": 0.4, "obs_every": 2.0}, "method": "enkf",
+         "options": {"localisation": 4}, "num_particles": 100, "reason": "spantini"},
+    ]  # fmt: skip
+    sakov = default_method("lorenz96", 40, False, entries, {"delta": 0.05, "obs_every": 1.0})
+    assert (sakov.method, sakov.reason) == ("ukf", "sakov")
+    spantini = default_method("lorenz96", 40, False, entries, {"delta": 0.4, "obs_every": 2.0})
+    assert (spantini.method, spantini.options, spantini.num_particles) == ("enkf", {"localisation": 4}, 100)
+    assert spantini.reason == "spantini"
+    near = default_method("lorenz96", 40, False, entries, {"delta": 0.3, "obs_every": 2.0})
+    assert near.method == "enkf"
+    assert near.reason == "as measured at delta = 0.4, obs_every = 2, the nearest benchmarked regime: spantini"
+    # a regime between the two goes to the nearer in log-distance: Δ = 0.1, every variable is sakov2008's side
+    assert default_method("lorenz96", 40, False, entries, {"delta": 0.1, "obs_every": 1.0}).method == "ukf"
+    # another d: the nearest d first, then its nearest regime
+    other = default_method("lorenz96", 20, False, entries, {"delta": 0.4, "obs_every": 2.0})
+    assert other.method == "enkf" and other.reason.startswith("as measured at d = 40")
+    # no parameters (a caller that does not know them): the first entry of the nearest d, as before
+    assert default_method("lorenz96", 40, False, entries).method == "ukf"
+
+
+def test_lorenz96_defaults_cover_the_spantini_regime() -> None:
+    """The table holds a measured entry per benchmarked Lorenz-96 setting, keyed by (Δ, obs_every)."""
+    settings = {e["setting"]: e for e in ENTRIES if e["family"] == "lorenz96"}
+    assert {"sakov2008", "bocquet2010", "spantini2019"} <= set(settings)
+    assert settings["spantini2019"]["regime"] == {"delta": 0.4, "obs_every": 2.0}
+    assert "spantini2019" in settings["spantini2019"]["reason"]

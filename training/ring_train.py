@@ -1,0 +1,318 @@
+"""Train a :class:`~mpflow.operators.mpf.ring.RingFlow` after the LETKF by the energy score on simulated Lorenz-96
+twins: ``python -m mpflow.training.ring_train --out DIR [--minutes M] [--device cuda]``.
+
+The task distribution covers the regimes users run: per twin F ~ U[7, 9], Δ log-uniform on [0.05, 0.5] (RK4 steps
+of at most ``RK4_STEP``), R log-uniform on [0.25, 2.5] (a decade), and every ``obs_every`` ∈ {1, 2, 4} (one pool of
+``batch`` twins per stride, visited in turn: a batch shares its observed indices). Each pool is a set of running twin
+experiments — truth, observations and an ensemble of N members filtered by LETKF + flow — carried from iteration to
+iteration (the flow is trained on the clouds it produces itself). An iteration advances one pool by one cycle:
+
+    forecast (the truth and the members, no model noise) → observe → LETKF analysis (no gradient) → the flow,
+    loss = mean over twins of the fair energy score of the flowed ensemble against the truth
+    (:func:`mpflow.training.scores.energy_score`), Adam step; the ensemble is carried on detached (truncation
+    after every cycle: the gradient of a step's score reaches that step's flow only).
+
+A twin is restarted (a new regime, a truth spun up onto the attractor, members around it) when its analysis RMSE
+exceeds ``LOST_RMSE`` (it lost the truth) or after ``MAX_AGE`` cycles (to keep drawing regimes), in batches every
+``restart_every`` cycles of its pool; until then a lost twin's score is left out of the loss. Validation: every
+``val_every`` iterations the mean energy score and RMSE of fixed validation pools (spantini2019 and sakov2008
+twins, run ``val_cycles`` cycles from their own warm state) — the best θ by the spantini2019 validation RMSE is kept.
+
+Writes ``DIR/ring.pt`` (the flow's config and θ), ``DIR/ring_log.jsonl`` (one line per validation) and
+``DIR/ring_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from mpflow.operators.models.lorenz96 import Lorenz96
+from mpflow.operators.mpf.ring import RingFlow
+from mpflow.operators.updaters.enkf import EnKFUpdater
+from mpflow.training.scores import energy_score
+
+F_RANGE = (7.0, 9.0)
+DELTA_RANGE = (0.05, 0.5)
+R_RANGE = (0.25, 2.5)
+STRIDES = (1, 2, 4)
+RK4_STEP = 0.05
+LOST_RMSE = 3.0
+MAX_AGE = 400
+SPIN_UP_TIME = 10.0
+#: the LETKF the flow follows: Gaspari–Cohn half-width and inflation (spantini2019's tuned LETKF, DAPPER loc_rad 4)
+BASE = {"localisation": 4.0, "inflation": 1.05}
+#: validation regimes (benchmarks.lorenz96's settings)
+VALIDATION = {
+    "spantini2019": {"delta": 0.4, "obs_every": 2, "R": 0.5, "F": 8.0},
+    "sakov2008": {"delta": 0.05, "obs_every": 1, "R": 1.0, "F": 8.0},
+}
+
+
+@dataclass
+class Pool:
+    """B running twin experiments with one observation stride: model (per-twin F, Δ, R), truths [B, d], ensembles
+    [B, N, d] and their ages (cycles since the last restart)."""
+
+    model: Lorenz96
+    truth: torch.Tensor
+    members: torch.Tensor
+    age: torch.Tensor
+    #: the twins that kept the truth at the last cycle (the loss averages over them alone)
+    held: torch.Tensor | None = None
+
+
+def _uniform(gen: torch.Generator, n: int, lo: float, hi: float, log: bool = False) -> torch.Tensor:
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    if log:
+        return torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+    return lo + u * (hi - lo)
+
+
+def regime_params(gen: torch.Generator, n: int, stride: int) -> list[dict[str, float]]:
+    """n draws of the task distribution's regime (module docstring) with observation stride ``stride``."""
+    F = _uniform(gen, n, *F_RANGE)
+    delta = _uniform(gen, n, *DELTA_RANGE, log=True)
+    R = _uniform(gen, n, *R_RANGE, log=True)
+    return [
+        {"F": float(f), "delta": float(t), "R": float(r), "obs_every": stride, "rk4_step": RK4_STEP}
+        for f, t, r in zip(F, delta, R, strict=True)
+    ]
+
+
+def spun_up(model: Lorenz96, gen: torch.Generator, device) -> torch.Tensor:
+    """Truths [B, d] carried ``SPIN_UP_TIME`` time units from F + N(0, I) onto the attractor."""
+    B, d = model.params["R"].shape[0], model.state_dim
+    x = model.params["F"].reshape(B, 1) + torch.randn(B, d, generator=gen, dtype=torch.float64).to(device)
+    steps = math.ceil(SPIN_UP_TIME / float(model.params["delta"].min()))
+    for _ in range(steps):  # every twin at least SPIN_UP_TIME (more for a longer Δ: still on the attractor)
+        x = model.transition_mean(x[:, None])[:, 0]
+    return x
+
+
+def new_pool(params: list[dict[str, Any]], d: int, N: int, gen: torch.Generator, device) -> Pool:
+    model = Lorenz96._stack_params(params, d, torch.float64)
+    model = type(model)({k: v.to(device) for k, v in model.params.items()}, d)
+    truth = spun_up(model, gen, device)
+    members = truth[:, None] + torch.randn(len(params), N, d, generator=gen, dtype=torch.float64).to(device)
+    return Pool(model, truth, members, torch.zeros(len(params), dtype=torch.long, device=device))
+
+
+def cycle(
+    pool: Pool, flow: RingFlow, letkf: EnKFUpdater, gen: torch.Generator, grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forecast–analysis cycle of every twin of the pool, in place → (energy score [B] (with its graph when
+    ``grad``), analysis RMSE [B])."""
+    model = pool.model
+    pool.truth = model.transition_mean(pool.truth[:, None])[:, 0]
+    noise = torch.randn(pool.truth.shape[0], model.params["obs_index"].shape[-1], generator=gen, dtype=torch.float64)
+    obs = model.observed_mean(pool.truth[:, None])[:, 0] + model.observation_sd() * noise.to(pool.truth.device)
+    forecast = model.transition_mean(pool.members)
+    with torch.no_grad():
+        base, _ = letkf.analysis(forecast, obs, model, None)
+    weight = next(flow.parameters())
+    dev, dtype = weight.device, weight.dtype
+    flow_model = type(model)({k: v.to(dev, dtype) for k, v in model.params.items()}, model.state_dim)
+    with torch.set_grad_enabled(grad):
+        out = flow(forecast.to(dev, dtype), base.to(dev, dtype), obs.to(dev, dtype), flow_model)
+        score = energy_score(out, pool.truth.to(dev, dtype))
+    pool.members = out.detach().to(pool.truth.device, torch.float64)
+    pool.age += 1
+    rmse = (pool.members.mean(1) - pool.truth).square().mean(-1).sqrt()
+    pool.held = (rmse <= LOST_RMSE) & torch.isfinite(rmse)
+    return score, rmse
+
+
+def restart_lost(pool: Pool, rmse: torch.Tensor, stride: int, N: int, gen: torch.Generator) -> int:
+    """Restart the twins that lost the truth or are older than ``MAX_AGE`` with a fresh regime → how many."""
+    bad = (rmse > LOST_RMSE) | ~torch.isfinite(rmse) | (pool.age >= MAX_AGE)
+    idx = bad.nonzero().flatten().tolist()
+    if not idx:
+        return 0
+    fresh = new_pool(regime_params(gen, len(idx), stride), pool.model.state_dim, N, gen, pool.truth.device)
+    for key, value in fresh.model.params.items():
+        if key in pool.model.params and pool.model.params[key].shape[0] == rmse.shape[0]:
+            pool.model.params[key][idx] = value
+    pool.truth[idx], pool.members[idx], pool.age[idx] = fresh.truth, fresh.members, 0
+    return len(idx)
+
+
+def validate(flow: RingFlow, letkf: EnKFUpdater, pools: dict[str, Pool], cycles: int, seed: int) -> dict[str, float]:
+    """Mean energy score and RMSE over ``cycles`` cycles of copies of the validation pools (same start every time)."""
+    out = {}
+    gen = torch.Generator().manual_seed(seed)
+    for name, pool in pools.items():
+        p = copy.deepcopy(pool)
+        scores, rmses, spreads = [], [], []
+        for _ in range(cycles):
+            s, r = cycle(p, flow, letkf, gen, grad=False)
+            scores.append(float(s.mean()))
+            rmses.append(float(r.mean()))
+            spreads.append(float(p.members.std(1).square().mean(-1).sqrt().mean()))
+        out[f"{name}_score"] = sum(scores) / cycles
+        out[f"{name}_rmse"] = sum(rmses) / cycles
+        out[f"{name}_spread"] = sum(spreads) / cycles
+    return out
+
+
+def faster_base_device(letkf: EnKFUpdater, args: argparse.Namespace, gen: torch.Generator) -> str:
+    """ "cuda" or "cpu", whichever runs a batch's forecast and LETKF analysis faster (the LETKF's many small
+    SVDs may be faster on the CPU's cores than on a GPU)."""
+    times = {}
+    for name in ("cpu", "cuda"):
+        pool = new_pool(regime_params(gen, args.batch, 2), args.dim, args.particles, gen, torch.device(name))
+        obs = pool.model.observed_mean(pool.truth[:, None])[:, 0]
+        for k in range(4):  # the first is a warm-up
+            if k == 1:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            letkf.analysis(pool.model.transition_mean(pool.members), obs, pool.model, None)
+        torch.cuda.synchronize()
+        times[name] = time.perf_counter() - t0
+    print(f"forecast + LETKF of {args.batch} twins, 3 cycles: {times}", flush=True)
+    return min(times, key=times.get)
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    flow = RingFlow(args.hidden, args.layers, args.kernel, args.ode_steps).to(device)
+    letkf = EnKFUpdater(**BASE)
+    if args.base_device == "auto":
+        args.base_device = faster_base_device(letkf, args, gen) if device.type == "cuda" else "cpu"
+        print(f"LETKF and forecasts on {args.base_device}", flush=True)
+    device = torch.device(args.base_device)  # the twins' device (the flow stays where it is)
+    opt = torch.optim.Adam(flow.parameters(), lr=args.lr)
+    pools = {k: new_pool(regime_params(gen, args.batch, k), args.dim, args.particles, gen, device) for k in STRIDES}
+    val_gen = torch.Generator().manual_seed(10_000 + args.seed)
+    val_pools = {
+        name: new_pool([{**p, "rk4_step": RK4_STEP}] * args.val_twins, args.dim, args.particles, val_gen, device)
+        for name, p in VALIDATION.items()
+    }
+    for pool in [*pools.values(), *val_pools.values()]:  # warm up under the LETKF (the untrained flow)
+        for _ in range(args.warm_up):
+            cycle(pool, flow, letkf, gen, grad=False)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = open(out_dir / "ring_log.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+    history, t0, it, restarts = [], time.perf_counter(), 0, 0
+    best, best_state = math.inf, copy.deepcopy(flow.state_dict())
+    train_scores: list[float] = []
+    try:
+        while True:
+            elapsed = time.perf_counter() - t0
+            if it % args.val_every == 0 or elapsed > 60 * args.minutes or it >= args.iterations:
+                row = {"iteration": it, "seconds": round(elapsed, 1), "restarts": restarts}
+                row["train_score"] = sum(train_scores) / len(train_scores) if train_scores else None
+                row.update(validate(flow, letkf, val_pools, args.val_cycles, args.seed))
+                train_scores = []
+                history.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                print(json.dumps(row), flush=True)
+                if row["spantini2019_rmse"] < best:
+                    best, best_state = row["spantini2019_rmse"], copy.deepcopy(flow.state_dict())
+                if elapsed > 60 * args.minutes or it >= args.iterations:
+                    break
+            stride = STRIDES[it % len(STRIDES)]
+            pool = pools[stride]
+            held = pool.held
+            score, rmse = cycle(pool, flow, letkf, gen, grad=True)
+            loss = score[held].mean() if held is not None and bool(held.any()) else score.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
+            for group in opt.param_groups:  # cosine over the time budget
+                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
+            opt.step()
+            train_scores.append(float(loss.detach()))
+            if (it // len(STRIDES)) % args.restart_every == 0:  # restarts in batches: a spin-up costs as one
+                restarts += restart_lost(pool, rmse, stride, args.particles, gen)
+            it += 1
+    finally:
+        log.close()
+    flow.load_state_dict(best_state)
+    payload = {
+        "config": flow.config,
+        "base": BASE,
+        "state": {k: v.detach().cpu() for k, v in flow.state_dict().items()},
+        "training": {**vars(args), "iterations_done": it, "best_spantini_val_rmse": best},
+    }
+    torch.save(payload, out_dir / "ring.pt")
+    plot(history, out_dir / "ring_curve.png")
+    return {"history": history, "best": best, "iterations": it}
+
+
+def load_flow(path: str | Path) -> tuple[RingFlow, dict[str, Any]]:
+    """(the trained flow on CPU in eval mode, its LETKF options) from a ``ring.pt``."""
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = payload["config"]
+    flow = RingFlow(cfg["hidden"], cfg["layers"], cfg["kernel"], cfg["steps"], cfg["bound"])
+    flow.load_state_dict(payload["state"])
+    return flow.eval(), dict(payload["base"])
+
+
+def plot(history: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    its = [h["iteration"] for h in history]
+    for name in VALIDATION:
+        axes[0].plot(its, [h[f"{name}_rmse"] for h in history], label=f"{name} rmse")
+        axes[0].plot(its, [h[f"{name}_spread"] for h in history], ls="--", label=f"{name} spread")
+        axes[1].plot(its, [h[f"{name}_score"] for h in history], label=f"{name} energy score")
+    axes[1].plot(its, [h["train_score"] for h in history], label="training pools (mixed regimes)", color="grey")
+    axes[0].set(xlabel="iteration", ylabel="validation analysis RMSE (solid), spread (dashed)", yscale="log")
+    axes[1].set(xlabel="iteration", ylabel="energy score", yscale="log")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle("LETKF + ring flow, energy-score training (iteration 0: the LETKF alone)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for ring.pt, ring_log.jsonl and ring_curve.png")
+    p.add_argument("--dim", type=int, default=40, help="Lorenz-96 state dimension d")
+    p.add_argument("--particles", type=int, default=40, help="ensemble size N")
+    p.add_argument("--batch", type=int, default=64, help="twins per observation stride")
+    p.add_argument("--hidden", type=int, default=32, help="channels of the hidden convolutions")
+    p.add_argument("--layers", type=int, default=4, help="convolutions (the first and the last included)")
+    p.add_argument("--kernel", type=int, default=5, help="odd kernel width along the ring")
+    p.add_argument("--ode-steps", type=int, default=1, help="RK4 steps over the pseudo-time [0, 1]")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's step size, cosine-annealed over --minutes")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping")
+    p.add_argument("--minutes", type=float, default=5.0, help="training time (validates, then stops)")
+    p.add_argument("--iterations", type=int, default=10**9, help="at most this many iterations")
+    p.add_argument("--warm-up", type=int, default=30, help="cycles under the untrained flow before training")
+    p.add_argument("--val-every", type=int, default=100, help="validate every this many iterations")
+    p.add_argument("--restart-every", type=int, default=20, help="a pool's restarts, every this many of its cycles")
+    p.add_argument("--val-twins", type=int, default=16, help="twins per validation regime")
+    p.add_argument("--val-cycles", type=int, default=40, help="cycles per validation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the twins and the initial weights")
+    p.add_argument("--device", default="auto", help="the flow's device (auto: CUDA when present)")
+    p.add_argument("--base-device", default="auto", help="the twins' (forecasts, LETKF): auto times cpu and cuda")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = train(parser().parse_args(argv))
+    print(json.dumps({"best_spantini_val_rmse": out["best"], "iterations": out["iterations"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
