@@ -313,19 +313,21 @@ async def healthz() -> Response:
 
 @ops.get("/readyz", response_model=Readiness, responses={503: {"model": ErrorResponse, "description": "not ready"}})
 async def readyz(request: Request) -> Response:
-    """Ready when the state store takes a write now (a small one, acknowledged as updates are) and the operators
-    are loaded."""
+    """Ready when the state store takes a write now (a small one, acknowledged as updates are), the operators are
+    loaded, and nothing is stuck: the event loop answers in time and no compute worker is past its deadline (the
+    watchdog, MPFLOW_LOOP_LAG_LIMIT_SECONDS and MPFLOW_WORKER_DEADLINE_SECONDS)."""
     store_ok = await request.app.state.store.writable()
     ops_ok = bool(request.app.state.operators.loaded)
-    if store_ok and ops_ok:
+    stuck = request.app.state.watchdog.problems()
+    if store_ok and ops_ok and not stuck:
         return JSONResponse({"status": "ready", "store": True, "operators": True})
     missing = [
         what
         for what, ok in (("the state store does not take writes", store_ok), ("operators are not loaded", ops_ok))
         if not ok
-    ]
+    ] + stuck
     body = error_body("not_ready", "; ".join(missing))
-    return JSONResponse({**body, "store": store_ok, "operators": ops_ok}, status_code=503)
+    return JSONResponse({**body, "store": store_ok, "operators": ops_ok, "stuck": bool(stuck)}, status_code=503)
 
 
 @ops.get(

@@ -21,6 +21,9 @@ bad value fails at start with a message naming the field.
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
+- ``loop_lag_limit_seconds``, ``worker_deadline_seconds``: ``/readyz`` answers 503 while the event loop lags
+  beyond the first (and for a few seconds after), or a compute worker has been on one job longer than the second
+  (:mod:`mpflow.service.watchdog`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ _POSITIVE = (
     "max_forecast_steps",
     "redis_wait_timeout_ms",
     "history_steps",
+    "loop_lag_limit_seconds",
+    "worker_deadline_seconds",
 )
 
 
@@ -72,6 +77,9 @@ class Settings(BaseSettings):
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 1000
     history_steps: int = 500
+    # truthful health (service/watchdog.py)
+    loop_lag_limit_seconds: float = 1.0
+    worker_deadline_seconds: float = 30.0
 
     @field_validator(*_POSITIVE)
     @classmethod

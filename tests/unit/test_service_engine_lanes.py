@@ -1,0 +1,69 @@
+"""The update engine's lanes (service.engine, service.lanes): a heavy step does not hold a light one."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.updaters.smc import SMCUpdater
+from mpflow.service.engine import UpdateEngine
+from mpflow.service.lanes import FAST, SLOW, SLOW_LANE_COST, lane_of, step_cost
+
+PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
+MODEL = make_model("linear_gaussian", None, 2)
+
+
+class Slow(SMCUpdater):
+    """An smc step that first blocks for ``hold`` seconds (a sleep, so the GIL is free as in torch's kernels)."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__()
+        self.hold = hold
+        self.threads: list[str] = []
+
+    def update(self, state, obs, model):
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.hold)
+        return super().update(state, obs, model)
+
+
+def test_cost_grows_with_particles_dimension_and_method():
+    assert step_cost("smc", 4096, 64) == SLOW_LANE_COST  # the documented boundary
+    assert lane_of("kalman", 256, 4) == FAST and lane_of("smc", 65536, 64) == SLOW
+    assert step_cost("mpf", 1024, 8) > step_cost("smc", 1024, 8)
+    assert step_cost("svgd", 4096, 8) > 16 * step_cost("smc", 4096, 8)  # pairwise kernel
+    assert lane_of("smc", 64, 2, slow_lane_cost=64) == SLOW  # the threshold is the caller's
+
+
+def test_a_light_step_is_not_queued_behind_a_heavy_one():
+    """The heavy step (slow lane, held 1 s) is submitted first; the light step (fast lane) finishes long before it,
+    on a thread of its own, and the busy report names the heavy job while it runs."""
+    engine = UpdateEngine(max_wait_ms=0, slow_lane_cost=1000)
+    heavy, light = Slow(1.0), Slow(0.0)
+    obs = torch.tensor([0.5, -0.5])
+
+    async def main():
+        await engine.start()
+        try:
+            t0 = time.monotonic()
+            big = asyncio.create_task(
+                engine.update(heavy, "heavy", "smc", MODEL, heavy.init(PRIOR, MODEL, 512, 0), obs)
+            )
+            await asyncio.sleep(0.2)
+            busy = engine.busy()
+            await engine.update(light, "light", "smc", MODEL, light.init(PRIOR, MODEL, 8, 1), obs)
+            light_done = time.monotonic() - t0
+            await big
+            return busy, light_done, time.monotonic() - t0
+        finally:
+            await engine.stop()
+
+    busy, light_done, heavy_done = asyncio.run(main())
+    assert light_done < 0.8 < heavy_done
+    assert [b.lane for b in busy] == [SLOW] and "N = 512, d = 2" in busy[0].what
+    assert heavy.threads[0].startswith("mpflow-update-slow") and light.threads[0].startswith("mpflow-update-fast")
+    assert engine.busy() == []
