@@ -2,7 +2,9 @@
 call :class:`~mpflow.service.streams.StreamService` and add the stream id / step to the request's log line.
 
 Answers are built as plain dicts and sent with ``JSONResponse`` (large sample arrays skip a second pydantic
-pass); each route still declares its response model so ``/openapi.json`` describes it.
+pass); each route still declares its response model so ``/openapi.json`` describes it. The particles and the
+samples, which can be hundreds of megabytes of JSON, are streamed in chunks encoded off the event loop
+(:mod:`mpflow.service.json_stream`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service import catalogue, snapshots
 from mpflow.service.errors import ApiError, error_body
+from mpflow.service.json_stream import json_answer
 from mpflow.service.metrics import CONTENT_TYPE
 from mpflow.service.middleware import LOG_KEY
 from mpflow.service.schemas import (
@@ -147,7 +150,8 @@ async def get_samples(
     """`n` draws from the current posterior: the exact Gaussian for `kalman`, the weighted particles for `smc`, else
     the Gaussian or the smoothed cloud the particles stand for (docs/API.md)."""
     _log(request, stream=stream_id)
-    return JSONResponse({"samples": await _service(request).samples(tenant, stream_id, n)})
+    service = _service(request)
+    return json_answer({"samples": await service.samples(tenant, stream_id, n)}, service.work.off_loop)
 
 
 @api.get(
@@ -226,7 +230,8 @@ async def import_stream(
 async def get_particles(request: Request, stream_id: str, tenant: Tenant) -> Response:
     """The particle cloud that represents the posterior, with normalised log-weights."""
     _log(request, stream=stream_id)
-    return JSONResponse(await _service(request).particles(tenant, stream_id))
+    service = _service(request)
+    return json_answer(await service.particles(tenant, stream_id), service.work.off_loop)
 
 
 @api.get(
