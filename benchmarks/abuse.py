@@ -93,25 +93,11 @@ class Sizes:
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
-        if quick:
-            return cls(
-                timeout=20,
-                item1_timeout=5,
-                keyless=50,
-                imports=10,
-                websockets=200,
-                option_streams=50,
-                light_requests=15,
-            )
-        return cls(
-            timeout=60,
-            item1_timeout=15,
-            keyless=300,
-            imports=60,
-            websockets=3000,
-            option_streams=300,
-            light_requests=30,
-        )
+        return cls(*_SIZES["quick" if quick else "full"])
+
+
+#: :class:`Sizes` of a full run and of ``--quick``, in the order of its fields
+_SIZES = {"full": (60, 15, 300, 60, 3000, 300, 30), "quick": (20, 5, 50, 10, 200, 50, 15)}
 
 
 # ------------------------------------------------------------------------------------------------ the server
@@ -371,7 +357,7 @@ def run_tables(rig: Rig, sizes: Sizes, settings: Settings) -> dict[str, Any]:
     table_d = [
         worst_accepted(
             rig,
-            f"POST /v1/streams smc N={n}",
+            f"POST /v1/streams smc N={n}, d",
             [d],
             lambda v: attacks.send("POST", url, "/v1/streams", t, json=gaussian_stream("smc", n, v)),
         ),
@@ -386,6 +372,7 @@ def run_tables(rig: Rig, sizes: Sizes, settings: Settings) -> dict[str, Any]:
             "GET forecast, steps",
             halving(settings.max_forecast_steps),
             lambda k: attacks.send("GET", url, f"{_alive(rig, spec, path)}/forecast?steps={k}", t),
+            guard=lambda k: n * d * k * 8 <= PRIOR_GUARD_BYTES,
         ),
         worst_accepted(
             rig,
@@ -545,12 +532,13 @@ def tables(result: dict[str, Any]) -> str:
         "## (d) The worst accepted request per endpoint",
         "",
         report.markdown_table(
-            ["endpoint", "value", "413 above", "status", "s", "RSS peak +MB", "/healthz max s"],
+            ["endpoint", "value", "413 above", "not asked (guard)", "status", "s", "RSS peak +MB", "/healthz max s"],
             [
                 [
                     r["endpoint"],
                     _fmt(r["value"]),
                     _fmt(r["refused_above"] or None),
+                    _fmt(r["guard_skipped"] or None),
                     _fmt(r.get("status")),
                     _fmt(r.get("seconds")),
                     _fmt(r.get("rss_peak_growth_mb"), 0),
