@@ -24,9 +24,10 @@ by one so that only the guilty stream sees the error.
 Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.lanes`). Each job is priced by
 :func:`~mpflow.service.lanes.step_cost` (particles × dimension × a method factor) and queued on the fast lane or,
 at or above ``slow_lane_cost``, on the slow lane; each lane has its own dispatcher task and its own worker thread,
-and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes). A
-heavy stream's step then delays only other heavy steps: a light stream's step waits at most for the light
-batch ahead of it. Per-stream order is unchanged (a stream's jobs all go to one lane, one after the other). Each
+and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes;
+announcements are counted over both lanes, so a light key may wait its ``max_wait_ms`` for a heavy request's
+announced step). A heavy stream's step then delays only other heavy steps: a light stream's step waits at most
+for the light batch ahead of it. Per-stream order is unchanged (a stream's jobs all go to one lane, one after the other). Each
 lane's worker (and each auxiliary thread) records the job it is on and since when (:meth:`UpdateEngine.busy`),
 which the watchdog (:mod:`mpflow.service.watchdog`) compares with its deadline.
 

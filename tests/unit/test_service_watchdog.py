@@ -57,3 +57,13 @@ def test_a_worker_past_its_deadline_is_named_with_its_job():
     assert early == [] and done == []
     assert len(late) == 1 and "slow worker" in late[0] and "N = 65536, d = 64" in late[0]
     assert "MPFLOW_WORKER_DEADLINE_SECONDS" in late[0]
+
+
+def test_the_watchdog_gauges_are_exported():
+    from mpflow.service.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe_watchdog(0.5, {"fast": 0.0, "slow": 2.0, "aux": 0.0})
+    text = metrics.render().decode()
+    assert "mpflow_event_loop_lag_seconds 0.5" in text
+    assert 'mpflow_worker_busy_seconds{worker="slow"} 2.0' in text
