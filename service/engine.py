@@ -26,10 +26,11 @@ Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.lane
 at or above ``slow_lane_cost``, on the slow lane; each lane has its own dispatcher task and its own worker thread,
 and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes;
 announcements are counted over both lanes, so a light key may wait its ``max_wait_ms`` for a heavy request's
-announced step). A heavy stream's step then delays only other heavy steps: a light stream's step waits at most
-for the light batch ahead of it. Per-stream order is unchanged (a stream's jobs all go to one lane, one after the other). Each
-lane's worker (and each auxiliary thread) records the job it is on and since when (:meth:`UpdateEngine.busy`),
-which the watchdog (:mod:`mpflow.service.watchdog`) compares with its deadline.
+announced step). A heavy stream's step then delays only other heavy steps: a light stream's step waits at most for
+the light batch ahead of it. The slow lane's thread runs at a lower CPU priority, so that on busy cores the event
+loop and the fast lane go first. Per-stream order is unchanged (a stream's jobs all go to one lane, one after the
+other). Each lane's worker (and each auxiliary thread) records the job it is on and since when
+(:meth:`UpdateEngine.busy`), which the watchdog (:mod:`mpflow.service.watchdog`) compares with its deadline.
 
 Torch runs off the event loop: batched updates on the lanes' worker threads (``torch.set_num_threads(1)``; the
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
@@ -57,7 +58,7 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters import Updater
-from mpflow.service.lanes import LANES, SLOW_LANE_COST, lane_of
+from mpflow.service.lanes import LANES, SLOW, SLOW_LANE_COST, lane_of, lower_priority
 
 log = logging.getLogger("mpflow.engine")
 
@@ -73,6 +74,12 @@ HealthObserver = Callable[[str, torch.Tensor, dict[str, torch.Tensor]], None]
 
 def _one_thread() -> None:
     torch.set_num_threads(1)
+
+
+def _one_background_thread() -> None:
+    """The slow lane's worker: one torch thread, at a lower CPU priority (:func:`.lanes.lower_priority`)."""
+    _one_thread()
+    lower_priority()
 
 
 @dataclass
@@ -142,7 +149,8 @@ class _Lane:
         self.pending: dict[Hashable, deque[_Job]] = {}
         self.wakeup: asyncio.Event | None = None
         self.task: asyncio.Task | None = None
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"mpflow-update-{name}", initializer=_one_thread)
+        initializer = _one_thread if name != SLOW else _one_background_thread
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"mpflow-update-{name}", initializer=initializer)
         self.busy: Busy | None = None
 
 

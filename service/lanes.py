@@ -16,9 +16,17 @@ for the flows that iterate over the cloud (``gpf``, ``mpf``, ``nvgd``: their int
 and N / 64 for ``svgd``, whose kernel is over every pair of particles (O(N² d)). A step at or above
 :data:`SLOW_LANE_COST` goes to the slow lane: about N = 4096 particles at d = 64 for ``smc``, tens of milliseconds
 of one core. A finer cost model (one that also knows a family's own cost) replaces this function and nothing else.
+
+The slow lane's worker thread also runs at a lower CPU priority (:func:`lower_priority`: nice
++:data:`SLOW_LANE_NICE` for that thread alone, Linux): when the cores are short, the event loop and the fast lane
+get the CPU first, and the slow lane uses what is left — it is never starved while a core is idle.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import threading
 
 FAST = "fast"
 SLOW = "slow"
@@ -26,6 +34,8 @@ LANES = (FAST, SLOW)
 
 #: a step whose :func:`step_cost` reaches this runs on the slow lane
 SLOW_LANE_COST = float(1 << 18)
+#: how much nicer (lower CPU priority) the slow lane's worker thread runs than the rest of the process
+SLOW_LANE_NICE = 10
 
 #: f(method) of :func:`step_cost` for the methods that iterate over the cloud; the others are linear (1) or svgd
 _ITERATING = {"gpf": 4.0, "mpf": 8.0, "nvgd": 8.0}
@@ -42,4 +52,12 @@ def lane_of(method: str, num_particles: int, state_dim: int, slow_lane_cost: flo
     return SLOW if step_cost(method, num_particles, state_dim) >= slow_lane_cost else FAST
 
 
-__all__ = ["FAST", "LANES", "SLOW", "SLOW_LANE_COST", "lane_of", "step_cost"]
+def lower_priority(nice: int = SLOW_LANE_NICE) -> None:
+    """Raise the calling thread's nice value by ``nice`` (on Linux ``setpriority`` on a thread id applies to that
+    thread only; elsewhere, or where it is refused, nothing changes)."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+
+
+__all__ = ["FAST", "LANES", "SLOW", "SLOW_LANE_COST", "SLOW_LANE_NICE", "lane_of", "lower_priority", "step_cost"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -11,7 +12,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters.smc import SMCUpdater
 from mpflow.service.engine import UpdateEngine
-from mpflow.service.lanes import FAST, SLOW, SLOW_LANE_COST, lane_of, step_cost
+from mpflow.service.lanes import FAST, SLOW, SLOW_LANE_COST, SLOW_LANE_NICE, lane_of, step_cost
 
 PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
 MODEL = make_model("linear_gaussian", None, 2)
@@ -24,9 +25,11 @@ class Slow(SMCUpdater):
         super().__init__()
         self.hold = hold
         self.threads: list[str] = []
+        self.nice: list[int] = []
 
     def update(self, state, obs, model):
         self.threads.append(threading.current_thread().name)
+        self.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         time.sleep(self.hold)
         return super().update(state, obs, model)
 
@@ -66,4 +69,5 @@ def test_a_light_step_is_not_queued_behind_a_heavy_one():
     assert light_done < 0.8 < heavy_done
     assert [b.lane for b in busy] == [SLOW] and "N = 512, d = 2" in busy[0].what
     assert heavy.threads[0].startswith("mpflow-update-slow") and light.threads[0].startswith("mpflow-update-fast")
+    assert heavy.nice[0] == light.nice[0] + SLOW_LANE_NICE  # the slow lane yields the CPU first
     assert engine.busy() == []
