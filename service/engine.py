@@ -24,13 +24,14 @@ by one so that only the guilty stream sees the error.
 Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.lanes`). Each job is priced by
 :func:`~mpflow.service.lanes.step_cost` (particles × dimension × a method factor) and queued on the fast lane or,
 at or above ``slow_lane_cost``, on the slow lane; each lane has its own dispatcher task and its own worker thread,
-and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes;
-announcements are counted over both lanes, so a light key may wait its ``max_wait_ms`` for a heavy request's
-announced step). A heavy stream's step then delays only other heavy steps: a light stream's step waits at most for
-the light batch ahead of it. The slow lane's thread runs at a lower CPU priority, so that on busy cores the event
-loop and the fast lane go first. Per-stream order is unchanged (a stream's jobs all go to one lane, one after the
-other). Each lane's worker (and each auxiliary thread) records the job it is on and since when
-(:meth:`UpdateEngine.busy`), which the watchdog (:mod:`mpflow.service.watchdog`) compares with its deadline.
+and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes; an
+announcement counts for every lane until its first step arrives, then for that step's lane only — so a light key
+does not wait for a heavy request's announced steps). A heavy stream's step then delays only other heavy steps: a
+light stream's step waits at most for the light batch ahead of it. The slow lane's thread runs at a lower CPU
+priority, so that on busy cores the event loop and the fast lane go first. Per-stream order is unchanged (a
+stream's jobs all go to one lane, one after the other). Each lane's worker (and each auxiliary thread) records the
+job it is on and since when (:meth:`UpdateEngine.busy`), which the watchdog (:mod:`mpflow.service.watchdog`)
+compares with its deadline.
 
 Torch runs off the event loop: batched updates on the lanes' worker threads (``torch.set_num_threads(1)``; the
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
@@ -93,25 +94,43 @@ class StepResult:
     summary: Any = None  # this stream's row of the engine's ``summarise`` (None without one)
 
 
+@dataclass
+class _Tally:
+    """Open announcements and their steps not yet submitted: the engine's (announced, lane not yet known) or one
+    lane's."""
+
+    announcements: int = 0
+    expected: int = 0
+
+
 class Announcement:
     """Steps a caller is about to submit (:meth:`UpdateEngine.expect`); :meth:`UpdateEngine.update` with it
-    consumes one step, closing it drops what was not submitted."""
+    consumes one step, closing it drops what was not submitted. It counts for every lane until its first step
+    is submitted, then for that step's lane only (a stream's steps all go to one lane)."""
 
     def __init__(self, engine: UpdateEngine, steps: int):
         self._engine = engine
         self.left = steps
+        self.tally = engine._unassigned
+        self.tally.announcements += 1
+        self.tally.expected += steps
 
-    def consume(self) -> None:
+    def consume(self, lane: _Tally) -> None:
+        if self.tally is not lane:  # its first step: from now on it counts for that lane only
+            self.tally.announcements -= 1
+            self.tally.expected -= self.left
+            self.tally = lane
+            lane.announcements += 1
+            lane.expected += self.left
         if self.left > 0:
             self.left -= 1
-            self._engine._expected -= 1
+            lane.expected -= 1
 
     def close(self) -> None:
-        engine = self._engine
-        engine._expected -= self.left
-        engine._announcements -= 1
+        self.tally.expected -= self.left
+        self.tally.announcements -= 1
         self.left = 0
-        engine._wake_all()  # a dispatcher waiting for these steps may go now
+        self._engine._wake_all()  # a dispatcher waiting for these steps may go now
 
 
 @dataclass
@@ -152,6 +171,7 @@ class _Lane:
         initializer = _one_thread if name != SLOW else _one_background_thread
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"mpflow-update-{name}", initializer=initializer)
         self.busy: Busy | None = None
+        self.tally = _Tally()  # announcements whose steps go to this lane
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -222,8 +242,7 @@ class UpdateEngine:
         self.summarise = summarise  # per-stream values of a batched new state, computed once per call
         self.slow_lane_cost = slow_lane_cost
         self._lanes = {name: _Lane(name) for name in LANES}
-        self._announcements = 0  # open announcements (expect)
-        self._expected = 0  # steps announced and not yet submitted
+        self._unassigned = _Tally()  # open announcements (expect) that have not submitted a step yet
         self._running = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aux_busy: dict[int, Busy] = {}
@@ -283,8 +302,6 @@ class UpdateEngine:
             yield None
             return
         announcement = Announcement(self, steps)
-        self._announcements += 1
-        self._expected += steps
         try:
             yield announcement
         finally:
@@ -311,12 +328,12 @@ class UpdateEngine:
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
             coro = self.update(updater, updater_key, method, model, state, obs, after=after)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-        if announced is not None:
-            announced.consume()
-        key = batch_key(updater_key, model, state, obs)
-        future = asyncio.get_running_loop().create_future()
         n, d = state.particles.shape[-2:]
         lane = self._lanes[lane_of(method, n, d, self.slow_lane_cost)]
+        if announced is not None:
+            announced.consume(lane.tally)
+        key = batch_key(updater_key, model, state, obs)
+        future = asyncio.get_running_loop().create_future()
         assert lane.wakeup is not None
         lane.pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future, after))
         lane.wakeup.set()
@@ -336,13 +353,15 @@ class UpdateEngine:
             del self._aux_busy[id(token)]
 
     # ------------------------------------------------------------------ dispatch
-    def _choose(self, pending: dict[Hashable, deque[_Job]]) -> tuple[Hashable | None, float]:
+    def _choose(self, lane: _Lane) -> tuple[Hashable | None, float]:
         """The key to run next and how long to wait first. A key is ready when its batch is full, its oldest
         job has waited ``max_wait``, or no announced job is still to come (module docstring); of the ready keys
         the one with the oldest job goes first (no key starves another); if none is ready, wait until the first
         deadline (or a new job, or a closed announcement)."""
         now = time.monotonic()
-        nothing_coming = self._announcements > 0 and self._expected <= 0
+        pending, tally, unassigned = lane.pending, lane.tally, self._unassigned
+        announcements = tally.announcements + unassigned.announcements
+        nothing_coming = announcements > 0 and tally.expected + unassigned.expected <= 0
         best_key, best_arrival, first_deadline = None, float("inf"), float("inf")
         for key, queue in pending.items():
             arrived = queue[0].arrived
@@ -365,7 +384,7 @@ class UpdateEngine:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
-            key, wait = self._choose(pending)
+            key, wait = self._choose(lane)
             if key is None:  # nothing ready: sleep until the first deadline or a new job
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):

@@ -71,3 +71,26 @@ def test_a_light_step_is_not_queued_behind_a_heavy_one():
     assert heavy.threads[0].startswith("mpflow-update-slow") and light.threads[0].startswith("mpflow-update-fast")
     assert heavy.nice[0] == light.nice[0] + SLOW_LANE_NICE  # the slow lane yields the CPU first
     assert engine.busy() == []
+
+
+def test_a_heavy_requests_announced_steps_do_not_hold_a_light_step():
+    """A light request (its own step announced) is dispatched at once while a heavy request still has announced
+    steps to come: those steps can only join the slow lane's batches, so the fast lane does not wait for them."""
+    engine = UpdateEngine(max_wait_ms=400, slow_lane_cost=1000)
+    heavy, light = Slow(0.0), Slow(0.0)
+    obs = torch.tensor([0.5, -0.5])
+
+    async def main():
+        await engine.start()
+        try:
+            with engine.expect(5) as heavy_steps:
+                state = heavy.init(PRIOR, MODEL, 512, 0)
+                await engine.update(heavy, "heavy", "smc", MODEL, state, obs, heavy_steps)  # 4 more to come
+                with engine.expect(1) as light_step:
+                    t0 = time.monotonic()
+                    await engine.update(light, "light", "smc", MODEL, light.init(PRIOR, MODEL, 8, 1), obs, light_step)
+                    return time.monotonic() - t0
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(main()) < 0.2  # not max_wait (0.4 s)
