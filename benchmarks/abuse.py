@@ -319,9 +319,16 @@ def run_items(rig: Rig, sizes: Sizes, settings: Settings, log_path: Path) -> Non
 
 
 def _particles(url: str, n: int, d: int) -> dict[str, Any]:
+    """Item 4's large read: the largest N × d cloud the server (and the script's guard) allows, halving d after a
+    refused creation; bounded when ``/healthz`` stays under 1 s meanwhile."""
     while n * d * d * 8 > PRIOR_GUARD_BYTES:  # the script's guard (module docstring)
         d //= 2
     r = healthz_during_particles(url, n, d)
+    while r.get("refused_at_creation") and d > 2:
+        d //= 2
+        r = healthz_during_particles(url, n, d)
+    if r.get("refused_at_creation"):
+        return {"request": f"GET /particles N={n}", "status": f"stream refused ({r['status']})", "refused": True}
     return {
         "request": f"GET /particles N={n} d={d} ({r['bytes'] / MB:.0f} MB)",
         "status": r["status"],

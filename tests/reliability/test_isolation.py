@@ -7,8 +7,9 @@
   0.25 s). With one update worker for everything beta waited behind alpha's steps (p50 ≈ 1 s);
 * ``/readyz`` answers 503 within 10 s of a worker being on one job past ``MPFLOW_WORKER_DEADLINE_SECONDS``
   (lowered to 0.1 s, below one step of a legitimately heavy request) and 200 again after the request ends;
-* ``/healthz`` answers within 1 s while ``GET .../particles`` reads an N = 65536, d = 48 cloud (63 MB of JSON;
-  in one ``json.dumps`` on the event loop, an 84 MB read at d = 64 held ``/healthz`` 4 s).
+* ``/healthz`` answers within 1 s while ``GET .../particles`` reads an N = 65536, d = 64 cloud (84 MB of JSON;
+  d = 48 or 32 where the server's limits refuse that stream). In one ``json.dumps`` on the event loop the 84 MB
+  read held ``/healthz`` 4 s here, 63 MB at d = 48 1.4 s.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def test_readyz_is_503_while_a_worker_is_past_its_deadline_and_200_after(server)
 
 
 def test_healthz_answers_during_a_large_particles_read(server):
-    r = healthz_during_particles(server.url, 65536, 48)
+    for d in (64, 48, 32):  # the largest cloud this server's limits let a stream have
+        r = healthz_during_particles(server.url, 65536, d)
+        if not r.get("refused_at_creation"):
+            break
     assert r["status"] == 200 and r["complete"], r
-    assert r["bytes"] > 50_000_000  # the read was really large
+    assert r["bytes"] > 40_000_000  # the read was really large
     assert r["healthz_max_s"] < 1.0, r
