@@ -16,6 +16,7 @@ from mpflow.service.lanes import FAST, SLOW, SLOW_LANE_COST, SLOW_LANE_NICE, lan
 
 PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
 MODEL = make_model("linear_gaussian", None, 2)
+OBS = torch.tensor([0.5, -0.5])
 
 
 class Slow(SMCUpdater):
@@ -42,30 +43,41 @@ def test_cost_grows_with_particles_dimension_and_method():
     assert lane_of("smc", 64, 2, slow_lane_cost=64) == SLOW  # the threshold is the caller's
 
 
+def run(engine: UpdateEngine, work):
+    """``await work()`` with the engine started (and stopped after)."""
+
+    async def main():
+        await engine.start()
+        try:
+            return await work()
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def step(engine: UpdateEngine, updater: Slow, n: int, announced=None):
+    """One step of a new N-particle stream of ``updater`` (its batch key: the updater's identity)."""
+    return engine.update(updater, id(updater), "smc", MODEL, updater.init(PRIOR, MODEL, n, n), OBS, announced)
+
+
 def test_a_light_step_is_not_queued_behind_a_heavy_one():
     """The heavy step (slow lane, held 1 s) is submitted first; the light step (fast lane) finishes long before it,
     on a thread of its own, and the busy report names the heavy job while it runs."""
     engine = UpdateEngine(max_wait_ms=0, slow_lane_cost=1000)
     heavy, light = Slow(1.0), Slow(0.0)
-    obs = torch.tensor([0.5, -0.5])
 
-    async def main():
-        await engine.start()
-        try:
-            t0 = time.monotonic()
-            big = asyncio.create_task(
-                engine.update(heavy, "heavy", "smc", MODEL, heavy.init(PRIOR, MODEL, 512, 0), obs)
-            )
-            await asyncio.sleep(0.2)
-            busy = engine.busy()
-            await engine.update(light, "light", "smc", MODEL, light.init(PRIOR, MODEL, 8, 1), obs)
-            light_done = time.monotonic() - t0
-            await big
-            return busy, light_done, time.monotonic() - t0
-        finally:
-            await engine.stop()
+    async def work():
+        t0 = time.monotonic()
+        big = asyncio.create_task(step(engine, heavy, 512))
+        await asyncio.sleep(0.2)
+        busy = engine.busy()
+        await step(engine, light, 8)
+        light_done = time.monotonic() - t0
+        await big
+        return busy, light_done, time.monotonic() - t0
 
-    busy, light_done, heavy_done = asyncio.run(main())
+    busy, light_done, heavy_done = run(engine, work)
     assert light_done < 0.8 < heavy_done
     assert [b.lane for b in busy] == [SLOW] and "N = 512, d = 2" in busy[0].what
     assert heavy.threads[0].startswith("mpflow-update-slow") and light.threads[0].startswith("mpflow-update-fast")
@@ -78,19 +90,13 @@ def test_a_heavy_requests_announced_steps_do_not_hold_a_light_step():
     steps to come: those steps can only join the slow lane's batches, so the fast lane does not wait for them."""
     engine = UpdateEngine(max_wait_ms=400, slow_lane_cost=1000)
     heavy, light = Slow(0.0), Slow(0.0)
-    obs = torch.tensor([0.5, -0.5])
 
-    async def main():
-        await engine.start()
-        try:
-            with engine.expect(5) as heavy_steps:
-                state = heavy.init(PRIOR, MODEL, 512, 0)
-                await engine.update(heavy, "heavy", "smc", MODEL, state, obs, heavy_steps)  # 4 more to come
-                with engine.expect(1) as light_step:
-                    t0 = time.monotonic()
-                    await engine.update(light, "light", "smc", MODEL, light.init(PRIOR, MODEL, 8, 1), obs, light_step)
-                    return time.monotonic() - t0
-        finally:
-            await engine.stop()
+    async def work():
+        with engine.expect(5) as heavy_steps:
+            await step(engine, heavy, 512, heavy_steps)  # 4 more to come
+            with engine.expect(1) as light_step:
+                t0 = time.monotonic()
+                await step(engine, light, 8, light_step)
+                return time.monotonic() - t0
 
-    assert asyncio.run(main()) < 0.2  # not max_wait (0.4 s)
+    assert run(engine, work) < 0.2  # not max_wait (0.4 s)
