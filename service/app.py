@@ -6,7 +6,9 @@ The lifespan opens what a replica needs and closes it on shutdown:
    embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``; an unreachable store does not stop the start
    (``/readyz`` answers 503, requests 503 until it is back);
 2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.snapshot_signing`);
-3. the update engine (micro-batching dispatcher and its worker threads).
+3. the update engine (micro-batching dispatchers and their worker threads: a fast and a slow lane);
+4. the watchdog (:mod:`mpflow.service.watchdog`): a thread that tells ``/readyz`` when the event loop lags or a
+   compute worker is stuck.
 
 Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), the auth
 gate (:class:`~mpflow.service.middleware.AuthGate`: no body is read without a valid key), then the body limit and
@@ -40,6 +42,7 @@ from mpflow.service.settings import Settings
 from mpflow.service.stepping import row_views
 from mpflow.service.store import StoreUnavailable, StreamStore
 from mpflow.service.streams import StreamService
+from mpflow.service.watchdog import Watchdog
 
 log = logging.getLogger("mpflow.app")
 
@@ -76,6 +79,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         health_observer=app.state.metrics.observe_health,
     )
     await engine.start()
+    watchdog = Watchdog(
+        asyncio.get_running_loop(),
+        engine.busy,
+        loop_lag_limit=settings.loop_lag_limit_seconds,
+        worker_deadline=settings.worker_deadline_seconds,
+        on_tick=app.state.metrics.observe_watchdog,
+    )
+    watchdog.start()
+    app.state.watchdog = watchdog
     await asyncio.to_thread(app.state.operators.load)
     app.state.store = store
     app.state.degraded = DegradedShards(
@@ -107,6 +119,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        watchdog.stop()
         await engine.stop()
         await app.state.feeds.aclose()
         await store.aclose()

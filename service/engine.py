@@ -3,7 +3,7 @@
 A job is one observation step of one stream: (updater, model [B=1], state [B=1], observation). Jobs whose
 tensors can be stacked — the same updater (method and operator), model family and parameter shapes, particle
 count N, state dimension d, observation shape and the same set (and shapes) of state fields and extras — share
-a *batch key*. A single dispatcher task takes up to ``max_batch_size`` jobs of one key, waiting at most
+a *batch key*. A dispatcher task (one per lane, below) takes up to ``max_batch_size`` jobs of one key, waiting at most
 ``max_wait_ms`` after the oldest job arrived for the batch to fill (of the keys ready, the one holding the
 oldest job goes first, so a busy key cannot starve the others), and makes ONE
 ``updater.update(ParticleState.stack(states) [B, N, d], obs [B, *obs], ModelFamily.stack(models))`` call on a
@@ -21,7 +21,19 @@ above. Without open announcements (callers that do not announce) the rule is the
 If a batched call fails (a ``ValueError`` or non-finite result caused by one stream), the jobs are re-run one
 by one so that only the guilty stream sees the error.
 
-Torch runs off the event loop: batched updates on one worker thread (``torch.set_num_threads(1)``; the
+Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.lanes`). Each job is priced by
+:func:`~mpflow.service.lanes.step_cost` (particles × dimension × a method factor) and queued on the fast lane or,
+at or above ``slow_lane_cost``, on the slow lane; each lane has its own dispatcher task and its own worker thread,
+and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes; an
+announcement counts for every lane until its first step arrives, then for that step's lane only — so a light key
+does not wait for a heavy request's announced steps). A heavy stream's step then delays only other heavy steps: a
+light stream's step waits at most for the light batch ahead of it. The slow lane's thread runs at a lower CPU
+priority, so that on busy cores the event loop and the fast lane go first. Per-stream order is unchanged (a
+stream's jobs all go to one lane, one after the other). Each lane's worker (and each auxiliary thread) records the
+job it is on and since when (:meth:`UpdateEngine.busy`), which the watchdog (:mod:`mpflow.service.watchdog`)
+compares with its deadline.
+
+Torch runs off the event loop: batched updates on the lanes' worker threads (``torch.set_num_threads(1)``; the
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
 work (state initialisation, summaries, draws) on a small auxiliary pool through :meth:`UpdateEngine.run`. A job
 may carry an ``after`` hook, run on the worker with that stream's result right after the batched step (the
@@ -47,6 +59,7 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters import Updater
+from mpflow.service.lanes import LANES, SLOW, SLOW_LANE_COST, lane_of, lower_priority
 
 log = logging.getLogger("mpflow.engine")
 
@@ -64,6 +77,12 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def _one_background_thread() -> None:
+    """The slow lane's worker: one torch thread, at a lower CPU priority (:func:`.lanes.lower_priority`)."""
+    _one_thread()
+    lower_priority()
+
+
 @dataclass
 class StepResult:
     """One stream's row of a (batched) update: the new state [B=1] and its step info [B=1]; ``after``: what the
@@ -75,26 +94,43 @@ class StepResult:
     summary: Any = None  # this stream's row of the engine's ``summarise`` (None without one)
 
 
+@dataclass
+class _Tally:
+    """Open announcements and their steps not yet submitted: the engine's (announced, lane not yet known) or one
+    lane's."""
+
+    announcements: int = 0
+    expected: int = 0
+
+
 class Announcement:
     """Steps a caller is about to submit (:meth:`UpdateEngine.expect`); :meth:`UpdateEngine.update` with it
-    consumes one step, closing it drops what was not submitted."""
+    consumes one step, closing it drops what was not submitted. It counts for every lane until its first step
+    is submitted, then for that step's lane only (a stream's steps all go to one lane)."""
 
     def __init__(self, engine: UpdateEngine, steps: int):
         self._engine = engine
         self.left = steps
+        self.tally = engine._unassigned
+        self.tally.announcements += 1
+        self.tally.expected += steps
 
-    def consume(self) -> None:
+    def consume(self, lane: _Tally) -> None:
+        if self.tally is not lane:  # its first step: from now on it counts for that lane only
+            self.tally.announcements -= 1
+            self.tally.expected -= self.left
+            self.tally = lane
+            lane.announcements += 1
+            lane.expected += self.left
         if self.left > 0:
             self.left -= 1
-            self._engine._expected -= 1
+            lane.expected -= 1
 
     def close(self) -> None:
-        engine = self._engine
-        engine._expected -= self.left
-        engine._announcements -= 1
+        self.tally.expected -= self.left
+        self.tally.announcements -= 1
         self.left = 0
-        if engine._wakeup is not None:  # a dispatcher waiting for these steps may go now
-            engine._wakeup.set()
+        self._engine._wake_all()  # a dispatcher waiting for these steps may go now
 
 
 @dataclass
@@ -108,6 +144,34 @@ class _Job:
     future: asyncio.Future
     after: Callable[[StepResult], Any] | None = None
     arrived: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        n, d = self.state.particles.shape[-2:]
+        return f"{self.method} on {self.model.name}, N = {n}, d = {d}"
+
+
+@dataclass
+class Busy:
+    """What a lane's worker is on: since (``time.monotonic()``) and a description of the batch."""
+
+    lane: str
+    since: float
+    what: str
+
+
+class _Lane:
+    """One lane: its queues by batch key, its dispatcher's wake-up, its worker thread, and what that worker is on
+    (written by the worker thread, read by the watchdog's)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: dict[Hashable, deque[_Job]] = {}
+        self.wakeup: asyncio.Event | None = None
+        self.task: asyncio.Task | None = None
+        initializer = _one_thread if name != SLOW else _one_background_thread
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"mpflow-update-{name}", initializer=initializer)
+        self.busy: Busy | None = None
+        self.tally = _Tally()  # announcements whose steps go to this lane
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -165,6 +229,7 @@ class UpdateEngine:
         observer: BatchObserver | None = None,
         summarise: Callable[[ParticleState], list[Any]] | None = None,
         health_observer: HealthObserver | None = None,
+        slow_lane_cost: float = SLOW_LANE_COST,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be positive, got {max_batch_size}")
@@ -175,13 +240,12 @@ class UpdateEngine:
         self.observer = observer
         self.health_observer = health_observer
         self.summarise = summarise  # per-stream values of a batched new state, computed once per call
-        self._pending: dict[Hashable, deque[_Job]] = {}
-        self._announcements = 0  # open announcements (expect)
-        self._expected = 0  # steps announced and not yet submitted
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self.slow_lane_cost = slow_lane_cost
+        self._lanes = {name: _Lane(name) for name in LANES}
+        self._unassigned = _Tally()  # open announcements (expect) that have not submitted a step yet
+        self._running = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="mpflow-update", initializer=_one_thread)
+        self._aux_busy: dict[int, Busy] = {}
         self._aux = ThreadPoolExecutor(aux_threads, thread_name_prefix="mpflow-aux", initializer=_one_thread)
 
     @property
@@ -190,24 +254,40 @@ class UpdateEngine:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        if self._task is None:
+        if not self._running:
+            self._running = True
             self._loop = asyncio.get_running_loop()
-            self._wakeup = asyncio.Event()
-            self._task = asyncio.create_task(self._dispatch_loop(), name="mpflow-engine")
+            for lane in self._lanes.values():
+                lane.wakeup = asyncio.Event()
+                lane.task = asyncio.create_task(self._dispatch_loop(lane), name=f"mpflow-engine-{lane.name}")
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for queue in self._pending.values():
-            for job in queue:
-                if not job.future.done():
-                    job.future.set_exception(RuntimeError("the update engine stopped"))
-        self._pending.clear()
-        self._worker.shutdown(wait=True)
+        self._running = False
+        for lane in self._lanes.values():
+            task, lane.task = lane.task, None
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for queue in lane.pending.values():
+                for job in queue:
+                    if not job.future.done():
+                        job.future.set_exception(RuntimeError("the update engine stopped"))
+            lane.pending.clear()
+        for lane in self._lanes.values():
+            lane.worker.shutdown(wait=True)
         self._aux.shutdown(wait=True)
+
+    def busy(self) -> list[Busy]:
+        """What each lane's worker, and each auxiliary thread, is on now (idle ones left out); safe to call from
+        any thread."""
+        lanes = [b for b in (lane.busy for lane in self._lanes.values()) if b is not None]
+        return lanes + list(self._aux_busy.copy().values())
+
+    def _wake_all(self) -> None:
+        for lane in self._lanes.values():
+            if lane.wakeup is not None:
+                lane.wakeup.set()
 
     # ------------------------------------------------------------------ submission
     @contextlib.contextmanager
@@ -222,8 +302,6 @@ class UpdateEngine:
             yield None
             return
         announcement = Announcement(self, steps)
-        self._announcements += 1
-        self._expected += steps
         try:
             yield announcement
         finally:
@@ -245,33 +323,47 @@ class UpdateEngine:
         called on the worker thread with this stream's result right after its (batched) step — what the caller
         would otherwise do with the new state in a second hop (check it, summarise and encode it); its return
         value is ``StepResult.after``, an exception it raises is this stream's (and this stream's only)."""
-        if self._task is None or self._wakeup is None or self._loop is None:
+        if not self._running or self._loop is None:
             raise RuntimeError("the update engine is not running")
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
             coro = self.update(updater, updater_key, method, model, state, obs, after=after)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        n, d = state.particles.shape[-2:]
+        lane = self._lanes[lane_of(method, n, d, self.slow_lane_cost)]
         if announced is not None:
-            announced.consume()
+            announced.consume(lane.tally)
         key = batch_key(updater_key, model, state, obs)
         future = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future, after))
-        self._wakeup.set()
+        assert lane.wakeup is not None
+        lane.pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future, after))
+        lane.wakeup.set()
         return await future
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run other tensor work (init, summaries, draws, (de)serialisation) off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._aux, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._aux, self._aux_call, fn, args)
+
+    def _aux_call(self, fn: Callable[..., T], args: tuple) -> T:
+        """(on an auxiliary thread) ``fn(*args)``, recorded as that thread's job while it runs (:meth:`busy`)."""
+        token = object()
+        self._aux_busy[id(token)] = Busy("aux", time.monotonic(), getattr(fn, "__qualname__", repr(fn)))
+        try:
+            return fn(*args)
+        finally:
+            del self._aux_busy[id(token)]
 
     # ------------------------------------------------------------------ dispatch
-    def _choose(self) -> tuple[Hashable | None, float]:
+    def _choose(self, lane: _Lane) -> tuple[Hashable | None, float]:
         """The key to run next and how long to wait first. A key is ready when its batch is full, its oldest
         job has waited ``max_wait``, or no announced job is still to come (module docstring); of the ready keys
         the one with the oldest job goes first (no key starves another); if none is ready, wait until the first
         deadline (or a new job, or a closed announcement)."""
         now = time.monotonic()
-        nothing_coming = self._announcements > 0 and self._expected <= 0
+        pending, tally, unassigned = lane.pending, lane.tally, self._unassigned
+        announcements = tally.announcements + unassigned.announcements
+        nothing_coming = announcements > 0 and tally.expected + unassigned.expected <= 0
         best_key, best_arrival, first_deadline = None, float("inf"), float("inf")
-        for key, queue in self._pending.items():
+        for key, queue in pending.items():
             arrived = queue[0].arrived
             deadline = arrived + self.max_wait if self.batching and not nothing_coming else arrived
             if len(queue) >= self.max_batch_size or deadline <= now:
@@ -283,28 +375,30 @@ class UpdateEngine:
             return best_key, 0.0
         return None, first_deadline - now
 
-    async def _dispatch_loop(self) -> None:
-        assert self._wakeup is not None
+    async def _dispatch_loop(self, lane: _Lane) -> None:
+        """One lane's dispatcher: its ready batches, one at a time, on its worker."""
+        wakeup, pending = lane.wakeup, lane.pending
+        assert wakeup is not None
         while True:
-            if not self._pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+            if not pending:
+                wakeup.clear()
+                await wakeup.wait()
                 continue
-            key, wait = self._choose()
+            key, wait = self._choose(lane)
             if key is None:  # nothing ready: sleep until the first deadline or a new job
-                self._wakeup.clear()
+                wakeup.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), max(wait, 0.0))
+                    await asyncio.wait_for(wakeup.wait(), max(wait, 0.0))
                 continue
-            queue = self._pending[key]
+            queue = pending[key]
             jobs = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
             if not queue:
-                del self._pending[key]
+                del pending[key]
             jobs = [j for j in jobs if not j.future.done()]  # cancelled while queued
             if not jobs:
                 continue
             try:
-                results = await asyncio.get_running_loop().run_in_executor(self._worker, self._compute, jobs)
+                results = await asyncio.get_running_loop().run_in_executor(lane.worker, self._compute, lane, jobs)
             except asyncio.CancelledError:
                 for j in jobs:
                     j.future.cancel()
@@ -333,9 +427,14 @@ class UpdateEngine:
         rows = self.summarise(new) if self.summarise is not None else [None] * len(jobs)
         return [StepResult(s, i, summary=r) for s, i, r in zip(states, infos, rows, strict=True)]
 
-    def _compute(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
-        """The jobs' step (batched, or one by one if the batch fails), then each job's ``after`` hook."""
-        return [_after(job, res) for job, res in zip(jobs, self._steps(jobs), strict=True)]
+    def _compute(self, lane: _Lane, jobs: list[_Job]) -> list[StepResult | BaseException]:
+        """The jobs' step (batched, or one by one if the batch fails), then each job's ``after`` hook; the lane
+        records what its worker is on meanwhile (:meth:`busy`)."""
+        lane.busy = Busy(lane.name, time.monotonic(), f"{jobs[0].describe()}, {len(jobs)} stream(s)")
+        try:
+            return [_after(job, res) for job, res in zip(jobs, self._steps(jobs), strict=True)]
+        finally:
+            lane.busy = None
 
     def _steps(self, jobs: list[_Job]) -> list[StepResult | BaseException]:
         try:
@@ -363,4 +462,4 @@ def _after(job: _Job, res: StepResult | BaseException) -> StepResult | BaseExcep
     return res
 
 
-__all__ = ["Announcement", "StepResult", "UpdateEngine", "batch_key"]
+__all__ = ["Announcement", "Busy", "StepResult", "UpdateEngine", "batch_key"]

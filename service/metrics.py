@@ -29,6 +29,9 @@ the predictive, so that the step inflated the cloud before its flow pulled it ba
 "auto"``, :mod:`mpflow.operators.mpf.consistency`): a filter that had lost the truth.
 ``mpflow_streams_outside_operator_domain_total`` (counter; family, operator) counts the streams created with a
 model or prior outside their trained operator's training domain (the stream document's ``operator_domain``).
+``mpflow_event_loop_lag_seconds`` (gauge) and ``mpflow_worker_busy_seconds`` (gauge; worker: ``fast``, ``slow``,
+``aux``) are the watchdog's figures (:mod:`mpflow.service.watchdog`): how late the event loop runs a callback, and
+how long each compute worker has been on its current job (0 when idle; the longest of the auxiliary threads).
 
 **Several workers** (``python -m mpflow serve --workers N``, N > 1; see :mod:`mpflow.cli.serve`). Each uvicorn worker is
 a process with its own metrics, so with a registry per process a scrape would show only the counts of the one
@@ -37,9 +40,12 @@ worker that answered it. There the service runs prometheus_client's multiprocess
 chooses its value class at import), every worker writes its samples to memory-mapped files there, and
 :meth:`Metrics.render` reads them all through a :class:`~prometheus_client.multiprocess.MultiProcessCollector`
 in a fresh registry: counters and histograms are summed over the workers (a dead or restarted worker's counts
-stay in the sum, so totals never go back). ``mpflow_streams`` is set from the store at each scrape, so the gauge
+stay in the sum, so totals never go back). The watchdog's two gauges are per process (``multiprocess_mode="all"``:
+one series per worker, labelled ``pid``), since each worker has its own loop and compute threads.
+``mpflow_streams`` is set from the store at each scrape, so the gauge
 uses ``multiprocess_mode="mostrecent"`` (the value of the latest scrape, whichever worker made it; a non-``live``
-mode, so no ``mark_process_dead`` book-keeping is needed). Names and labels are the same; multiprocess mode
+mode, so no ``mark_process_dead`` book-keeping is needed). Names and labels are the same (but the watchdog
+gauges' ``pid``); multiprocess mode
 exports no ``*_created`` samples, and ``mpflow_streams`` only once a scrape has read the store. Without
 ``PROMETHEUS_MULTIPROC_DIR`` (one worker, tests) a :class:`Metrics` renders its own registry.
 """
@@ -153,6 +159,27 @@ class Metrics:
             ["family", "operator"],
             registry=r,
         )
+
+        # the watchdog's figures, set every tick from its thread (service/watchdog.py)
+        self.loop_lag = Gauge(
+            "mpflow_event_loop_lag_seconds",
+            "how late the event loop runs a callback posted to it (the watchdog's beat)",
+            multiprocess_mode="all",
+            registry=r,
+        )
+        self.worker_busy = Gauge(
+            "mpflow_worker_busy_seconds",
+            "how long each compute worker has been on its current job (0 when idle)",
+            ["worker"],
+            multiprocess_mode="all",
+            registry=r,
+        )
+
+    def observe_watchdog(self, lag: float, busy: dict[str, float]) -> None:
+        """The watchdog's hook: the loop's lag and each worker's seconds on its current job."""
+        self.loop_lag.set(lag)
+        for worker, seconds in busy.items():
+            self.worker_busy.labels(worker).set(seconds)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(route, method, str(status)).inc()

@@ -2,7 +2,9 @@
 call :class:`~mpflow.service.streams.StreamService` and add the stream id / step to the request's log line.
 
 Answers are built as plain dicts and sent with ``JSONResponse`` (large sample arrays skip a second pydantic
-pass); each route still declares its response model so ``/openapi.json`` describes it.
+pass); each route still declares its response model so ``/openapi.json`` describes it. The particles and the
+samples, which can be hundreds of megabytes of JSON, are streamed in chunks encoded off the event loop
+(:mod:`mpflow.service.json_stream`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service import catalogue, snapshots
 from mpflow.service.errors import ApiError, error_body
+from mpflow.service.json_stream import json_answer
 from mpflow.service.metrics import CONTENT_TYPE
 from mpflow.service.middleware import LOG_KEY, TENANT_KEY
 from mpflow.service.schemas import (
@@ -151,7 +154,8 @@ async def get_samples(
     """`n` draws from the current posterior: the exact Gaussian for `kalman`, the weighted particles for `smc`, else
     the Gaussian or the smoothed cloud the particles stand for (docs/API.md)."""
     _log(request, stream=stream_id)
-    return JSONResponse({"samples": await _service(request).samples(tenant, stream_id, n)})
+    service = _service(request)
+    return json_answer({"samples": await service.samples(tenant, stream_id, n)}, service.work.off_loop)
 
 
 @api.get(
@@ -239,7 +243,8 @@ async def import_stream(
 async def get_particles(request: Request, stream_id: str, tenant: Tenant) -> Response:
     """The particle cloud that represents the posterior, with normalised log-weights."""
     _log(request, stream=stream_id)
-    return JSONResponse(await _service(request).particles(tenant, stream_id))
+    service = _service(request)
+    return json_answer(await service.particles(tenant, stream_id), service.work.off_loop)
 
 
 @api.get(
@@ -326,24 +331,28 @@ async def healthz() -> Response:
 
 @ops.get("/readyz", response_model=Readiness, responses={503: {"model": ErrorResponse, "description": "not ready"}})
 async def readyz(request: Request) -> Response:
-    """Ready when the state store takes a write now (a small one, acknowledged as updates are) and the operators
-    are loaded. `degraded_shards`: the store's primaries with fewer replicas in sync than
-    MPFLOW_REDIS_WAIT_REPLICAS needs (their streams' writes answer 503 until replicas are back); only with
-    MPFLOW_REDIS_WAIT_REPLICAS > 0."""
+    """Ready when the state store takes a write now (a small one, acknowledged as updates are), the operators are
+    loaded, and nothing is stuck: the event loop answers in time and no compute worker is past its deadline (the
+    watchdog, MPFLOW_LOOP_LAG_LIMIT_SECONDS and MPFLOW_WORKER_DEADLINE_SECONDS). `degraded_shards`: the store's
+    primaries with fewer replicas in sync than MPFLOW_REDIS_WAIT_REPLICAS needs (their streams' writes answer 503
+    until replicas are back); only with MPFLOW_REDIS_WAIT_REPLICAS > 0."""
     store_ok = await request.app.state.store.writable()
     ops_ok = bool(request.app.state.operators.loaded)
+    stuck = request.app.state.watchdog.problems()
     # the shards whose writes answer 503 for want of replicas: named, without taking the replica out (the others serve)
     watch = request.app.state.degraded
     degraded = {"degraded_shards": sorted(await watch.look())} if watch.needed else {}
-    if store_ok and ops_ok:
+    if store_ok and ops_ok and not stuck:
         return JSONResponse({"status": "ready", "store": True, "operators": True, **degraded})
     missing = [
         what
         for what, ok in (("the state store does not take writes", store_ok), ("operators are not loaded", ops_ok))
         if not ok
-    ]
+    ] + stuck
     body = error_body("not_ready", "; ".join(missing))
-    return JSONResponse({**body, "store": store_ok, "operators": ops_ok, **degraded}, status_code=503)
+    return JSONResponse(
+        {**body, "store": store_ok, "operators": ops_ok, "stuck": bool(stuck), **degraded}, status_code=503
+    )
 
 
 @ops.get(

@@ -35,6 +35,9 @@ bad value fails at start with a message naming the field.
   ``max_stored_bytes_per_tenant``, ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and
   ``max_websockets`` (per process, all tenants): the quotas of :mod:`mpflow.service.quotas`, 429
   ``quota_exceeded`` with ``Retry-After`` past them.
+- ``loop_lag_limit_seconds``, ``worker_deadline_seconds``: ``/readyz`` answers 503 while the event loop lags
+  beyond the first (and for a few seconds after), or a compute worker has been on one job longer than the second
+  (:mod:`mpflow.service.watchdog`).
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ _QUOTAS = (
     "max_request_flops",
     "max_request_bytes",
     "max_integration_substeps",
+    "loop_lag_limit_seconds",
+    "worker_deadline_seconds",
 )
 
 
@@ -118,6 +123,9 @@ class Settings(BaseSettings):
     max_request_flops: float = 2.5e10
     max_request_bytes: int = 384 * 1024 * 1024
     max_integration_substeps: int = 1000
+    # truthful health (service/watchdog.py)
+    loop_lag_limit_seconds: float = 1.0
+    worker_deadline_seconds: float = 30.0
 
     @field_validator(*_POSITIVE, *_QUOTAS)
     @classmethod

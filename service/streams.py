@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from mpflow.service import costs, creation, history, views
 from mpflow.service.batch import run_batch
 from mpflow.service.catalogue import OperatorCatalogue
@@ -101,12 +102,12 @@ class StreamService:
         summary, _ = await self.work.run(meta, views.summary_and_draws, meta, data, 0)
         return document(stream_id, meta, summary)
 
-    async def samples(self, tenant: str, stream_id: str, n: int) -> list:
+    async def samples(self, tenant: str, stream_id: str, n: int) -> torch.Tensor:
+        """``n`` draws [n, d] (encoded by the route, in chunks when large: :mod:`mpflow.service.json_stream`)."""
         check_samples(self.settings, n)
         meta, data = await views.read(self.store, tenant, stream_id)
         costs.check_draws(self.settings, "n", n, meta)
-        _, draws = await self.work.run(meta, views.summary_and_draws, meta, data, n, draws=n)
-        return draws or []
+        return await self.work.run(meta, views.samples, meta, data, n, draws=n)
 
     async def forecast(self, tenant: str, stream_id: str, steps: int, dt: float, samples: int) -> dict[str, Any]:
         return await self.forecasts.forecast(tenant, stream_id, steps, dt, samples)
@@ -122,7 +123,7 @@ class StreamService:
     async def history(self, tenant: str, stream_id: str, limit: int | None) -> bytes:
         return await history.read(self.store, tenant, stream_id, limit, self.settings.history_steps)
 
-    async def particles(self, tenant: str, stream_id: str) -> dict[str, Any]:
+    async def particles(self, tenant: str, stream_id: str) -> dict[str, torch.Tensor]:
         meta, data = await views.read(self.store, tenant, stream_id)
         n, d = int(meta["num_particles"]), int(meta["state_dim"])
         costs.check(

@@ -39,16 +39,20 @@ async def read(store: StreamStore, tenant: str, stream_id: str) -> tuple[dict[st
     return got
 
 
-def draw(meta: dict[str, Any], state: ParticleState, n: int) -> list | None:
-    """``n`` draws from the stream's posterior (None for none), reproducible per (seed, step)."""
+def draws(meta: dict[str, Any], state: ParticleState, n: int) -> torch.Tensor | None:
+    """``n`` draws [n, d] from the stream's posterior (None for none), reproducible per (seed, step)."""
     if n <= 0:
         return None
     family = FAMILIES.get(meta["model"]["family"])  # None: a stored family this server does not know
     gaussian_posterior = family.linear_gaussian if family is not None else True
     seed = summaries.sample_seed(meta["seed"], int(state.step[0]))
-    return summaries.draw(
-        state, n, weighted=weighted(meta["method"]), seed=seed, gaussian_posterior=gaussian_posterior
-    ).tolist()
+    return summaries.draw(state, n, weighted=weighted(meta["method"]), seed=seed, gaussian_posterior=gaussian_posterior)
+
+
+def draw(meta: dict[str, Any], state: ParticleState, n: int) -> list | None:
+    """:func:`draws` as nested lists (for a JSON document)."""
+    drawn = draws(meta, state, n)
+    return None if drawn is None else drawn.tolist()
 
 
 def summary_and_draws(meta: dict[str, Any], data: bytes, n_samples: int) -> tuple[dict[str, Any], list | None]:
@@ -57,13 +61,22 @@ def summary_and_draws(meta: dict[str, Any], data: bytes, n_samples: int) -> tupl
     return summaries.summary(state), draw(meta, state, n_samples)
 
 
-def particles(data: bytes) -> dict[str, Any]:
-    """``GET .../particles``: the particles and their normalised log-weights."""
+def samples(meta: dict[str, Any], data: bytes, n: int) -> torch.Tensor:
+    """``GET .../samples``: ``n`` draws [n, d] of a stored state (a tensor: the answer is encoded in chunks,
+    :mod:`mpflow.service.json_stream`)."""
+    drawn = draws(meta, ParticleState.from_bytes(data), n)
+    assert drawn is not None  # n >= 1 (the route's check)
+    return drawn
+
+
+def particles(data: bytes) -> dict[str, torch.Tensor]:
+    """``GET .../particles``: the particles [N, d] and their normalised log-weights [N] (tensors: the answer is
+    encoded in chunks, :mod:`mpflow.service.json_stream`)."""
     state = ParticleState.from_bytes(data)
     lw = torch.log_softmax(state.log_weights[0].to(torch.float64), -1)
     # a particle of zero weight (smc) has log-weight −inf, which JSON cannot carry: the most negative double
     lw = torch.nan_to_num(lw, neginf=ZERO_WEIGHT_LOG)
-    return {"particles": state.particles[0].tolist(), "log_weights": lw.tolist()}
+    return {"particles": state.particles[0], "log_weights": lw}
 
 
-__all__ = ["ZERO_WEIGHT_LOG", "draw", "particles", "read", "summary_and_draws", "valid_id"]
+__all__ = ["ZERO_WEIGHT_LOG", "draw", "draws", "particles", "read", "samples", "summary_and_draws", "valid_id"]

@@ -1,0 +1,102 @@
+"""The update engine's lanes (service.engine, service.lanes): a heavy step does not hold a light one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.updaters.smc import SMCUpdater
+from mpflow.service.engine import UpdateEngine
+from mpflow.service.lanes import FAST, SLOW, SLOW_LANE_COST, SLOW_LANE_NICE, lane_of, step_cost
+
+PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
+MODEL = make_model("linear_gaussian", None, 2)
+OBS = torch.tensor([0.5, -0.5])
+
+
+class Slow(SMCUpdater):
+    """An smc step that first blocks for ``hold`` seconds (a sleep, so the GIL is free as in torch's kernels)."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__()
+        self.hold = hold
+        self.threads: list[str] = []
+        self.nice: list[int] = []
+
+    def update(self, state, obs, model):
+        self.threads.append(threading.current_thread().name)
+        self.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        time.sleep(self.hold)
+        return super().update(state, obs, model)
+
+
+def test_cost_grows_with_particles_dimension_and_method():
+    assert step_cost("smc", 4096, 64) == SLOW_LANE_COST  # the documented boundary
+    assert lane_of("kalman", 256, 4) == FAST and lane_of("smc", 65536, 64) == SLOW
+    assert step_cost("mpf", 1024, 8) > step_cost("smc", 1024, 8)
+    assert step_cost("svgd", 4096, 8) > 16 * step_cost("smc", 4096, 8)  # pairwise kernel
+    assert lane_of("smc", 64, 2, slow_lane_cost=64) == SLOW  # the threshold is the caller's
+
+
+def run(engine: UpdateEngine, work):
+    """``await work()`` with the engine started (and stopped after)."""
+
+    async def main():
+        await engine.start()
+        try:
+            return await work()
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def step(engine: UpdateEngine, updater: Slow, n: int, announced=None):
+    """One step of a new N-particle stream of ``updater`` (its batch key: the updater's identity)."""
+    return engine.update(updater, id(updater), "smc", MODEL, updater.init(PRIOR, MODEL, n, n), OBS, announced)
+
+
+def test_a_light_step_is_not_queued_behind_a_heavy_one():
+    """The heavy step (slow lane, held 1 s) is submitted first; the light step (fast lane) finishes long before it,
+    on a thread of its own, and the busy report names the heavy job while it runs."""
+    engine = UpdateEngine(max_wait_ms=0, slow_lane_cost=1000)
+    heavy, light = Slow(1.0), Slow(0.0)
+
+    async def work():
+        t0 = time.monotonic()
+        big = asyncio.create_task(step(engine, heavy, 512))
+        await asyncio.sleep(0.2)
+        busy = engine.busy()
+        await step(engine, light, 8)
+        light_done = time.monotonic() - t0
+        await big
+        return busy, light_done, time.monotonic() - t0
+
+    busy, light_done, heavy_done = run(engine, work)
+    assert light_done < 0.8 < heavy_done
+    assert [b.lane for b in busy] == [SLOW] and "N = 512, d = 2" in busy[0].what
+    assert heavy.threads[0].startswith("mpflow-update-slow") and light.threads[0].startswith("mpflow-update-fast")
+    assert heavy.nice[0] == light.nice[0] + SLOW_LANE_NICE  # the slow lane yields the CPU first
+    assert engine.busy() == []
+
+
+def test_a_heavy_requests_announced_steps_do_not_hold_a_light_step():
+    """A light request (its own step announced) is dispatched at once while a heavy request still has announced
+    steps to come: those steps can only join the slow lane's batches, so the fast lane does not wait for them."""
+    engine = UpdateEngine(max_wait_ms=400, slow_lane_cost=1000)
+    heavy, light = Slow(0.0), Slow(0.0)
+
+    async def work():
+        with engine.expect(5) as heavy_steps:
+            await step(engine, heavy, 512, heavy_steps)  # 4 more to come
+            with engine.expect(1) as light_step:
+                t0 = time.monotonic()
+                await step(engine, light, 8, light_step)
+                return time.monotonic() - t0
+
+    assert run(engine, work) < 0.2  # not max_wait (0.4 s)
