@@ -139,10 +139,13 @@ def check_signature(meta: dict[str, str], data: bytes, key: bytes, trust: str) -
     hint = "import a snapshot of another deployment with trust=foreign"
     if "hmac" not in meta:
         raise untrusted(f"hmac: the snapshot is not signed (written by an older server?); {hint}")
+    ours = meta.get("key_id") == key_id(key)
     if not verifies(key, _signed_bytes(meta["stream"], data), meta["hmac"]):
-        if meta.get("key_id") != key_id(key):
+        if not ours:
             raise untrusted(f"hmac: the snapshot is signed under another deployment's key; {hint}")
         raise untrusted("hmac: the signature does not match the snapshot: it was altered after export")
+    if not ours:  # signed here, so its key_id was ours at export: the header was altered since
+        raise untrusted("key_id: the snapshot's key name was altered after export")
 
 
 def _trusted(body: bytes, key: bytes, trust: str) -> tuple[dict[str, str], ParticleState, bytes]:

@@ -166,6 +166,20 @@ def test_a_flipped_byte_is_refused(servers, snapshot):
         assert c.get(f"/v1/streams/{sid}").status_code == 404
 
 
+def test_an_altered_key_id_is_refused(servers, snapshot):
+    """``key_id`` is outside the signed bytes (it only names the key): a genuine signature with another name is a
+    header altered after export, refused — the property test of test_api_snapshots flipped a bit there once."""
+    meta = read_metadata(snapshot)
+    renamed = ParticleState.from_bytes(snapshot).to_bytes({**meta, "key_id": "0" * len(meta["key_id"])})
+    sid = f"renamed-{uuid.uuid4().hex[:8]}"
+    with _client(servers[0]) as c:
+        r = _import(c, renamed, sid)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "untrusted_snapshot", r.text[:300]
+        assert r.json()["error"]["message"].startswith("key_id"), r.text[:300]
+        assert c.get(f"/v1/streams/{sid}").status_code == 404
+        assert _import(c, renamed, sid, trust="foreign").status_code == 201  # the caller's word: the rest checks out
+
+
 def test_another_deployments_snapshot_needs_the_explicit_option(servers, snapshot):
     foreign = forge(snapshot, key=OTHER_KEY)  # the same stream, signed under another deployment's key
     sid = f"foreign-{uuid.uuid4().hex[:8]}"
