@@ -253,7 +253,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_flow(path: str | Path) -> tuple[RingFlow, dict[str, Any]]:
     """(the trained flow on CPU in eval mode, its LETKF options) from a ``ring.pt``."""
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, strings only
     cfg = payload["config"]
     flow = RingFlow(cfg["hidden"], cfg["layers"], cfg["kernel"], cfg["steps"], cfg["bound"])
     flow.load_state_dict(payload["state"])
