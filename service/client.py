@@ -21,8 +21,12 @@ API's error body ``{"error": {"code", "message"}}``; a server that cannot be rea
 retries are spent) raises its subclass :class:`MpflowConnectionError` (``status`` None, ``code``
 ``connection_failed`` or ``timeout``), with the transport's exception as its ``__cause__``.
 
-numpy. Arrays and scalars of numpy (anything with ``tolist()``) may stand anywhere in a request: observations,
-model parameters, the prior, ``seq``, ``n``. Stream documents and observation answers come back as
+numpy and pandas. Arrays and scalars of numpy (anything with ``tolist()``) may stand anywhere in a request:
+observations, model parameters, the prior, ``seq``, ``n``. Observations are checked before anything is sent
+(:mod:`mpflow.service.client_observations`): NaN or None entries go as ``null`` (missing entries), ±inf and
+non-numbers raise :class:`MpflowError` naming the entry; a pandas DataFrame's rows (``columns=`` by name or
+position, a ``dt`` column) or a Series' elements are the steps. ``stream.samples(n)``, ``stream.particles()`` and
+``stream.forecast(k)`` answer numpy arrays. Stream documents and observation answers come back as
 :class:`~mpflow.service.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
 ``.quantiles``, ``.samples`` as numpy arrays, ``.steps`` (the per-step summaries as a
 :class:`~mpflow.service.results.StepTable`) and ``.to_pandas()`` where pandas is installed; ``stream.history()``
@@ -58,8 +62,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 import httpx
+import numpy as np
 from mpflow.service.client_errors import MpflowConnectionError, MpflowError
-from mpflow.service.results import History, Posterior, jsonable
+from mpflow.service.client_observations import is_table, refuse, step_json, steps_json, table_steps
+from mpflow.service.results import History, Posterior, forecast_arrays, jsonable, particles_arrays
 
 if TYPE_CHECKING:
     from mpflow.service.client_socket import AsyncStreamSocket, StreamSocket
@@ -132,9 +138,16 @@ def _create_body(model: dict[str, Any], prior: dict[str, Any], **fields: Any) ->
     return {"model": model, "prior": prior, **{k: v for k, v in fields.items() if v is not None}}
 
 
-def _steps(observations: Sequence[Any] | None, dt: float | None, u: Sequence[float] | None) -> list[Any]:
-    """The ``observations`` of a request: the items as given; ``None`` alone is one step without a measurement;
+def _steps(
+    observations: Any, dt: float | None, u: Sequence[float] | None, columns: Sequence[Any] | None = None
+) -> list[Any]:
+    """The ``observations`` of a request: the items as given (a DataFrame's rows, a Series' elements:
+    :func:`~mpflow.service.client_observations.table_steps`); ``None`` alone is one step without a measurement;
     with ``dt`` or ``u``, ``observations`` is ONE observation (or None), sent as ``{"value", "dt", "u"}``."""
+    if is_table(observations):
+        if dt is not None or u is not None:
+            raise refuse("dt", "a DataFrame gives each step's dt in its 'dt' column; dt= and u= are for one step")
+        return table_steps(observations, columns)
     if dt is None and u is None:
         return [None] if observations is None else list(observations)
     item: dict[str, Any] = {"value": observations}
@@ -160,13 +173,25 @@ class _Clock:
         return {"value": value, "dt": dt}
 
 
+def _filter_steps(observations: Iterable[Any], columns: Sequence[Any] | None, clock: _Clock) -> Iterable[Any]:
+    """The steps :meth:`Stream.filter` sends, as JSON, named by their position in ``observations``: all of them
+    checked before the first request when ``observations`` has a length (a list, an array, a DataFrame), else
+    each one as it comes."""
+    items = table_steps(observations, columns) if is_table(observations) else observations
+    if hasattr(items, "__len__"):
+        return steps_json(map(clock.item, items))
+    return (step_json(clock.item(item), f"observations[{i}]") for i, item in enumerate(items))
+
+
 async def _atimed(items: AsyncIterable[Any], clock: _Clock) -> AsyncIterator[Any]:
+    i = 0
     async for item in items:
-        yield clock.item(item)
+        yield step_json(clock.item(item), f"observations[{i}]")
+        i += 1
 
 
 def _update_body(observations: Sequence[Any], seq: int | None, return_samples: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"observations": list(observations)}
+    body: dict[str, Any] = {"observations": steps_json(observations)}
     if seq is not None:
         body["seq"] = seq
     if return_samples:
@@ -402,40 +427,48 @@ class Stream(_StreamBase):
 
     def update(
         self,
-        observations: Sequence[Any] | None,
+        observations: Any,
         seq: int | None = None,
         return_samples: int = 0,
         *,
         dt: float | None = None,
         u: Sequence[float] | None = None,
+        columns: Sequence[Any] | None = None,
     ) -> Posterior:
         """``POST .../observations``: the stream document (``per_step``, ``duplicate``, ``samples``).
-        ``observations`` is a list of steps (``None`` items: no measurement); ``update(None)`` is one step without a
-        measurement; with ``dt`` (time since the previous step) or ``u`` (inputs) it is one observation:
-        ``update([0.3, None], dt=0.5, u=[1.0])``. Retried on timeouts, connection errors and 503 only when ``seq``
-        is given (module docstring)."""
-        body = _update_body(_steps(observations, dt, u), seq, return_samples)
+        ``observations`` is a list (or array) of steps (``None`` items: no measurement; NaN or None entries:
+        missing entries), a pandas DataFrame (its rows; ``columns`` by name or position; a ``dt`` column gives each
+        step's dt) or Series (one step per element); ``update(None)`` is one step without a measurement; with
+        ``dt`` (time since the previous step) or ``u`` (inputs) it is one observation:
+        ``update([0.3, None], dt=0.5, u=[1.0])``. What cannot be sent (±inf, strings, ...) raises
+        :class:`MpflowError` naming the entry before anything is sent. Retried on timeouts, connection errors and
+        503 only when ``seq`` is given (module docstring)."""
+        body = _update_body(_steps(observations, dt, u, columns), seq, return_samples)
         return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
 
     def get(self) -> Posterior:
         return self._keep(self.client.request("GET", self.path, safe=True))
 
-    def samples(self, n: int = 1000) -> list[list[float]]:
-        return self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n})["samples"]
+    def samples(self, n: int = 1000) -> np.ndarray:
+        """``n`` draws of the posterior, [n, d]."""
+        return np.asarray(
+            self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n})["samples"], np.float64
+        )
 
     def particles(self) -> dict[str, Any]:
-        """``{"particles": [[...]], "log_weights": [...]}``."""
-        return self.client.request("GET", f"{self.path}/particles", safe=True)
+        """``{"particles": array [N, d], "log_weights": array [N]}``."""
+        return particles_arrays(self.client.request("GET", f"{self.path}/particles", safe=True))
 
     def delete(self) -> None:
         self.client.request("DELETE", self.path, safe=False)
 
     def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
         """``GET .../forecast``: the predictive of the state and the observation 1..``steps`` steps of ``dt`` ahead
-        (``samples`` draws of each per step); the stream is not changed."""
-        return self.client.request(
-            "GET", f"{self.path}/forecast", safe=True, params=_forecast_params(steps, dt, samples)
-        )
+        (``samples`` draws of each per step); the stream is not changed. The API's answer with each horizon's
+        ``state`` and ``observation`` as numpy arrays: ``mean`` [d], ``cov`` [d, d], ``quantiles`` {"0.05": [d],
+        ...}, ``samples`` [samples, d]."""
+        params = _forecast_params(steps, dt, samples)
+        return forecast_arrays(self.client.request("GET", f"{self.path}/forecast", safe=True, params=params))
 
     def history(self, limit: int | None = None) -> History:
         """``GET .../history``: the latest ``limit`` steps the server keeps (all of them when None) as a
@@ -457,17 +490,25 @@ class Stream(_StreamBase):
         return StreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
 
     def filter(
-        self, observations: Iterable[Any], batch: int = 1, return_samples: int = 0, t0: float = 0.0
+        self,
+        observations: Iterable[Any],
+        batch: int = 1,
+        return_samples: int = 0,
+        t0: float = 0.0,
+        *,
+        columns: Sequence[Any] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Send the observations ``batch`` steps per request, each with its ``seq`` (the first one is the stream's
         step + 1, read when the iteration starts), and yield the stream document after each request. ``None`` is a
         step without a measurement; a ``(t, observation)`` tuple is timestamped: its ``dt`` is the time since the
-        previous timestamp (``t0``, the time of the stream's current state, before the first).
+        previous timestamp (``t0``, the time of the stream's current state, before the first). A DataFrame or Series
+        is taken as by :meth:`update` (``columns``). Every step of a list, an array or a DataFrame is checked before
+        the first request (:class:`MpflowError` naming ``observations[i]``); of an iterator, each as it comes.
         Retries are safe: an applied request whose answer was lost comes back as ``duplicate`` (module docstring)."""
         _check_batch(batch)
+        steps = _filter_steps(observations, columns, _Clock(t0))
         seq = int(self.get()["step"]) + 1
-        clock = _Clock(t0)
-        for chunk in _chunks(map(clock.item, observations), batch):
+        for chunk in _chunks(steps, batch):
             yield self.update(chunk, seq=seq, return_samples=return_samples)
             seq += len(chunk)
 
@@ -564,33 +605,35 @@ class AsyncStream(_StreamBase):
 
     async def update(
         self,
-        observations: Sequence[Any] | None,
+        observations: Any,
         seq: int | None = None,
         return_samples: int = 0,
         *,
         dt: float | None = None,
         u: Sequence[float] | None = None,
+        columns: Sequence[Any] | None = None,
     ) -> Posterior:
         """As :meth:`Stream.update`."""
-        body = _update_body(_steps(observations, dt, u), seq, return_samples)
+        body = _update_body(_steps(observations, dt, u, columns), seq, return_samples)
         doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
         return self._keep(doc)
 
     async def get(self) -> Posterior:
         return self._keep(await self.client.request("GET", self.path, safe=True))
 
-    async def samples(self, n: int = 1000) -> list[list[float]]:
-        return (await self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n}))["samples"]
+    async def samples(self, n: int = 1000) -> np.ndarray:
+        answer = await self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n})
+        return np.asarray(answer["samples"], np.float64)
 
     async def particles(self) -> dict[str, Any]:
-        return await self.client.request("GET", f"{self.path}/particles", safe=True)
+        return particles_arrays(await self.client.request("GET", f"{self.path}/particles", safe=True))
 
     async def delete(self) -> None:
         await self.client.request("DELETE", self.path, safe=False)
 
     async def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
         params = _forecast_params(steps, dt, samples)
-        return await self.client.request("GET", f"{self.path}/forecast", safe=True, params=params)
+        return forecast_arrays(await self.client.request("GET", f"{self.path}/forecast", safe=True, params=params))
 
     async def history(self, limit: int | None = None) -> History:
         names = (self.document or await self.get()).names
@@ -613,15 +656,17 @@ class AsyncStream(_StreamBase):
         batch: int = 1,
         return_samples: int = 0,
         t0: float = 0.0,
+        *,
+        columns: Sequence[Any] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable."""
         _check_batch(batch)
-        seq = int((await self.get())["step"]) + 1
         clock = _Clock(t0)
         if isinstance(observations, AsyncIterable):
             items: Iterable[Any] | AsyncIterable[Any] = _atimed(observations, clock)
         else:
-            items = map(clock.item, observations)
+            items = _filter_steps(observations, columns, clock)
+        seq = int((await self.get())["step"]) + 1
         async for chunk in _achunks(items, batch):
             yield await self.update(chunk, seq=seq, return_samples=return_samples)
             seq += len(chunk)

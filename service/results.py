@@ -7,7 +7,9 @@
   and a per-dimension table (:meth:`Posterior.to_pandas`);
 * :class:`StepTable` — per-step summaries (the ``per_step`` of one answer, or of many: :meth:`StepTable.of`) as
   numpy arrays, and as a pandas ``DataFrame`` where pandas is installed (it is optional: nothing else needs it);
-* :class:`History` — a stream's kept history (``GET .../history``): its steps' summaries and observations.
+* :class:`History` — a stream's kept history (``GET .../history``): its steps' summaries and observations;
+* :func:`forecast_arrays`, :func:`particles_arrays` — the answers of ``GET .../forecast`` and ``.../particles``
+  with their numbers as numpy arrays (the same keys and shapes as the API's JSON).
 
 Dimensions are named by the stream's ``state_names`` where the document carries them, else ``x0, x1, ...``.
 """
@@ -121,6 +123,35 @@ class History(StepTable):
         return frame
 
 
+def _floats(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+def _predictive_arrays(part: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One horizon's ``state`` or ``observation``: ``mean`` [d], ``cov`` [d, d], ``quantiles`` {"0.05": [d], ...},
+    ``samples`` [n, d] as arrays (None stays None: ``logistic`` has no observation forecast)."""
+    if part is None:
+        return None
+    out = {k: _floats(v) if k in ("mean", "cov", "samples") else v for k, v in part.items()}
+    if "quantiles" in out:
+        out["quantiles"] = {q: _floats(v) for q, v in out["quantiles"].items()}
+    return out
+
+
+def forecast_arrays(answer: dict[str, Any]) -> dict[str, Any]:
+    """``GET .../forecast``'s answer with each horizon's ``state`` and ``observation`` as numpy arrays."""
+    horizons = [
+        {**h, "state": _predictive_arrays(h["state"]), "observation": _predictive_arrays(h.get("observation"))}
+        for h in answer["forecast"]
+    ]
+    return {**answer, "forecast": horizons}
+
+
+def particles_arrays(answer: dict[str, Any]) -> dict[str, Any]:
+    """``GET .../particles``'s answer with ``particles`` [N, d] and ``log_weights`` [N] as numpy arrays."""
+    return {**answer, "particles": _floats(answer["particles"]), "log_weights": _floats(answer["log_weights"])}
+
+
 class Posterior(dict):
     """A stream document or an observation answer, as the API sent it (a ``dict``: ``posterior["summary"]`` works
     as ever), with numpy views of the current posterior."""
@@ -178,4 +209,4 @@ class Posterior(dict):
         return pd.DataFrame(columns, index=pd.Index(self.names, name="dimension"))
 
 
-__all__ = ["History", "Posterior", "StepTable", "jsonable", "state_names"]
+__all__ = ["History", "Posterior", "StepTable", "forecast_arrays", "jsonable", "particles_arrays", "state_names"]

@@ -189,3 +189,131 @@ def test_async_websocket_updates_with_numpy(server):  # noqa: F811
             assert err.value.status == 404
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------ missing values, pandas tables, numpy reads
+CT_MODEL = {  # continuous time, one observed dimension: steps of any dt, and a Series of scalars
+    "family": "lds",
+    "params": {"F": [[0.0, 1.0], [0.0, 0.0]], "Qc": [[0.0, 0.0], [0.0, 0.5]], "B": [[1.0, 0.0]]},
+}
+
+
+def _kalman(client: Client, model: dict = NP_MODEL):
+    return client.create_stream(model=model, prior=NP_PRIOR, method="kalman")
+
+
+def test_nan_and_none_entries_are_sent_as_missing_entries(server):  # noqa: F811
+    with Client(server) as client:
+        gappy, plain, filtered = _kalman(client), _kalman(client), _kalman(client)
+        sent = gappy.update(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, np.float32(0.4)]]), seq=1)
+        expected = plain.update([[0.5, None], None, [0.2, 0.4]], seq=1)
+        assert sent.step == 3 and sent["summary"] == expected["summary"]
+        assert sent.steps.log_evidence_increment[1] == 0.0  # NaN everywhere: a step without a measurement
+        answers = list(filtered.filter(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, 0.4]]), batch=2))
+        assert answers[-1]["summary"] == expected["summary"]
+        assert gappy.history().observations[:2] == [[0.5, None], [None, None]]  # posted as null
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (np.array([[0.5, 0.1], [0.2, np.inf]]), "observations[1][1]: +inf is not a number; send NaN/None"),
+        ([[0.5, 0.1], [-np.inf, 0.2]], "observations[1][0]: -inf is not a number; send NaN/None"),
+        ([[0.5, "0.1"]], "observations[0][1]: a string ('0.1') is not a number"),
+        ([[0.5, np.True_]], "observations[0][1]: a boolean (True) is not a number"),
+        ([[0.5, object()]], "observations[0][1]: a value of type 'object' is not a number"),
+    ],
+)
+def test_what_cannot_be_sent_raises_the_clients_error_before_sending(server, bad, message):  # noqa: F811
+    with Client(server) as client:
+        stream = _kalman(client)
+        stream.update(NP_OBS[:1])
+        with pytest.raises(MpflowError) as err:
+            stream.update(bad)
+        assert (err.value.status, err.value.code) == (None, "invalid_request")
+        assert err.value.message.startswith(message)
+        with pytest.raises(MpflowError, match=r"observations\[4\]\[1\]: \+inf"):  # checked before the first request
+            list(stream.filter(np.vstack([NP_OBS[:4], [[0.1, np.inf]]]), batch=1))
+        with pytest.raises(MpflowError, match=r"observations\[0\]\.dt: NaN is not a number"):
+            stream.update([0.1, 0.2], dt=np.nan)
+        assert stream.get().step == 1  # nothing was sent
+
+
+@pytest.mark.skipif(not HAS_PANDAS, reason="pandas is not installed")
+def test_dataframes_by_name_and_by_position(server):  # noqa: F811
+    import pandas as pd
+
+    frame = pd.DataFrame({"y1": NP_OBS[:, 1], "note": np.arange(6) * 100.0, "y0": NP_OBS[:, 0]})
+    with Client(server) as client:
+        expected = _kalman(client).update(NP_OBS)
+        by_name = _kalman(client).update(frame, columns=["y0", "y1"])
+        assert by_name.step == 6 and by_name["summary"] == expected["summary"]
+        by_position = list(_kalman(client).filter(frame, columns=[2, 0], batch=4))
+        assert [a.step for a in by_position] == [4, 6] and by_position[-1]["summary"] == expected["summary"]
+        in_order = _kalman(client).update(frame[["y0", "y1"]])  # no columns=: every column, in order
+        assert in_order["summary"] == expected["summary"]
+        gappy = frame[["y0", "y1"]].copy()
+        gappy.iloc[2, 1] = np.nan  # pandas' missing value: a missing entry
+        obs = NP_OBS.tolist()
+        obs[2][1] = None
+        assert _kalman(client).update(gappy)["summary"] == _kalman(client).update(obs)["summary"]
+        stream = _kalman(client)
+        with pytest.raises(MpflowError, match=r"columns: 'y2' is not a column of the DataFrame"):
+            stream.update(frame, columns=["y0", "y2"])
+        with pytest.raises(MpflowError, match=r"columns: position 3 is outside the DataFrame's 3 columns"):
+            stream.update(frame, columns=[0, 3])
+        with pytest.raises(MpflowError, match=r"observations\[1\]\[0\]: \+inf"):
+            stream.update(frame.replace(NP_OBS[1, 0], np.inf), columns=["y0", "y1"])
+        assert stream.get().step == 0
+
+
+@pytest.mark.skipif(not HAS_PANDAS, reason="pandas is not installed")
+def test_a_dt_column_gives_each_steps_dt_and_a_series_is_one_entry_per_step(server):  # noqa: F811
+    import pandas as pd
+
+    values, dts = [0.3, 0.9, np.nan, 1.4], [0.5, 2.0, 1.0, 0.25]
+    with Client(server) as client:
+        timed = _kalman(client, CT_MODEL)
+        answer = timed.update(pd.DataFrame({"position": values, "dt": dts}))
+        items = [{"value": [v], "dt": d} for v, d in zip([0.3, 0.9, None, 1.4], dts, strict=True)]
+        assert answer["summary"] == _kalman(client, CT_MODEL).update(items)["summary"]
+        assert timed.history().dt.tolist() == dts
+        filtered = list(_kalman(client, CT_MODEL).filter(pd.DataFrame({"dt": dts, "position": values}), batch=3))
+        assert filtered[-1]["summary"] == answer["summary"]
+        with pytest.raises(MpflowError, match="dt: a DataFrame gives each step's dt in its 'dt' column"):
+            timed.update(pd.DataFrame({"position": values}), dt=0.5)
+
+        series = _kalman(client, CT_MODEL).update(pd.Series(values, name="position"))
+        expected = _kalman(client, CT_MODEL).update([[0.3], [0.9], None, [1.4]])
+        assert series.step == 4 and series["summary"] == expected["summary"]
+        streamed = list(_kalman(client, CT_MODEL).filter(pd.Series(values)))
+        assert [a.step for a in streamed] == [1, 2, 3, 4] and streamed[-1]["summary"] == expected["summary"]
+
+
+def test_every_read_returns_numpy(server):  # noqa: F811
+    with Client(server) as client:
+        stream = _np_stream(client)
+        stream.update(NP_OBS[:2])
+        samples = stream.samples(5)
+        assert isinstance(samples, np.ndarray) and samples.shape == (5, 2) and samples.dtype == np.float64
+        particles = stream.particles()
+        assert particles["particles"].shape == (64, 2) and particles["log_weights"].shape == (64,)
+        forecast = stream.forecast(3, samples=4)
+        assert forecast["step"] == 2 and [h["step"] for h in forecast["forecast"]] == [3, 4, 5]
+        for horizon in forecast["forecast"]:
+            for part in (horizon["state"], horizon["observation"]):
+                assert part["mean"].shape == (2,) and part["cov"].shape == (2, 2) and part["samples"].shape == (4, 2)
+                assert set(part["quantiles"]) == {"0.05", "0.5", "0.95"} and part["quantiles"]["0.5"].shape == (2,)
+        assert (
+            np.diag(forecast["forecast"][2]["state"]["cov"]) > np.diag(forecast["forecast"][0]["state"]["cov"])
+        ).all()
+
+    async def main() -> None:
+        async with AsyncClient(server) as client:
+            stream = await client.create_stream(model=NP_MODEL, prior=NP_PRIOR, method="kalman")
+            samples = await stream.samples(3)
+            assert isinstance(samples, np.ndarray) and samples.shape == (3, 2)
+            assert (await stream.forecast(2))["forecast"][1]["state"]["cov"].shape == (2, 2)
+            assert isinstance((await stream.particles())["log_weights"], np.ndarray)
+
+    asyncio.run(main())
