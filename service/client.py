@@ -245,8 +245,15 @@ def _batch_body(updates: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], bool
     update carries ``seq`` (an applied one answers ``duplicate``). Each update is applied or refused on its own:
     the answer is one result per update, in order, ``{"stream_id", "status", "stream"}`` (a
     :class:`~mpflow.service.results.Posterior`) or ``{"stream_id", "status", "error"}``; a refused update raises
-    nothing."""
-    listed = list(updates)
+    nothing. Observations are taken and checked as by :meth:`Stream.update` (NaN: missing entries; DataFrames), and
+    what cannot be sent raises :class:`MpflowError` naming ``updates[i].observations[j]`` before anything is
+    sent."""
+    listed = [
+        {**u, "observations": steps_json(_steps(u["observations"], None, None), f"updates[{i}].observations")}
+        if "observations" in u
+        else u
+        for i, u in enumerate(updates)
+    ]
     return {"updates": listed}, all(u.get("seq") is not None for u in listed)
 
 

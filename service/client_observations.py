@@ -78,9 +78,9 @@ def step_json(item: Any, field: str) -> Any:
     return json_numbers(item, field)
 
 
-def steps_json(items: Iterable[Any], first: int = 0) -> list[Any]:
-    """Every step of ``items`` as JSON (:func:`step_json`), named ``observations[first + i]``."""
-    return [step_json(item, f"observations[{first + i}]") for i, item in enumerate(items)]
+def steps_json(items: Iterable[Any], field: str = "observations") -> list[Any]:
+    """Every step of ``items`` as JSON (:func:`step_json`), named ``{field}[i]``."""
+    return [step_json(item, f"{field}[{i}]") for i, item in enumerate(items)]
 
 
 def _is_pandas(value: Any, kind: str) -> bool:

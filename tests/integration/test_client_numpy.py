@@ -97,6 +97,11 @@ def test_batch_with_numpy_updates(server):  # noqa: F811
         assert results[2]["error"]["code"] == "stream_not_found"
         again = client.batch(updates[:2])  # every update carries seq: applied once, answered as duplicates
         assert [r["stream"]["duplicate"] for r in again] == [True, True]
+        gappy = client.batch([{"stream_id": b.stream_id, "observations": np.array([[np.nan, 0.3]])}])
+        assert gappy[0]["status"] == 200 and b.history().observations[-1] == [None, 0.3]  # NaN: a missing entry
+        with pytest.raises(MpflowError, match=r"updates\[1\]\.observations\[0\]\[0\]: -inf is not a number"):
+            client.batch([updates[0], {"stream_id": b.stream_id, "observations": np.array([[-np.inf, 0.3]])}])
+        assert (a.get().step, b.get().step) == (2, 2)  # nothing was sent
 
 
 def test_websocket_updates_with_numpy(server):  # noqa: F811
@@ -106,11 +111,15 @@ def test_websocket_updates_with_numpy(server):  # noqa: F811
             first = ws.update(NP_OBS[:2], seq=np.int64(1))
             second = ws.update(NP_OBS[2:3], seq=np.int64(3), return_samples=np.int64(3))
             duplicate = ws.update(NP_OBS[2:3], seq=3)
+            gappy = ws.update(np.array([[np.nan, 0.2]]), seq=4)  # NaN: a missing entry
+            with pytest.raises(MpflowError, match=r"observations\[0\]\[1\]: \+inf is not a number"):
+                ws.update(np.array([[0.1, np.inf]]), seq=5)
             with pytest.raises(MpflowError) as err:
                 ws.update(NP_OBS[:1], seq=9)  # a gap: the error frame, raised with its status
             assert (err.value.status, err.value.code) == (409, "seq_conflict")
         assert (first.step, second.step, duplicate["duplicate"]) == (2, 3, True)
-        assert second.samples.shape == (3, 2) and stream.get().step == 3
+        assert second.samples.shape == (3, 2) and gappy.step == 4 and stream.get().step == 4
+        assert stream.history().observations[-1] == [None, 0.2]
         with pytest.raises(MpflowError) as err, client.stream("no-such-stream").socket() as ws:
             ws.update(NP_OBS[:1])
         assert (err.value.status, err.value.code) == (404, "stream_not_found")
