@@ -65,9 +65,6 @@ _POSITIVE = (
     "redis_wait_timeout_ms",
     "history_steps",
     "updater_cache_size",
-)
-#: the request deadline and the per-tenant quotas (mpflow.service.quotas), positive too
-_QUOTAS = (
     "body_read_timeout_s",
     "max_body_bytes_in_flight",
     "max_streams_per_tenant",
@@ -110,7 +107,7 @@ class Settings(BaseSettings):
     # -- snapshots and updater cache (issue 34)
     snapshot_key: SecretStr | None = None
     updater_cache_size: int = 64
-    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas) -------------------
+    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas)
     body_read_timeout_s: float = 20.0
     max_body_bytes_in_flight: int = 256 * 1024 * 1024
     max_streams_per_tenant: int = 10_000
@@ -118,7 +115,6 @@ class Settings(BaseSettings):
     max_feeds_per_tenant: int = 16
     max_websockets: int = 1024
     max_websockets_per_tenant: int = 128
-    # ---------------------------------------------------------------------------------------------------------
     # the cost model's budgets (mpflow.service.costs; docs/API.md "Limits")
     max_request_flops: float = 2.5e10
     max_request_bytes: int = 384 * 1024 * 1024
@@ -127,7 +123,7 @@ class Settings(BaseSettings):
     loop_lag_limit_seconds: float = 1.0
     worker_deadline_seconds: float = 30.0
 
-    @field_validator(*_POSITIVE, *_QUOTAS)
+    @field_validator(*_POSITIVE)
     @classmethod
     def _positive(cls, v: Any, info: ValidationInfo) -> Any:
         if not v > 0:
