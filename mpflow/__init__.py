@@ -32,7 +32,7 @@ __all__ = ["__version__", *_CLIENT_NAMES]
 
 def __getattr__(name: str) -> Any:
     if name in _CLIENT_NAMES:
-        from mpflow.service import client
+        import mpflow.client
 
-        return getattr(client, name)
+        return getattr(mpflow.client, name)
     raise AttributeError(f"module 'mpflow' has no attribute {name!r}")

@@ -107,7 +107,7 @@ def test_installed_package_imports_from_site_packages(venv: tuple[Path, dict[str
     )
     got = json.loads(out)
     assert "site-packages" in got["file"] and str(ROOT) not in got["file"]
-    assert got["client"] == "mpflow.service.client"
+    assert got["client"] == "mpflow.client.http"
     assert got["bare"] == []
     assert got["operators"] >= 1
 

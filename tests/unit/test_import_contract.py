@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # layer of a folder → the mpflow sub-packages it may import
 FOLDERS = {"operators": "mpflow.operators", "training": "mpflow.training", "service": "mpflow.service"}
 ALLOWED = {
+    "mpflow.client": {"mpflow.client"},  # the REST client installs without the server: it imports none of it
     "mpflow.operators": {"mpflow.operators"},
     "mpflow.training": {"mpflow.operators", "mpflow.training"},
-    "mpflow.service": {"mpflow.operators", "mpflow.service"},
-    "mpflow.cli": {"mpflow.operators", "mpflow.training", "mpflow.service", "mpflow.cli"},
+    "mpflow.service": {"mpflow.operators", "mpflow.service", "mpflow.client"},
+    "mpflow.cli": {"mpflow.operators", "mpflow.training", "mpflow.service", "mpflow.client", "mpflow.cli"},
 }
 ALLOWED["mpflow"] = set(ALLOWED)  # the root (``python -m mpflow``, the lazy client re-export) sits on top
 BARE = {"operators", "training", "service"}

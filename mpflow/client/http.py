@@ -2,7 +2,7 @@
 
 ::
 
-    from mpflow.service.client import Client
+    from mpflow.client.http import Client
 
     with Client("http://127.0.0.1:8000") as client:
         stream = client.create_stream(
@@ -23,14 +23,14 @@ retries are spent) raises its subclass :class:`MpflowConnectionError` (``status`
 
 numpy and pandas. Arrays and scalars of numpy (anything with ``tolist()``) may stand anywhere in a request:
 observations, model parameters, the prior, ``seq``, ``n``. Observations are checked before anything is sent
-(:mod:`mpflow.service.client_observations`): NaN or None entries go as ``null`` (missing entries), ±inf and
+(:mod:`mpflow.client.observations`): NaN or None entries go as ``null`` (missing entries), ±inf and
 non-numbers raise :class:`MpflowError` naming the entry; a pandas DataFrame's rows (``columns=`` by name or
 position, a ``dt`` column) or a Series' elements are the steps. ``stream.samples(n)``, ``stream.particles()`` and
 ``stream.forecast(k)`` answer numpy arrays. Stream documents and observation answers come back as
-:class:`~mpflow.service.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
+:class:`~mpflow.client.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
 ``.quantiles``, ``.samples`` as numpy arrays, ``.steps`` (the per-step summaries as a
-:class:`~mpflow.service.results.StepTable`) and ``.to_pandas()`` where pandas is installed; ``stream.history()``
-(the steps the server keeps, with their observations) as a :class:`~mpflow.service.results.History`.
+:class:`~mpflow.client.results.StepTable`) and ``.to_pandas()`` where pandas is installed; ``stream.history()``
+(the steps the server keeps, with their observations) as a :class:`~mpflow.client.results.History`.
 
 Retries and exactly-once. Requests that are safe to repeat are retried after a timeout, a connection error
 (refused, reset, closed mid-answer) or a 503 (the store was unreachable: nothing was applied, or — code
@@ -63,12 +63,13 @@ from urllib.parse import quote
 
 import httpx
 import numpy as np
-from mpflow.service.client_errors import MpflowConnectionError, MpflowError
-from mpflow.service.client_observations import is_table, refuse, step_json, steps_json, table_steps
-from mpflow.service.results import History, Posterior, forecast_arrays, jsonable, particles_arrays
+
+from mpflow.client.errors import MpflowConnectionError, MpflowError
+from mpflow.client.observations import is_table, refuse, step_json, steps_json, table_steps
+from mpflow.client.results import History, Posterior, forecast_arrays, jsonable, particles_arrays
 
 if TYPE_CHECKING:
-    from mpflow.service.client_socket import AsyncStreamSocket, StreamSocket
+    from mpflow.client.websocket import AsyncStreamSocket, StreamSocket
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 30.0
@@ -142,7 +143,7 @@ def _steps(
     observations: Any, dt: float | None, u: Sequence[float] | None, columns: Sequence[Any] | None = None
 ) -> list[Any]:
     """The ``observations`` of a request: the items as given (a DataFrame's rows, a Series' elements:
-    :func:`~mpflow.service.client_observations.table_steps`); ``None`` alone is one step without a measurement;
+    :func:`~mpflow.client.observations.table_steps`); ``None`` alone is one step without a measurement;
     with ``dt`` or ``u``, ``observations`` is ONE observation (or None), sent as ``{"value", "dt", "u"}``."""
     if is_table(observations):
         if dt is not None or u is not None:
@@ -244,7 +245,7 @@ def _batch_body(updates: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], bool
     "return_samples"}`` (``seq`` and ``return_samples`` optional) — and whether it is safe to retry: when every
     update carries ``seq`` (an applied one answers ``duplicate``). Each update is applied or refused on its own:
     the answer is one result per update, in order, ``{"stream_id", "status", "stream"}`` (a
-    :class:`~mpflow.service.results.Posterior`) or ``{"stream_id", "status", "error"}``; a refused update raises
+    :class:`~mpflow.client.results.Posterior`) or ``{"stream_id", "status", "error"}``; a refused update raises
     nothing. Observations are taken and checked as by :meth:`Stream.update` (NaN: missing entries; DataFrames), and
     what cannot be sent raises :class:`MpflowError` naming ``updates[i].observations[j]`` before anything is
     sent."""
@@ -479,7 +480,7 @@ class Stream(_StreamBase):
 
     def history(self, limit: int | None = None) -> History:
         """``GET .../history``: the latest ``limit`` steps the server keeps (all of them when None) as a
-        :class:`~mpflow.service.results.History`, its dimensions named by the stream's ``state_names`` (the stream
+        :class:`~mpflow.client.results.History`, its dimensions named by the stream's ``state_names`` (the stream
         document is read first when this handle has none)."""
         names = (self.document or self.get()).names
         return History(self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit)), names)
@@ -490,8 +491,8 @@ class Stream(_StreamBase):
 
     def socket(self) -> StreamSocket:
         """Updates over the stream's WebSocket, one connection for many: ``with stream.socket() as ws:
-        ws.update([[0.3, -1.2]], seq=1)`` (:mod:`mpflow.service.client_socket`)."""
-        from mpflow.service.client_socket import StreamSocket, socket_url
+        ws.update([[0.3, -1.2]], seq=1)`` (:mod:`mpflow.client.websocket`)."""
+        from mpflow.client.websocket import StreamSocket, socket_url
 
         http = self.client.http
         return StreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
@@ -651,8 +652,8 @@ class AsyncStream(_StreamBase):
         return await self.client.request("GET", f"{self.path}/export", safe=True)
 
     def socket(self) -> AsyncStreamSocket:
-        """``async with stream.socket() as ws: await ws.update(...)`` (:mod:`mpflow.service.client_socket`)."""
-        from mpflow.service.client_socket import AsyncStreamSocket, socket_url
+        """``async with stream.socket() as ws: await ws.update(...)`` (:mod:`mpflow.client.websocket`)."""
+        from mpflow.client.websocket import AsyncStreamSocket, socket_url
 
         http = self.client.http
         return AsyncStreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))

@@ -4,9 +4,9 @@
 
 One connection carries many updates: each frame ``{"seq", "observations", "return_samples"}`` is answered, in
 order, with the document of ``POST .../observations`` (returned as a
-:class:`~mpflow.service.results.Posterior`) or an error frame ``{"error": {...}, "status": s}`` (raised as
-:class:`~mpflow.service.client.MpflowError` with that status). A refused handshake (401) raises it too, and a
-server that cannot be reached :class:`~mpflow.service.client.MpflowConnectionError`. Nothing is retried: a
+:class:`~mpflow.client.results.Posterior`) or an error frame ``{"error": {...}, "status": s}`` (raised as
+:class:`~mpflow.client.http.MpflowError` with that status). A refused handshake (401) raises it too, and a
+server that cannot be reached :class:`~mpflow.client.http.MpflowConnectionError`. Nothing is retried: a
 socket that failed is closed; open a new one and resend with the same ``seq`` (a duplicate answers as such).
 """
 
@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from mpflow.service.client import MpflowConnectionError, MpflowError, _update_body
-from mpflow.service.results import Posterior, jsonable
 from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.asyncio.client import connect as aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+
+from mpflow.client.http import MpflowConnectionError, MpflowError, _update_body
+from mpflow.client.results import Posterior, jsonable
 
 
 def socket_url(base_url: httpx.URL, path: str) -> str:

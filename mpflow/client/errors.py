@@ -1,6 +1,6 @@
 """The Python client's errors: :class:`MpflowError` (an API error answer, or a request the client refuses to send)
-and :class:`MpflowConnectionError` (no answer at all). Apart from :mod:`mpflow.service.client` so that the modules it
-uses (:mod:`mpflow.service.client_observations`) raise them too; the client re-exports both."""
+and :class:`MpflowConnectionError` (no answer at all). Apart from :mod:`mpflow.client.http` so that the modules it
+uses (:mod:`mpflow.client.observations`) raise them too; the client re-exports both."""
 
 from __future__ import annotations
 

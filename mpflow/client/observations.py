@@ -4,7 +4,7 @@ turned into JSON values before anything is sent (docs/API.md, ``POST .../observa
 * A missing entry is JSON ``null``: numpy/float NaN and ``None`` become ``null`` in an observation's value (a step
   conditions on its observed entries only; a value ``null`` everywhere is a step without a measurement).
 * What JSON cannot carry or the API cannot use — ±inf, booleans, strings, other objects — raises
-  :class:`~mpflow.service.client_errors.MpflowError` (``status`` None, code ``invalid_request``) naming the entry,
+  :class:`~mpflow.client.errors.MpflowError` (``status`` None, code ``invalid_request``) naming the entry,
   ``observations[3][1]: +inf is not a number; send NaN/None for a missing entry``; the ``dt`` and ``u`` of a step
   take finite numbers only (NaN there is not a missing entry: refused too).
 * A DataFrame's rows are the steps: its columns in order (or ``columns``: names, or positions when every item is
@@ -21,7 +21,8 @@ from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from mpflow.service.client_errors import MpflowError
+
+from mpflow.client.errors import MpflowError
 
 #: the DataFrame column read as each step's ``dt``
 DT_COLUMN = "dt"

@@ -1,4 +1,4 @@
-"""What the Python client (:mod:`mpflow.service.client`) sends and gets, in numpy's terms.
+"""What the Python client (:mod:`mpflow.client.http`) sends and gets, in numpy's terms.
 
 * :func:`jsonable` — a request body or query with numpy arrays and scalars (or torch tensors: anything with
   ``tolist()``) anywhere in it, as plain JSON values;
