@@ -3,7 +3,7 @@
 ``python -m benchmarks.reliability [--quick]``
 
 Every scenario runs the server as a user runs it — a subprocess ``python -m mpflow serve --port <free port>`` — and
-drives it through :mod:`mpflow.service.client` (one :class:`~mpflow.service.client.AsyncClient` per stream, one
+drives it through :mod:`mpflow.client.http` (one :class:`~mpflow.client.http.AsyncClient` per stream, one
 keep-alive connection each, all on one event loop), every HTTP exchange on record. The scenarios are the test
 harness's, the tests in ``tests/reliability`` run them on smaller loads; this runs them at full size and reports:
 
@@ -67,7 +67,7 @@ def metadata(args: argparse.Namespace, load_before: tuple[float, ...]) -> dict[s
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "quick": bool(args.quick),
         "server": "python -m mpflow serve (uvicorn, 1 worker, default settings), restarted on the same port",
-        "client": "service.client.AsyncClient per stream (1 connection), AsyncStream.filter with seq; "
+        "client": "mpflow.client.AsyncClient per stream (1 connection), AsyncStream.filter with seq; "
         f"retries: {FAULT_RETRY} under faults",
         "fault_load": {"model": LDS_MODEL, "prior": PRIOR, "method": FAULT_METHOD, "num_particles": FAULT_PARTICLES},
         "redis_server": redis_server_binary(),

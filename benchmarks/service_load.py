@@ -22,8 +22,8 @@ load generator, the server and the store are the test harness's (:mod:`tests.har
 the grid, judges the targets and reports.
 
 The load generator's HTTP client (``--client``): ``aiohttp`` (default) — one ``aiohttp.ClientSession`` with K
-keep-alive connections, sending the very bodies :class:`mpflow.service.client.AsyncClient` sends (stdlib ``json``) — or
-``httpx`` — :class:`mpflow.service.client.AsyncClient` itself, one per stream with one keep-alive connection. Why
+keep-alive connections, sending the very bodies :class:`mpflow.client.http.AsyncClient` sends (stdlib ``json``) — or
+``httpx`` — :class:`mpflow.client.http.AsyncClient` itself, one per stream with one keep-alive connection. Why
 aiohttp: the load generator runs on the same machine as the server and shares its cores (2 here), so every
 millisecond of CPU it spends per request is taken from the server being measured. Measured (same server, cells
 alternated, mpf N = 256; the load generator's own process CPU time over the window ÷ completed updates):

@@ -2,7 +2,7 @@
 
 One stream (``lds``, d = 2, N particles, method ``mpf`` by default) is served by uvicorn in a thread of this
 process (:func:`tests.harness.server.serve_in_thread`, real HTTP, the local Redis or ``--redis-url``) and fed
-single-observation updates, one after the other, by :class:`mpflow.service.client.Client`. Stage timers are wrapped
+single-observation updates, one after the other, by :class:`mpflow.client.http.Client`. Stage timers are wrapped
 around the service's own functions (class-level wrappers, so nothing in the service changes):
 
 * ``client e2e``: the request as the client sees it (``Client.request``);
@@ -50,11 +50,11 @@ from typing import Any
 
 import torch
 from mpflow.service import methods, middleware, stepping, store, streams, summary, tensor_work
-from mpflow.service.client import Client
 from mpflow.service.engine import UpdateEngine
 from mpflow.service.settings import Settings
 
 from benchmarks import report
+from mpflow.client.http import Client
 from tests.harness.server import serve_in_thread
 
 NAME = "service_profile"

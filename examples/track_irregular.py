@@ -29,8 +29,9 @@ import scipy.linalg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mpflow.service.client import Client
 from track_target import local_server
+
+from mpflow import Client
 
 
 def model(q: float, r: float) -> dict[str, list]:

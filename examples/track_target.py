@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from mpflow.service.client import Client
+from mpflow import Client
 
 
 def constant_velocity(dt: float, q: float, r: float) -> dict[str, list]:

@@ -2,7 +2,7 @@
 
 ::
 
-    from mpflow.client.http import Client
+    from mpflow import Client
 
     with Client("http://127.0.0.1:8000") as client:
         stream = client.create_stream(
@@ -58,18 +58,16 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import httpx
 import numpy as np
 
 from mpflow.client.errors import MpflowConnectionError, MpflowError
-from mpflow.client.observations import is_table, refuse, step_json, steps_json, table_steps
+from mpflow.client.observations import is_table, refuse, step_json, steps_json, table_steps, update_body
 from mpflow.client.results import History, Posterior, forecast_arrays, jsonable, particles_arrays
-
-if TYPE_CHECKING:
-    from mpflow.client.websocket import AsyncStreamSocket, StreamSocket
+from mpflow.client.websocket import AsyncStreamSocket, StreamSocket, socket_url
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 30.0
@@ -189,15 +187,6 @@ async def _atimed(items: AsyncIterable[Any], clock: _Clock) -> AsyncIterator[Any
     async for item in items:
         yield step_json(clock.item(item), f"observations[{i}]")
         i += 1
-
-
-def _update_body(observations: Sequence[Any], seq: int | None, return_samples: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"observations": steps_json(observations)}
-    if seq is not None:
-        body["seq"] = seq
-    if return_samples:
-        body["return_samples"] = return_samples
-    return body
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -451,7 +440,7 @@ class Stream(_StreamBase):
         ``update([0.3, None], dt=0.5, u=[1.0])``. What cannot be sent (±inf, strings, ...) raises
         :class:`MpflowError` naming the entry before anything is sent. Retried on timeouts, connection errors and
         503 only when ``seq`` is given (module docstring)."""
-        body = _update_body(_steps(observations, dt, u, columns), seq, return_samples)
+        body = update_body(_steps(observations, dt, u, columns), seq, return_samples)
         return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
 
     def get(self) -> Posterior:
@@ -492,7 +481,6 @@ class Stream(_StreamBase):
     def socket(self) -> StreamSocket:
         """Updates over the stream's WebSocket, one connection for many: ``with stream.socket() as ws:
         ws.update([[0.3, -1.2]], seq=1)`` (:mod:`mpflow.client.websocket`)."""
-        from mpflow.client.websocket import StreamSocket, socket_url
 
         http = self.client.http
         return StreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
@@ -622,7 +610,7 @@ class AsyncStream(_StreamBase):
         columns: Sequence[Any] | None = None,
     ) -> Posterior:
         """As :meth:`Stream.update`."""
-        body = _update_body(_steps(observations, dt, u, columns), seq, return_samples)
+        body = update_body(_steps(observations, dt, u, columns), seq, return_samples)
         doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
         return self._keep(doc)
 
@@ -653,7 +641,6 @@ class AsyncStream(_StreamBase):
 
     def socket(self) -> AsyncStreamSocket:
         """``async with stream.socket() as ws: await ws.update(...)`` (:mod:`mpflow.client.websocket`)."""
-        from mpflow.client.websocket import AsyncStreamSocket, socket_url
 
         http = self.client.http
         return AsyncStreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))

@@ -5,8 +5,8 @@
 One connection carries many updates: each frame ``{"seq", "observations", "return_samples"}`` is answered, in
 order, with the document of ``POST .../observations`` (returned as a
 :class:`~mpflow.client.results.Posterior`) or an error frame ``{"error": {...}, "status": s}`` (raised as
-:class:`~mpflow.client.http.MpflowError` with that status). A refused handshake (401) raises it too, and a
-server that cannot be reached :class:`~mpflow.client.http.MpflowConnectionError`. Nothing is retried: a
+:class:`~mpflow.client.errors.MpflowError` with that status). A refused handshake (401) raises it too, and a
+server that cannot be reached :class:`~mpflow.client.errors.MpflowConnectionError`. Nothing is retried: a
 socket that failed is closed; open a new one and resend with the same ``seq`` (a duplicate answers as such).
 """
 
@@ -24,7 +24,8 @@ from websockets.asyncio.client import connect as aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from mpflow.client.http import MpflowConnectionError, MpflowError, _update_body
+from mpflow.client.errors import MpflowConnectionError, MpflowError
+from mpflow.client.observations import update_body
 from mpflow.client.results import Posterior, jsonable
 
 
@@ -41,7 +42,7 @@ def _refused(exc: InvalidStatus) -> MpflowError:
 
 
 def _frame(observations: Sequence[Any], seq: int | None, return_samples: int) -> str:
-    return json.dumps(jsonable(_update_body(observations, seq, return_samples)))
+    return json.dumps(jsonable(update_body(observations, seq, return_samples)))
 
 
 def _read(raw: str | bytes) -> Posterior:

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mpflow.service.client import Retry
 from mpflow.service.embedded import running_server
 
+from mpflow.client.http import Retry
 from tests.harness.server import (
     RedisProcess,
     ServiceProcess,

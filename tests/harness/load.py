@@ -9,8 +9,8 @@ measurement window count (:func:`summarize`): updates/s, p50/p99 end-to-end late
 per operator call (from the server's ``/metrics``), and the load generator's own CPU per request.
 
 The HTTP client (:data:`CLIENTS`): ``aiohttp`` — one ``aiohttp.ClientSession`` with K keep-alive connections,
-sending the very bodies :class:`mpflow.service.client.AsyncClient` sends (stdlib ``json``) — or ``httpx`` —
-:class:`mpflow.service.client.AsyncClient` itself, one per stream with one keep-alive connection. Why aiohttp:
+sending the very bodies :class:`mpflow.client.http.AsyncClient` sends (stdlib ``json``) — or ``httpx`` —
+:class:`mpflow.client.http.AsyncClient` itself, one per stream with one keep-alive connection. Why aiohttp:
 the load generator runs on the same machine as the server and shares its cores, so every millisecond of CPU it
 spends per request is taken from the server being measured; measured, httpx costs ≈ 0.8–1.2 ms CPU per request,
 aiohttp ≈ 0.2–0.37 ms (see ``benchmarks/service_load.py``).
@@ -41,16 +41,16 @@ from urllib.parse import quote
 import aiohttp
 import httpx
 import numpy as np
-from mpflow.service.client import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from mpflow.client.http import (
     NO_RETRY,
     AsyncClient,
     AsyncStream,
     MpflowError,
     _create_body,  # the very bodies AsyncClient sends, for the aiohttp client too
-    _update_body,
 )
-from prometheus_client.parser import text_string_to_metric_families
-
+from mpflow.client.observations import update_body
 from tests.harness.cluster import LocalCluster
 from tests.harness.server import drop_prefix, redis_answers, serve_as_user
 from tests.harness.specs import LDS_MODEL, PRIOR, STATE_DIM
@@ -194,7 +194,7 @@ Create = Callable[[str, int, int], Awaitable[BenchStream]]
 
 
 class HttpxStream:
-    """:class:`mpflow.service.client.AsyncStream` (httpx) as a :class:`BenchStream`."""
+    """:class:`mpflow.client.http.AsyncStream` (httpx) as a :class:`BenchStream`."""
 
     def __init__(self, stream: AsyncStream):
         self.stream = stream
@@ -212,7 +212,7 @@ class HttpxStream:
 
 @contextlib.asynccontextmanager
 async def httpx_streams(url: str, k: int) -> AsyncIterator[Create]:
-    """``--client httpx``: one :class:`mpflow.service.client.AsyncClient` (one keep-alive connection) per stream, no
+    """``--client httpx``: one :class:`mpflow.client.http.AsyncClient` (one keep-alive connection) per stream, no
     retries. One client per stream: httpcore's pool scans all its connections on every request (O(connections)
     per request, encode/httpcore#1035), which made one shared 64-connection client the bottleneck."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
@@ -229,7 +229,7 @@ async def httpx_streams(url: str, k: int) -> AsyncIterator[Create]:
 
 
 def _mpflow_error(status: int, reason: str | None, raw: bytes) -> MpflowError:
-    """The API's error body ``{"error": {"code", "message"}}`` as :class:`mpflow.service.client.MpflowError` (a code
+    """The API's error body ``{"error": {"code", "message"}}`` as :class:`mpflow.client.http.MpflowError` (a code
     from the status when the body has none)."""
     code, message = f"http_{status}", reason or "error"
     with contextlib.suppress(ValueError, AttributeError, TypeError):
@@ -252,7 +252,7 @@ async def _call(session: aiohttp.ClientSession, method: str, path: str, body: di
 
 class AiohttpStream:
     """One stream driven over a shared ``aiohttp.ClientSession``: the same requests as
-    :class:`mpflow.service.client.AsyncStream` (bodies from the client's own builders), no retries."""
+    :class:`mpflow.client.http.AsyncStream` (bodies from the client's own builders), no retries."""
 
     def __init__(self, session: aiohttp.ClientSession, document: dict[str, Any]):
         self.session = session
@@ -261,7 +261,7 @@ class AiohttpStream:
         self.observations_path = f"{self.path}/observations"
 
     async def update(self, observation: list[float], seq: int) -> None:
-        await _call(self.session, "POST", self.observations_path, _update_body([observation], seq, 0))
+        await _call(self.session, "POST", self.observations_path, update_body([observation], seq, 0))
 
     async def step(self) -> int:
         return int((await _call(self.session, "GET", self.path))["step"])
@@ -399,5 +399,5 @@ def summarize(
 CLIENT_LABELS = {
     "aiohttp": "K streams on one aiohttp.ClientSession (K keep-alive connections), one event loop, closed loop, "
     "no retries",
-    "httpx": "K service.client.AsyncClient (httpx, 1 connection each) on one event loop, closed loop, no retries",
+    "httpx": "K mpflow.client.AsyncClient (httpx, 1 connection each) on one event loop, closed loop, no retries",
 }

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mpflow.service.client import Retry
 from mpflow.service.embedded import running_server
 from mpflow.service.store import StreamStore
 
+from mpflow.client.http import Retry
 from tests.harness.deadline import run_with_deadline
 from tests.harness.server import ServiceProcess, kill_embedded, redis_log_warnings
 from tests.harness.specs import STATE_DIM, TENANT

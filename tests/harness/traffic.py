@@ -1,6 +1,6 @@
-"""Recorded traffic: streams fed through :mod:`mpflow.service.client` with every HTTP exchange on record.
+"""Recorded traffic: streams fed through :mod:`mpflow.client.http` with every HTTP exchange on record.
 
-One :class:`~mpflow.service.client.AsyncClient` per stream (one keep-alive connection each, all on one event loop,
+One :class:`~mpflow.client.http.AsyncClient` per stream (one keep-alive connection each, all on one event loop,
 :func:`clients`), each exchange recorded by a wrapping transport (:class:`RecordingTransport`: status,
 ``Retry-After``, error code, transport errors), so nothing the client retries away is hidden. :func:`drive` feeds
 a stream with :meth:`AsyncStream.filter`, which numbers its requests with ``seq``; the client retries timeouts,
@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from mpflow.service.client import AsyncClient, AsyncStream, MpflowError, Retry
 
+from mpflow.client.http import AsyncClient, AsyncStream, MpflowError, Retry
 from tests.harness.specs import PRIOR, STATE_DIM
 
 

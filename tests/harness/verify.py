@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-from mpflow.service.client import AsyncStream, MpflowError
 from mpflow.service.store import StreamStore
 
+from mpflow.client.http import AsyncStream, MpflowError
 from tests.harness.specs import PRIOR, STATE_DIM, TENANT
 from tests.harness.traffic import StreamRun, simulate
 
