@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,6 @@ from mpflow.operators.references import kalman_filter
 from mpflow.service.default_methods import default_method
 from mpflow.service.settings import Settings
 
-from tests.harness.server import serve_as_user
-
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -35,7 +32,6 @@ MARKER = re.compile(r"<!-- readme-test: (?P<name>[\w-]+) -->\s*\n```(?P<lang>\w+
 EXPECTED_BLOCKS = {"tour-curl": "bash", "tour-seq": "bash", "tour-python": "python", "cli": "bash", "ops-curl": "bash"}
 #: blocks that need no server (they run the command line)
 OFFLINE_BLOCKS = {"cli"}
-START_TIMEOUT_S = 90
 
 
 def readme_blocks() -> dict[str, tuple[str, str]]:
@@ -47,17 +43,8 @@ def readme_blocks() -> dict[str, tuple[str, str]]:
     return blocks
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """``python -m mpflow serve --port P`` from the repository root, embedded Redis under a temporary data dir."""
-    data = tmp_path_factory.mktemp("readme") / "data"
-    env = {"MPFLOW_DATA_DIR": str(data), "MPFLOW_LOG_LEVEL": "WARNING"}
-    with serve_as_user(env, data.parent / "server.log", start_timeout=START_TIMEOUT_S) as srv:
-        yield srv.port
-
-
-def run_block(name: str, port: int) -> str:
-    """Run README block ``name`` with port 8000 replaced by ``port``; its stdout."""
+def run_block(name: str, port: int, python: str = sys.executable) -> str:
+    """Run README block ``name`` with port 8000 replaced by ``port`` (a Python block with ``python``); its stdout."""
     lang, code = readme_blocks()[name]
     code = re.sub(r"\b(localhost|127\.0\.0\.1):8000\b", rf"\1:{port}", code)
     if lang == "bash":
@@ -65,7 +52,7 @@ def run_block(name: str, port: int) -> str:
             pytest.skip("curl is not installed")
         cmd = ["bash", "-e", "-c", code]
     else:
-        cmd = [sys.executable, "-c", code]
+        cmd = [python, "-c", code]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"README block {name} failed:\n{done.stderr[-2000:]}"
     return done.stdout
@@ -128,6 +115,23 @@ def _joint_log_evidence(obs: torch.Tensor) -> float:
     return float(law.log_prob(obs.T).sum())
 
 
+def quoted_tour_lines() -> list[list[float]]:
+    """The lines the README says tour-python prints, e.g. `1 [0.18, -0.77] -3.17`, as [mean₁, mean₂, increment]."""
+    quoted = [
+        [float(v) for v in m]
+        for m in re.findall(r"`\d \[(-?\d+\.\d+), (-?\d+\.\d+)\] (-?\d+\.\d+)`", README.read_text())
+    ]
+    assert len(quoted) == 3, quoted
+    return quoted
+
+
+def tour_line(line: str) -> tuple[int, list[float], float]:
+    """One printed line of tour-python: (step, posterior mean, log-evidence increment)."""
+    m = re.fullmatch(r"(\d+) \[(\S+), (\S+)\] (\S+)", line)
+    assert m, line
+    return int(m[1]), [float(m[2]), float(m[3])], float(m[4])
+
+
 def test_python_tour_as_written(server: int) -> None:
     """tour-python: one line per step, ``step [mean] log_evidence_increment``, next to the exact Kalman filter."""
     lines = run_block("tour-python", server).splitlines()
@@ -137,16 +141,9 @@ def test_python_tour_as_written(server: int) -> None:
         torch.zeros(1, 2, dtype=torch.float64), torch.eye(2, dtype=torch.float64)[None], model, obs
     )
     assert len(lines) == 3, lines
-    # the lines the README says it prints, e.g. `1 [0.18, -0.77] -3.17`
-    quoted = [
-        [float(v) for v in m]
-        for m in re.findall(r"`\d \[(-?\d+\.\d+), (-?\d+\.\d+)\] (-?\d+\.\d+)`", README.read_text())
-    ]
-    assert len(quoted) == 3, quoted
+    quoted = quoted_tour_lines()
     for t, line in enumerate(lines):
-        m = re.fullmatch(r"(\d+) \[(\S+), (\S+)\] (\S+)", line)
-        assert m, line
-        step, mean, inc = int(m[1]), [float(m[2]), float(m[3])], float(m[4])
+        step, mean, inc = tour_line(line)
         assert step == t + 1
         sd = covs[0, t].diagonal().sqrt().tolist()
         assert all(abs(a - b) <= 0.05 * s for a, b, s in zip(mean, means[0, t].tolist(), sd, strict=True)), line

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,33 +25,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from a copy of the source tree (the files git tracks or would track), so the build leaves
-    nothing (build/, *.egg-info) in the repository."""
-    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    ).stdout.split(b"\0")
-    for name in filter(None, (n.decode() for n in listed)):
-        if (ROOT / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        cwd=out,
-    )
-    (whl,) = out.glob("mpflow-*.whl")
-    return whl
 
 
 @pytest.fixture(scope="module")
