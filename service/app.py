@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from mpflow.operators.models import FAMILY_ERRORS
+from mpflow.operators.updaters import UPDATERS
 from mpflow.service import errors, routes, ws
 from mpflow.service.auth import Authenticator, redact_secrets_in_logs
 from mpflow.service.catalogue import OperatorCatalogue
@@ -49,10 +50,11 @@ log = logging.getLogger("mpflow.app")
 #: where the Swagger UI and ReDoc files of /docs and /redoc are served (from the installed fastapi-offline package)
 DOCS_ASSETS = "/docs-assets"
 
-DESCRIPTION = """Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
-as they arrive, read posterior summaries, samples and log-evidence after each. Methods: `mpf` (a learned Meta
-Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`, `enkf`, `ukf`. Errors:
-`{"error": {"code", "message"}}`."""
+METHOD_NAMES = ", ".join(f"`{m}`" for m in UPDATERS)
+DESCRIPTION = f"""Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
+as they arrive, read posterior summaries, samples and log-evidence after each. Methods: {METHOD_NAMES} (`mpf`: a
+learned Meta Particle Flow operator); `GET /v1/models` says what each can do. Errors: `{{"error": {{"code",
+"message"}}}}`."""
 
 
 @asynccontextmanager

@@ -34,6 +34,12 @@ def models(max_state_dim: int) -> list[dict[str, Any]]:
     ]
 
 
+def method_entries() -> dict[str, dict[str, Any]]:
+    """The ``GET /v1/models`` ``capabilities``: every method's own :meth:`Updater.catalogue_entry` (what it does with
+    its default options, and the options that make its cloud weighted), by name."""
+    return {name: UPDATERS[name].catalogue_entry() for name in sorted(UPDATERS)}
+
+
 class OperatorCatalogue:
     """Trained operators found on disk (module docstring)."""
 
@@ -78,4 +84,4 @@ class OperatorCatalogue:
         return [r.to_json() for r in self.records]
 
 
-__all__ = ["OperatorCatalogue", "methods_for", "models"]
+__all__ = ["OperatorCatalogue", "method_entries", "methods_for", "models"]

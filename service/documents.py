@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpflow.operators.models import FAMILIES
+from mpflow.operators.updaters import UPDATERS
 
 #: the metadata fields of an entry of ``GET /v1/streams``
 LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
@@ -32,6 +33,13 @@ def untrained(meta: dict[str, Any]) -> bool:
     return meta["method"] == "mpf" and meta.get("operator") is None
 
 
+def capabilities(meta: dict[str, Any]) -> dict[str, bool] | None:
+    """What the stream's method does with the stream's own options (:meth:`Updater.capabilities_with`: a weighted
+    cloud, exact, forecasts, ...); None for a stored method this server does not know."""
+    method = UPDATERS.get(meta["method"])
+    return None if method is None else method.capabilities_with(meta.get("method_options") or {})
+
+
 def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """The stream document of docs/API.md."""
     return {
@@ -42,6 +50,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "untrained": untrained(meta),
         "method_options": meta.get("method_options") or {},
         "method_reason": meta.get("method_reason"),
+        "capabilities": capabilities(meta),
         "operator_domain": meta.get("operator_domain"),
         "num_particles": meta["num_particles"],
         "state_dim": meta["state_dim"],

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Security
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from mpflow.operators.updaters import UPDATERS
 from mpflow.service import catalogue, snapshots
 from mpflow.service.errors import ApiError, error_body
 from mpflow.service.json_stream import json_answer
@@ -151,8 +150,9 @@ async def get_samples(
     tenant: Tenant,
     n: Annotated[int, Query(ge=1, description="number of draws (may exceed the particle count)")] = 1000,
 ) -> Response:
-    """`n` draws from the current posterior: the exact Gaussian for `kalman`, the weighted particles for `smc`, else
-    the Gaussian or the smoothed cloud the particles stand for (docs/API.md)."""
+    """`n` draws from the current posterior: the exact Gaussian for an exact method (`capabilities.exact`), the
+    particles by weight for a weighted cloud (`capabilities.weighted`), else the Gaussian or the smoothed cloud the
+    particles stand for (docs/API.md)."""
     _log(request, stream=stream_id)
     service = _service(request)
     return json_answer({"samples": await service.samples(tenant, stream_id, n)}, service.work.off_loop)
@@ -311,9 +311,11 @@ async def observe_batch(request: Request, body: BatchRequest, tenant: Tenant) ->
 @api.get("/models", response_model=ModelsResponse, responses=error_responses(401), tags=["catalogue"])
 async def list_models(request: Request, tenant: Tenant) -> Response:
     """The model families this server runs — parameters, state dimensions, the shape of one observation, the
-    methods that can run each — and every method."""
+    methods that can run each — and every method with what it can do (`capabilities`: a weighted cloud, exact,
+    forecasts, controls, smoothing, unknown parameters)."""
     families = catalogue.models(request.app.state.settings.max_state_dim)
-    return JSONResponse({"families": families, "methods": sorted(UPDATERS)})
+    methods = catalogue.method_entries()
+    return JSONResponse({"families": families, "methods": list(methods), "capabilities": methods})
 
 
 @api.get("/operators", response_model=OperatorsResponse, responses=error_responses(401), tags=["catalogue"])

@@ -20,9 +20,9 @@ import math
 from typing import Annotated, Any, Literal
 
 from mpflow.operators.models import FAMILIES
-from mpflow.operators.updaters import UPDATERS
+from mpflow.operators.updaters import CAPABILITIES, UPDATERS
 from mpflow.service.numerics import FALLBACK_ORDER
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9._~-]{1,128}$"
 MAX_SEED = 2**63 - 1
@@ -362,7 +362,7 @@ class Summary(BaseModel):
     mean: list[float]
     cov: list[list[float]]
     std: list[float]
-    quantiles: Quantiles = Field(description="per-dimension marginal quantiles (weighted for smc)")
+    quantiles: Quantiles = Field(description="per-dimension marginal quantiles (by weight for a weighted cloud)")
     ess: float = Field(description="effective sample size of the current particles")
     log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
 
@@ -411,6 +411,7 @@ STREAM_DOCUMENT_EXAMPLE: dict[str, Any] = {
     "operator": "linear_gaussian-d2-v2",
     "untrained": False,
     "method_options": {},
+    "capabilities": UPDATERS["mpf"].capabilities_with({}),
     "operator_domain": {"inside": True, "outside": []},
     "num_particles": 256,
     "state_dim": 2,
@@ -440,6 +441,23 @@ OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
 }
 
 
+#: what a method can do (:data:`mpflow.operators.updaters.CAPABILITIES`, declared by each updater class)
+Capabilities = create_model(
+    "Capabilities",
+    __doc__="What the stream's method does, with the stream's options (declared by the method; GET /v1/models).",
+    **{name: (bool, Field(description=meaning)) for name, meaning in CAPABILITIES.items()},
+)
+MethodInfo = create_model(
+    "MethodInfo",
+    __base__=Capabilities,
+    __doc__="A method and what it does with its default options.",
+    weighted_with=(
+        dict[str, Any],
+        Field(description='options that make the cloud weighted (mpf: {"flow_fraction": "auto"}); {} for none'),
+    ),
+)
+
+
 class StreamDocument(BaseModel):
     stream_id: str
     model: dict[str, Any]
@@ -454,6 +472,11 @@ class StreamDocument(BaseModel):
     )
     method_reason: str | None = Field(
         default=None, description="why the server chose the method when the request named none, else null"
+    )
+    capabilities: Capabilities | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="what the method does with this stream's options (weighted: read the particles by weight, "
+        "their ESS is meaningful); null for a stored method this server does not run",
     )
     operator_domain: OperatorDomain | None = Field(
         default=None,
@@ -560,7 +583,7 @@ class ForecastResponse(BaseModel):
 class ParticlesResponse(BaseModel):
     particles: list[list[float]]
     log_weights: list[float] = Field(
-        description="normalised; uniform for unweighted methods; a particle of zero weight (smc) has the most "
+        description="normalised; uniform unless capabilities.weighted; a particle of zero weight has the most "
         "negative double, -1.7976931348623157e308 (JSON has no -Infinity)"
     )
 
@@ -646,6 +669,9 @@ class FamilyInfo(BaseModel):
 class ModelsResponse(BaseModel):
     families: list[FamilyInfo]
     methods: list[str] = Field(description="every method this server runs")
+    capabilities: dict[str, MethodInfo] = Field(  # type: ignore[valid-type]
+        description="each method's capabilities (declared by the method) with its default options"
+    )
 
 
 class OperatorInfo(BaseModel):

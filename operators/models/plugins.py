@@ -19,7 +19,9 @@ else is served as usual.
 from __future__ import annotations
 
 import importlib
+import tomllib
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import torch
 from mpflow.operators.models.base import ModelFamily
@@ -28,18 +30,13 @@ from mpflow.operators.rng import generator, randn
 GROUP = "mpflow.families"
 #: the distribution whose entry points are the built-in families
 OWN_DISTRIBUTION = "mpflow"
-#: the built-in families in catalogue order (the order of ``mpflow info``, the meta-training families and the
-#: benchmarks), as their entry points in pyproject.toml name them; read directly when the package's metadata is
-#: missing (a source tree on the path without an install)
-BUILTIN: dict[str, str] = {
-    "linear_gaussian": "mpflow.operators.models.linear_gaussian:LinearGaussian",
-    "lds": "mpflow.operators.models.lds:LDS",
-    "gmm": "mpflow.operators.models.gmm:GMM",
-    "logistic": "mpflow.operators.models.logistic:Logistic",
-    "stochastic_volatility": "mpflow.operators.models.stochastic_volatility:StochasticVolatility",
-    "range_bearing": "mpflow.operators.models.range_bearing:RangeBearing",
-    "lorenz96": "mpflow.operators.models.lorenz96:Lorenz96",
-}
+#: the catalogue order of the built-in families (the order of ``mpflow info``, the meta-training families and the
+#: benchmarks), by name only: where each one lives is its entry point in pyproject.toml, the one registration (read
+#: from the package's metadata, or from pyproject.toml itself in a source tree without an install); a built-in not
+#: named here follows these, by name
+CATALOGUE_ORDER = ("linear_gaussian", "lds", "gmm", "logistic", "stochastic_volatility", "range_bearing", "lorenz96")
+#: pyproject.toml of a source tree (operators/models/plugins.py → the repository root)
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: what every family must implement itself (the base class only raises)
 REQUIRED = ("log_likelihood", "sample_observation", "obs_shape")
 #: particles of the admission check
@@ -47,15 +44,13 @@ CHECK_PARTICLES = 5
 
 
 def load_families() -> tuple[dict[str, type[ModelFamily]], dict[str, str]]:
-    """(families by name, problems by plugin name): the built-ins first in :data:`BUILTIN`'s order, then the other
+    """(families by name, problems by plugin name): the built-ins first in :data:`CATALOGUE_ORDER`, then the other
     distributions' families by name. A plugin named like a family already loaded is refused (a built-in cannot be
     replaced)."""
     points = list(entry_points(group=GROUP))
-    own = {ep.name: ep for ep in points if _distribution(ep) == OWN_DISTRIBUTION}
     families: dict[str, type[ModelFamily]] = {}
     problems: dict[str, str] = {}
-    for name, value in BUILTIN.items():
-        ep = own.get(name) or EntryPoint(name, value, GROUP)
+    for ep in builtin_entry_points(points):
         _admit(ep, families, problems)
     others = sorted((ep for ep in points if _distribution(ep) != OWN_DISTRIBUTION), key=lambda ep: ep.name)
     for ep in others:
@@ -67,6 +62,17 @@ def load_families() -> tuple[dict[str, type[ModelFamily]], dict[str, str]]:
             continue
         _admit(ep, families, problems)
     return families, problems
+
+
+def builtin_entry_points(points: list[EntryPoint]) -> list[EntryPoint]:
+    """mpflow's own entry points among ``points`` — else, in a source tree without an install, those of its
+    pyproject.toml — in catalogue order (:data:`CATALOGUE_ORDER`)."""
+    own = [ep for ep in points if _distribution(ep) == OWN_DISTRIBUTION]
+    if not own and SOURCE_PYPROJECT.is_file():
+        declared = tomllib.loads(SOURCE_PYPROJECT.read_text())["project"]["entry-points"][GROUP]
+        own = [EntryPoint(name, value, GROUP) for name, value in declared.items()]
+    rank = {name: i for i, name in enumerate(CATALOGUE_ORDER)}
+    return sorted(own, key=lambda ep: (rank.get(ep.name, len(rank)), ep.name))
 
 
 def _admit(ep: EntryPoint, families: dict[str, type[ModelFamily]], problems: dict[str, str]) -> None:
@@ -143,4 +149,4 @@ def describe(ep: EntryPoint) -> str:
     return f"model family plugin {ep.name!r} ({ep.value}{dist})"
 
 
-__all__ = ["BUILTIN", "GROUP", "family_problem", "load_families"]
+__all__ = ["CATALOGUE_ORDER", "GROUP", "builtin_entry_points", "family_problem", "load_families"]

@@ -5,14 +5,15 @@ A new method is one module here plus one line in ``UPDATERS``. ``mpf`` takes a t
 it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf`` and ``ukf`` are the ensemble and
 unscented Kalman filters, the baselines of families with an explicit observation function and additive Gaussian
 noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
-(``Updater.nonlinear_transition``).
+(``Updater.nonlinear_transition``). What each method can do (weighted cloud, exact, forecasts, controls, ...) is
+declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mpflow.operators.updaters.base import NonFiniteError, Updater
+from mpflow.operators.updaters.base import CAPABILITIES, NonFiniteError, Updater
 from mpflow.operators.updaters.enkf import EnKFUpdater
 from mpflow.operators.updaters.gpf import GPFUpdater
 from mpflow.operators.updaters.kalman import KalmanUpdater
@@ -37,4 +38,4 @@ def get_updater(name: str, **options: Any) -> Updater:
     return cls(**options)
 
 
-__all__ = ["UPDATERS", "NonFiniteError", "Updater", "get_updater"]
+__all__ = ["CAPABILITIES", "UPDATERS", "NonFiniteError", "Updater", "get_updater"]

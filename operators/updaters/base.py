@@ -34,6 +34,15 @@ the caller never reads another method's extras:
 
 A new method overrides the three only where it keeps extras or a log-density; :attr:`Updater.weighted` methods
 name in :attr:`Updater.uniform_weight_options` how they hand back uniformly weighted particles.
+
+Capabilities. What a method can do is declared here once, on its class, and published from here — the stream
+document's ``capabilities`` and ``GET /v1/models`` (docs/API.md), which the dashboard, the client and the docs
+read: :attr:`Updater.weighted` (its cloud carries importance weights, so it is read by weight and its ESS
+n = 1 / Σ wᵢ² is below N), :attr:`Updater.weighted_options` (the options that make an otherwise uniform cloud
+weighted: mpf's ``flow_fraction: "auto"``), :attr:`Updater.exact` (the posterior is exact, not a particle
+approximation), :attr:`Updater.forecasts`, :attr:`Updater.controls` (steps with inputs u), and the posterior
+services :attr:`Updater.smoothing` and :attr:`Updater.unknown_params` (False until a method implements them).
+:meth:`Updater.capabilities_with` gives them for a stream's options; :data:`CAPABILITIES` names them.
 """
 
 from __future__ import annotations
@@ -64,6 +73,18 @@ class StepWork(NamedTuple):
 RANDN_FLOPS = 30.0
 
 
+#: the capabilities a method publishes (:meth:`Updater.capabilities_with`), each with what it means (the API schema
+#: and docs/API.md read these), in the order the documents list them
+CAPABILITIES: dict[str, str] = {
+    "weighted": "the particles carry importance weights: read the cloud by weight; its ESS is below N",
+    "exact": "the posterior is exact for the families the method runs, not a particle approximation",
+    "forecasts": "k-step-ahead predictives (GET .../forecast)",
+    "controls": "steps with control inputs u",
+    "smoothing": "smoothed posteriors of past steps",
+    "unknown_params": "unknown static model parameters estimated with the state",
+}
+
+
 class NonFiniteError(FloatingPointError):
     """An update produced NaN or infinite particles; the caller keeps the old state."""
 
@@ -72,6 +93,18 @@ class Updater:
     name: ClassVar[str]
     #: particles carry importance weights (SMC); others keep them uniform
     weighted: ClassVar[bool] = False
+    #: options under which a method whose particles are otherwise uniform carries weights (empty: none do)
+    weighted_options: ClassVar[dict[str, Any]] = {}
+    #: the posterior is exact for the families the method runs (Kalman), not a particle approximation
+    exact: ClassVar[bool] = False
+    #: k-step-ahead predictives (:meth:`forecast`)
+    forecasts: ClassVar[bool] = True
+    #: steps with control inputs u (they enter through the family's transition, :meth:`ModelFamily.at_step`)
+    controls: ClassVar[bool] = True
+    #: smoothed posteriors p(x_m | o_≤n) of past steps
+    smoothing: ClassVar[bool] = False
+    #: unknown static parameters estimated with the state
+    unknown_params: ClassVar[bool] = False
     #: only for linear-Gaussian families (Kalman)
     needs_linear_gaussian: ClassVar[bool] = False
     #: only for families with an explicit observation function and additive Gaussian noise (``enkf``, ``ukf``:
@@ -94,6 +127,28 @@ class Updater:
         if unknown:
             raise ValueError(f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}")
         self.options = {**self.defaults, **options}
+        self.weighted = self.weighted_with(self.options)
+
+    # ------------------------------------------------------------------ capabilities
+    @classmethod
+    def weighted_with(cls, options: dict[str, Any]) -> bool:
+        """Whether the method's particles carry weights under ``options`` (:attr:`weighted`, or every one of
+        :attr:`weighted_options` set)."""
+        return cls.weighted or (
+            bool(cls.weighted_options) and all(options.get(k) == v for k, v in cls.weighted_options.items())
+        )
+
+    @classmethod
+    def capabilities_with(cls, options: dict[str, Any] | None = None) -> dict[str, bool]:
+        """What the method does under ``options`` (module docstring, "Capabilities"), as the documents publish it:
+        ``{name: bool}`` over :data:`CAPABILITIES`."""
+        return {name: getattr(cls, name) for name in CAPABILITIES} | {"weighted": cls.weighted_with(options or {})}
+
+    @classmethod
+    def catalogue_entry(cls) -> dict[str, Any]:
+        """The method in ``GET /v1/models``: its capabilities with its default options, and ``weighted_with``,
+        the options that make its cloud weighted (``{}``: none do, or it always is)."""
+        return {**cls.capabilities_with(cls.defaults), "weighted_with": dict(cls.weighted_options)}
 
     # ------------------------------------------------------------------ compatibility
     @classmethod

@@ -24,6 +24,7 @@ from mpflow.operators.updaters.predictive import Predictive, gaussian_predictive
 class KalmanUpdater(Updater):
     name = "kalman"
     needs_linear_gaussian = True
+    exact = True
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)

@@ -177,6 +177,8 @@ ON_DEMAND_STAGES = 4
 
 class MPFUpdater(Updater):
     name = "mpf"
+    #: the automatic share carries its weights between steps, as smc does
+    weighted_options = {"flow_fraction": AUTO}
     #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
     nonlinear_transition = True
     stream_options = frozenset(
@@ -252,8 +254,6 @@ class MPFUpdater(Updater):
         if not isinstance(o["correct"], bool):
             raise ValueError(f"options.correct: true or false, got {o['correct']!r}")
         check_flow_fraction(o)
-        #: the automatic share carries its weights between steps, as smc does
-        self.weighted = o["flow_fraction"] == AUTO
         check_rejuvenation(o)
         check_inflation(o["inflation"])
         if o["linearisation"] not in LINEARISATIONS:

@@ -37,6 +37,8 @@ from mpflow.operators.updaters.predictive import Predictive
 class UKFUpdater(KalmanUpdater):
     name = "ukf"
     needs_linear_gaussian = False
+    #: the unscented transform approximates the moments of a nonlinear model: Kalman's algebra, not its exactness
+    exact = False
     needs_gaussian_observation = True
     nonlinear_transition = True
     defaults = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from mpflow.operators.models import FAMILIES, FAMILY_ERRORS, family
-from mpflow.operators.models.plugins import BUILTIN, GROUP, family_problem, load_families
+from mpflow.operators.models.plugins import CATALOGUE_ORDER, GROUP, builtin_entry_points, family_problem, load_families
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import UPDATERS
 
@@ -106,16 +106,23 @@ def fake_plugins(tmp_path, monkeypatch):
 
 def test_the_builtins_are_the_packages_own_entry_points_in_catalogue_order():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][GROUP]
-    assert declared == BUILTIN
-    assert list(FAMILIES)[: len(BUILTIN)] == list(BUILTIN)
-    assert not {k: v for k, v in FAMILY_ERRORS.items() if k in BUILTIN}
+    assert set(CATALOGUE_ORDER) == set(declared)  # the order names every built-in, and only those
+    assert list(FAMILIES)[: len(declared)] == list(CATALOGUE_ORDER)
+    assert all(FAMILIES[name].__module__ == value.split(":")[0] for name, value in declared.items())
+    assert not {k: v for k, v in FAMILY_ERRORS.items() if k in declared}
     for name, cls in FAMILIES.items():
         assert family_problem(name, cls) is None
 
 
+def test_without_the_packages_metadata_the_builtins_come_from_pyproject():
+    """A source tree without an install: the built-ins are read from pyproject.toml, in catalogue order."""
+    eps = builtin_entry_points([])
+    assert [ep.name for ep in eps] == list(CATALOGUE_ORDER) and all(ep.dist is None for ep in eps)
+
+
 def test_a_good_plugin_is_admitted_and_broken_ones_are_named_with_what_is_wrong(fake_plugins):
     families, problems = load_families()
-    assert list(families)[: len(BUILTIN)] == list(BUILTIN)
+    assert list(families)[: len(CATALOGUE_ORDER)] == list(CATALOGUE_ORDER)
     assert "counts" in families and families["counts"].__name__ == "Counts"
     assert families["lds"].__module__ == "mpflow.operators.models.lds"  # a built-in cannot be replaced
     expected = {

@@ -18,11 +18,14 @@ const MAX_BAND_DIMS = 6; // all dimensions get a band up to this many; else only
 const OBSERVATION_ROWS = 12; // observations listed, the latest first
 const OBSERVATION_CHARS = 160; // an observation's JSON is cut to this many characters in the list
 const OBSERVED_COLOR = "#111827"; // the observed values drawn on the traces
-const WEIGHTED = new Set(["smc"]); // methods whose particles carry non-uniform weights (ESS < N)
 const CHI2_2D_95 = 5.991; // 95% quantile of chi-square with 2 degrees of freedom (the ellipse radius²)
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2"];
 
 const $ = (id) => document.getElementById(id);
+// Whether a stream's particles carry importance weights (ESS < N): what its method says of itself with the stream's
+// options (the stream document's `capabilities`, declared by the method on the server; smc, mpf with
+// flow_fraction "auto").
+const weightedCloud = (doc) => Boolean(doc.capabilities && doc.capabilities.weighted);
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // ----------------------------------------------------------------------------------------- API access
@@ -547,14 +550,20 @@ function drawCloud() {
       }
     }
   } else {
-    const weighted = WEIGHTED.has(view.doc.method);
+    const weighted = weightedCloud(view.doc);
+    let alphaMin = 1;
+    let alphaMax = 0;
     for (let k = 0; k < points.length; k++) {
       const alpha = weighted ? 0.06 + 0.74 * (drawnW[k] / drawnMax) : 0.35;
+      alphaMin = Math.min(alphaMin, alpha);
+      alphaMax = Math.max(alphaMax, alpha);
       ctx.fillStyle = `rgba(37, 99, 235, ${alpha.toFixed(3)})`;
       ctx.beginPath();
       ctx.arc(px(points[k][jx]), py(points[k][jy]), 2.2, 0, 2 * Math.PI);
       ctx.fill();
     }
+    canvas.dataset.weighted = String(weighted); // scatter: opacity ∝ weight, or one opacity for a uniform cloud
+    canvas.dataset.opacity = `${alphaMin.toFixed(3)},${alphaMax.toFixed(3)}`;
   }
 
   // the 95% region of the Gaussian with the cloud's weighted moments: eigen-decomposition of the 2×2 covariance
@@ -634,7 +643,7 @@ function bandDims() {
   return [...new Set([Number($("dim-x").value), Number($("dim-y").value)])];
 }
 
-// Mean ± 1.96 sd per dimension, the log-evidence increments and (weighted methods) the ESS.
+// Mean ± 1.96 sd per dimension, the log-evidence increments and (weighted clouds) the ESS.
 function drawTraces() {
   const h = view.history;
   if (!h.length) return;
@@ -666,7 +675,7 @@ function drawTraces() {
   const known = lei.filter((v) => v !== null);
   $("evidence-note").textContent = known.length ? `latest ${known[known.length - 1].toFixed(3)}` : "";
 
-  const weighted = WEIGHTED.has(view.doc.method);
+  const weighted = weightedCloud(view.doc);
   $("ess-figure").hidden = !weighted;
   if (weighted) {
     const ess = h.map((e) => e.ess);
