@@ -1,133 +1,86 @@
-"""The import contract of docs/DESIGN.md "Layers": imports point downwards only.
+"""The import contract of docs/DESIGN.md "Layers", checked by import-linter (``[tool.importlinter]`` in
+pyproject.toml): imports point downwards only,
 
-    mpflow (root, lazy client re-export) → mpflow.cli → mpflow.service | mpflow.training → mpflow.operators
+    mpflow.operators  ←  mpflow.training | mpflow.service  ←  mpflow.cli;   mpflow.client: nothing of the server
 
-``mpflow.service`` and ``mpflow.training`` are siblings and never import each other; nothing in the shipped
-package imports ``benchmarks`` or ``tests``, and nothing anywhere (package, tests, benchmarks, examples) uses
-the bare folder names ``operators``, ``training`` or ``service`` as import names — the wheel does not provide
-them. import-linter cannot be used here: its graph builder (grimp) walks a package's own folder, and the
-sub-packages of ``mpflow`` live in sibling folders mapped by ``package-dir`` (setup.py); so the contract is
-read from the source with :mod:`ast`, every import statement, function-level (lazy) ones included. Tests and
-examples do not import ``benchmarks`` either (a benchmark is tested by running it, as a user does); benchmarks
-may use the test harness (``tests.harness``).
+the shipped package never imports ``tests`` or ``benchmarks``, and tests never import ``benchmarks``. (Relative
+imports and the bare folder names ``operators``, ``training``, ``service`` are ruff's: TID252, TID251.)
+
+import-linter's graph builder (grimp) reads a package from its folder, and mpflow's sub-packages live in sibling
+folders mapped by ``package-dir`` (setup.py). So it runs on a tree of symbolic links laid out as the wheel is —
+``mpflow/`` holding links to the entries of ``mpflow/`` and to ``operators/``, ``training/``, ``service/`` — in a
+temporary folder first on ``PYTHONPATH``; nothing in the repository moves. A second run, with a module added
+that breaks two contracts, shows the check can fail.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-
-# layer of a folder → the mpflow sub-packages it may import
-FOLDERS = {"operators": "mpflow.operators", "training": "mpflow.training", "service": "mpflow.service"}
-ALLOWED = {
-    "mpflow.client": {"mpflow.client"},  # the REST client installs without the server: it imports none of it
-    "mpflow.operators": {"mpflow.operators"},
-    "mpflow.training": {"mpflow.operators", "mpflow.training"},
-    "mpflow.service": {"mpflow.operators", "mpflow.service", "mpflow.client"},
-    "mpflow.cli": {"mpflow.operators", "mpflow.training", "mpflow.service", "mpflow.client", "mpflow.cli"},
-}
-ALLOWED["mpflow"] = set(ALLOWED)  # the root (``python -m mpflow``, the lazy client re-export) sits on top
-BARE = {"operators", "training", "service"}
-OUTSIDE_PACKAGE = {"benchmarks", "tests"}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-def imported_modules(source: str) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import statement in ``source`` (relative imports are not used)."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                found.append((node.lineno, "." * node.level + (node.module or "")))
-            else:
-                found.append((node.lineno, node.module or ""))
-    return found
+def package_dirs() -> dict[str, str]:
+    """setup.py's ``PACKAGE_DIRS`` (import name → folder), read without running setup.py."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (value,) = (
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PACKAGE_DIRS" for t in node.targets)
+    )
+    return ast.literal_eval(value)
 
 
-def layer_of(module: str) -> str | None:
-    """The layer an ``mpflow`` module name belongs to (``mpflow.service.app`` → ``mpflow.service``)."""
-    parts = module.split(".")
-    if parts[0] != "mpflow":
-        return None
-    if len(parts) == 1:
-        return "mpflow"
-    return f"mpflow.{parts[1]}" if f"mpflow.{parts[1]}" in ALLOWED else "mpflow"
+def link_tree(into: Path, extra: dict[str, str] | None = None) -> Path:
+    """The package as the wheel lays it out, in links under ``into``; ``extra`` adds modules (path under
+    ``mpflow/`` → source), their folder then made of links rather than one link."""
+    top = into / "mpflow"
+    top.mkdir()
+    for entry in (ROOT / "mpflow").iterdir():
+        if entry.name != "__pycache__":
+            (top / entry.name).symlink_to(entry)
+    for name, folder in package_dirs().items():
+        if name != "mpflow":
+            (top / name.removeprefix("mpflow.")).symlink_to(ROOT / folder)
+    for relative, source in (extra or {}).items():
+        parent = top / Path(relative).parent
+        if parent.is_symlink():  # a folder of links to the real one's entries, plus the new module
+            real = parent.resolve()
+            parent.unlink()
+            parent.mkdir()
+            for entry in real.iterdir():
+                (parent / entry.name).symlink_to(entry)
+        (top / relative).write_text(source)
+    return into
 
 
-def violations(layer: str | None, path: Path, source: str, forbidden: frozenset[str] = frozenset()) -> list[str]:
-    """The contract's breaches in one file; ``layer`` None means a file outside the package (tests, benchmarks,
-    examples), which may import any ``mpflow`` module but never the bare folder names nor the top-level names in
-    ``forbidden``."""
-    out = []
-    for line, module in imported_modules(source):
-        top = module.split(".")[0]
-        where = f"{path}:{line}: imports {module}"
-        if module.startswith("."):
-            out.append(f"{where} (relative import: write the absolute mpflow name)")
-        elif top in BARE:
-            out.append(f"{where} (no such import name once installed: use mpflow.{module})")
-        elif layer is None:
-            if top in forbidden:
-                out.append(f"{where} (run a benchmark as a user does instead of importing it)")
-        elif top in OUTSIDE_PACKAGE:
-            out.append(f"{where} (the shipped package never imports {top}/)")
-        elif top == "mpflow" and layer_of(module) not in ALLOWED[layer]:
-            out.append(f"{where} ({layer} may import only {sorted(ALLOWED[layer])})")
-    return out
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` with pyproject.toml's contracts, run in ``tree`` (it puts its working folder first on the
+    path: the links' ``mpflow``, not the repository's ``mpflow/``; ``tests`` and ``benchmarks`` from the root)."""
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
+    command = [str(LINT_IMPORTS), "--no-cache", str(ROOT / "pyproject.toml")]
+    return subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=300)
 
 
-def package_files() -> list[tuple[str, Path]]:
-    files = [(FOLDERS[folder], p) for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
-    for p in sorted((ROOT / "mpflow").rglob("*.py")):
-        files.append(("mpflow" if p.parent == ROOT / "mpflow" else f"mpflow.{p.parent.name}", p))
-    return files
+def test_the_layering_contracts_hold(tmp_path: Path) -> None:
+    done = lint_imports(link_tree(tmp_path))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "Contracts: 4 kept, 0 broken." in done.stdout, done.stdout[-2000:]
 
 
-def outside_files() -> list[tuple[Path, frozenset[str]]]:
-    no_benchmarks = frozenset({"benchmarks"})
-    return [
-        (p, frozenset() if folder == "benchmarks" else no_benchmarks)
-        for folder in ("tests", "benchmarks", "examples")
-        for p in sorted((ROOT / folder).rglob("*.py"))
-    ]
-
-
-def test_the_package_imports_downwards_only() -> None:
-    bad = [v for layer, p in package_files() for v in violations(layer, p.relative_to(ROOT), p.read_text())]
-    assert not bad, "\n".join(bad)
-
-
-def test_tests_benchmarks_and_examples_use_the_mpflow_name() -> None:
-    bad = [v for p, no in outside_files() for v in violations(None, p.relative_to(ROOT), p.read_text(), no)]
-    assert not bad, "\n".join(bad)
-
-
-@pytest.mark.parametrize(
-    ("layer", "source", "reason"),
-    [
-        ("mpflow.operators", "from mpflow.service.store import Store\n", "may import only"),
-        ("mpflow.operators", "def f():\n    from mpflow.training import tasks\n", "may import only"),
-        ("mpflow.service", "import mpflow.training.evaluate\n", "may import only"),
-        ("mpflow.training", "from mpflow.cli import main\n", "may import only"),
-        ("mpflow.service", "from benchmarks.engine import run_benchmark\n", "never imports benchmarks/"),
-        ("mpflow.training", "import tests.harness\n", "never imports tests/"),
-        (None, "from operators.models import make_model\n", "no such import name"),
-        ("mpflow.service", "from .store import Store\n", "relative import"),
-    ],
-)
-def test_a_deliberate_violation_is_caught(layer: str | None, source: str, reason: str) -> None:
-    (found,) = violations(layer, Path("x.py"), source)
-    assert reason in found
-
-
-def test_allowed_imports_pass() -> None:
-    assert violations("mpflow.service", Path("x.py"), "from mpflow.operators.models import make_model\n") == []
-    assert violations("mpflow.cli", Path("x.py"), "from mpflow.service.app import create_app\n") == []
-    assert violations(None, Path("x.py"), "from benchmarks.engine import run_benchmark\n") == []
-    (found,) = violations(None, Path("x.py"), "from benchmarks import engine\n", frozenset({"benchmarks"}))
-    assert "run a benchmark" in found
+def test_a_breach_is_caught(tmp_path: Path) -> None:
+    """An operators module importing the service, and a client module importing torch: two contracts broken."""
+    extra = {
+        "operators/breach.py": "from mpflow.service import app\n",
+        "client/breach.py": "def f():\n    import torch\n",
+    }
+    done = lint_imports(link_tree(tmp_path, extra))
+    assert done.returncode == 1, done.stdout[-4000:]
+    assert "Contracts: 2 kept, 2 broken." in done.stdout, done.stdout[-2000:]
+    assert "mpflow.operators.breach -> mpflow.service.app" in done.stdout
+    assert "mpflow.client.breach -> torch" in done.stdout
