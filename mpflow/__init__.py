@@ -1,14 +1,17 @@
 """mpflow: online sequential Bayesian inference — learned Meta Particle Flow operators with classical references.
 
-One import name, four layers (imports point downwards only; ``tests/unit/test_import_contract.py`` checks it):
+One import name, four layers and the client (imports point downwards only; import-linter's contracts in
+pyproject.toml, run by ``tests/unit/test_import_contract.py``):
 
 * :mod:`mpflow.operators` — the mathematics: model families, priors, updaters, the MPF flow, references.
 * :mod:`mpflow.training` — offline work on operators: task distributions, meta-training, evaluation.
-* :mod:`mpflow.service` — the HTTP service: FastAPI app, Redis state store, micro-batching engine, client.
+* :mod:`mpflow.service` — the HTTP service: FastAPI app, Redis state store, micro-batching engine.
 * :mod:`mpflow.cli` — the ``mpflow`` command line, above training and service.
+* :mod:`mpflow.client` — the REST client, on httpx, numpy and websockets only (``pip install "mpflow[client]"``).
 
 ``from mpflow import Client`` (and ``AsyncClient``, ``MpflowError``, ``Posterior``) is the Python client of the REST API
-(``docs/API.md``); it is imported lazily, so ``import mpflow`` stays cheap.
+(``docs/API.md``, :mod:`mpflow.client`); it is imported lazily, so ``import mpflow`` stays cheap and imports
+neither the client's dependencies nor torch.
 """
 
 from __future__ import annotations

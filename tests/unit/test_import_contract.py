@@ -84,3 +84,21 @@ def test_a_breach_is_caught(tmp_path: Path) -> None:
     assert "Contracts: 2 kept, 2 broken." in done.stdout, done.stdout[-2000:]
     assert "mpflow.operators.breach -> mpflow.service.app" in done.stdout
     assert "mpflow.client.breach -> torch" in done.stdout
+
+
+def test_the_root_and_the_client_load_no_server_code() -> None:
+    """``import mpflow`` loads neither the client nor torch; ``from mpflow import Client`` loads the client and
+    nothing of the server (what ``pip install "mpflow[client]"`` relies on; tests/deploy/test_client_install.py
+    shows it in a venv without them)."""
+    code = (
+        "import sys, mpflow\n"
+        "heavy = ('torch', 'fastapi', 'redis', 'httpx', 'mpflow.client', 'mpflow.service', 'mpflow.operators')\n"
+        "root = [m for m in heavy if m in sys.modules]\n"
+        "from mpflow import Client\n"
+        "server = [m for m in sys.modules if m.split('.')[0] in ('torch', 'fastapi', 'redis', 'scipy')\n"
+        "          or m.startswith(('mpflow.service', 'mpflow.operators', 'mpflow.training'))]\n"
+        "print(root, server)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[] []", done.stdout
