@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,10 +169,13 @@ def table_steps(frame: Any, columns: Sequence[str] | None, inputs: Sequence[str]
 # ---------------------------------------------------------------------------------------------- running
 @dataclass
 class Filtered:
-    """The ``per_step`` entries of every step and the names of the state's dimensions."""
+    """The ``per_step`` entries of every step, the names of the state's dimensions, and the seconds spent applying
+    the steps (parsing them and stepping in-process; the observation requests through a server) — the stream's
+    creation left out."""
 
     per_step: list[dict[str, Any]]
     names: list[str]
+    seconds: float
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -212,6 +216,7 @@ async def _in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, ti
             meta, state, _ = creation.prepare(settings, methods, CreateStreamRequest.model_validate(body))
             model, updater = methods.resolve(meta)
             per_step: list[dict[str, Any]] = []
+            t0 = time.perf_counter()
             for start, chunk in zip(range(0, len(steps), batch), _chunks(steps, batch), strict=True):
                 try:
                     parsed = parse(model, list(chunk))
@@ -224,7 +229,7 @@ async def _in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, ti
                 tick(len(chunk))
         except ApiError as exc:
             raise ValueError(_row_message(exc.message, 0)) from None
-        return Filtered(per_step, state_names(meta, int(meta["state_dim"])))
+        return Filtered(per_step, state_names(meta, int(meta["state_dim"])), time.perf_counter() - t0)
     finally:
         await engine.stop()
 
@@ -248,13 +253,14 @@ def filter_on_server(
             stream = client.create_stream(**body)
             per_step: list[dict[str, Any]] = []
             names: list[str] = []
+            t0 = time.perf_counter()
             for answer in stream.filter(list(steps), batch=batch):
                 per_step += answer["per_step"]
                 names = state_names(answer, len(answer["summary"]["mean"]))
                 tick(len(answer["per_step"]))
         except MpflowError as exc:
             raise ValueError(f"--server {url}: {_row_message(str(exc), 0)}") from None
-    return Filtered(per_step, names)
+    return Filtered(per_step, names, time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -328,8 +334,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(estimates, done.names, frame, used, args.plot)
     if args.out is not None:
-        where = f" through {args.server}" if args.server else " in-process"
-        print(f"# {len(estimates)} steps filtered{where}: {args.out}", file=sys.stderr)
+        where = f"through {args.server}" if args.server else "in-process"
+        print(f"# {len(estimates)} steps filtered {where} in {done.seconds:.2f} s: {args.out}", file=sys.stderr)
     return 0
 
 
