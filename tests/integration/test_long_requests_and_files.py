@@ -11,6 +11,7 @@ import math
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 from mpflow.service.client import Client
@@ -134,3 +135,28 @@ def test_stream_filter_takes_a_dataframe_and_returns_the_estimates(server):
     np.testing.assert_allclose(estimates["q0.95_level"], [s["quantiles"]["0.95"][0] for s in want], atol=1e-12)
     assert estimates["log_evidence_increment"].iloc[2] == 0.0  # NaN: no measurement
     np.testing.assert_allclose(by_position["mean_x0"], estimates["mean_level"], atol=1e-12)
+
+
+def test_the_async_client_awaits_a_dataframes_estimates(redis_url):
+    from mpflow.service.client import AsyncClient
+
+    prefix = f"mpflowtest-{uuid.uuid4().hex}"
+    frame = pd.DataFrame({"y": [0.5, np.nan, 1.2, 0.3, -0.4]})
+
+    async def main():
+        try:
+            async with serve_in_process(_settings(redis_url, prefix)) as (app, _):
+                transport = httpx.ASGITransport(app=app)
+                async with AsyncClient("http://mpflow", transport=transport) as client:
+                    stream = await client.create_stream(MODEL_1D, PRIOR_1D, method="kalman")
+                    estimates = await stream.filter(frame, batch=2)
+                    reference = await (await client.create_stream(MODEL_1D, PRIOR_1D, method="kalman")).update(frame)
+                    answers = [a async for a in stream.filter([[0.1], [0.2]])]  # a list still yields answers
+                    return estimates, reference, answers
+        finally:
+            await drop_prefix(redis_url, prefix)
+
+    estimates, reference, answers = asyncio.run(main())
+    assert list(estimates.index) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(estimates["mean_x0"], [s["mean"][0] for s in reference["per_step"]], atol=1e-12)
+    assert [a["step"] for a in answers] == [6, 7]
