@@ -47,11 +47,14 @@ Runs: a request of many steps for one stream (a back-fill, a data file) submits 
 never share a batch with each other, and a hop to the worker per step costs more than a small step's arithmetic
 (a 1000-observation POST to a 1-D Kalman stream spent 2.7× the in-process time, most of it in per-step hops and
 in waiting ``max_wait_ms`` for its own announced steps). The worker applies the steps one after the other until
-the run's slice is used (:data:`RUN_SLICE_S` of worker time, at most :data:`RUN_STEPS` steps and
+the run's slice is used (:data:`RUN_SLICE_S` of the worker thread's CPU time, at most :data:`RUN_STEPS` steps and
 :data:`RUN_FLOATS` particle values held: :func:`run_length`), then summarises and checks all of them in one
 vectorised ``summarise`` pass over the stacked states, and hands the worker back; the caller submits the rest as
 a new job, which queues behind the jobs that arrived meanwhile (oldest first), so a light stream's step waits at
-most one slice. A step that raises stops the run there: the steps before it stand, the error is the run's.
+most one slice of work. The slice is CPU time, not wall time: on oversubscribed cores a wall-clock slice holds
+fewer and fewer steps while each hop back to the event loop costs more and more (at a load of 15 on 2 cores, a
+25 ms wall slice held one or two Kalman steps), whereas the work a slice holds — what a light step waits for — is
+the same. A step that raises stops the run there: the steps before it stand, the error is the run's.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ BatchObserver = Callable[[str, str, int, float], None]
 HealthObserver = Callable[[str, torch.Tensor, dict[str, torch.Tensor]], None]
 
 
-#: a run job hands its lane's worker back after this much time (seconds; the step under way finishes first)
+#: a run job hands its lane's worker back after this much of the worker thread's CPU time (seconds; the step under
+#: way finishes first)
 RUN_SLICE_S = 0.025
 #: at most this many steps per run job
 RUN_STEPS = 128
@@ -541,7 +545,7 @@ class UpdateEngine:
         assert job.run is not None
         n, d = job.state.particles.shape[-2:]
         state, out = job.state, RunResult([])
-        stop = time.monotonic() + RUN_SLICE_S
+        stop = time.thread_time() + RUN_SLICE_S
         for model, obs in job.run[: run_length(n, d, len(job.run))]:
             t0 = time.perf_counter()
             try:
@@ -551,7 +555,7 @@ class UpdateEngine:
                 break
             self._observe(job.method, model.name, 1, time.perf_counter() - t0, n, info)
             out.steps.append(StepResult(state, info))
-            if time.monotonic() >= stop:
+            if time.thread_time() >= stop:
                 break
         if self.summarise is not None and out.steps:
             try:
