@@ -93,6 +93,14 @@ def read_table(path: str) -> Any:
         raise ValueError(f"--data: no such file: {path}")
     try:
         if file.suffix.lower() in PARQUET_SUFFIXES:
+            import pyarrow.parquet as pq
+
+            shape = pq.ParquetFile(file).metadata  # the limits before reading: a Parquet file is read whole
+            if shape.num_rows > MAX_ROWS or shape.num_columns > MAX_COLUMNS:
+                raise ValueError(
+                    f"--data: at most {MAX_ROWS} rows and {MAX_COLUMNS} columns per file, {path} has "
+                    f"{shape.num_rows} rows and {shape.num_columns} columns"
+                )
             frame = pd.read_parquet(file)
         else:
             sep = "\t" if file.name.lower().endswith((".tsv", ".tsv.gz")) else ","
@@ -100,6 +108,10 @@ def read_table(path: str) -> Any:
     except ImportError as exc:
         need = "pip install 'mpflow[files]'"
         raise ValueError(f"--data: reading {file.suffix} files needs pyarrow: {need} ({exc})") from None
+    except ValueError as exc:
+        if str(exc).startswith("--data"):
+            raise
+        raise ValueError(f"--data: cannot read {path}: {exc}") from None
     except Exception as exc:  # pandas' and pyarrow's parser errors have no common base
         raise ValueError(f"--data: cannot read {path}: {exc}") from None
     if frame.shape[1] > MAX_COLUMNS:

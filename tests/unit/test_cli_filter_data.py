@@ -152,5 +152,11 @@ def test_the_file_limits_are_enforced(tmp_path):
     wide.write_text(",".join(f"c{i}" for i in range(MAX_COLUMNS + 1)) + "\n" + ",".join(["1"] * (MAX_COLUMNS + 1)))
     with pytest.raises(ValueError, match=f"at most {MAX_COLUMNS} columns"):
         read_table(str(wide))
+    wide_parquet = tmp_path / "wide.parquet"
+    pd.DataFrame({f"c{i}": [1.0] for i in range(MAX_COLUMNS + 1)}).to_parquet(wide_parquet)
+    with pytest.raises(
+        ValueError, match=f"{MAX_COLUMNS} columns per file, .* has 1 rows and {MAX_COLUMNS + 1} columns"
+    ):
+        read_table(str(wide_parquet))
     with pytest.raises(ValueError, match="no such file"):
         read_table(str(tmp_path / "absent.csv"))
