@@ -32,6 +32,7 @@ from mpflow.operators.models.priors import Prior
 from mpflow.operators.updaters import Updater
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.settings import Settings
+from mpflow.service.summary import QUANTILES
 
 #: bytes a number of a JSON answer costs while it is built: a Python float (24), its list slot (8), its text with a
 #: separator (about 20) and the encoder's buffers (measured: 78 to 80 bytes per number of the peak RSS for answers of
@@ -133,7 +134,7 @@ def observations_cost(
     for dt, k in steps:
         step = updater.step_work(model, n, dt, k)
         total = total.then(Cost(step.flops, step.bytes)).then(summary_cost(n, d))
-    answer = len(steps) * (2 * d + 8)  # per_step: mean and sd, and a few scalars
+    answer = len(steps) * ((2 + len(QUANTILES)) * d + 8)  # per_step: mean, sd and quantiles, and a few scalars
     total = Cost(total.flops + JSON_FLOPS_PER_NUMBER * answer, total.bytes)
     return total.then(draws_cost(samples, d)).plus_bytes(JSON_BYTES_PER_NUMBER * answer)
 

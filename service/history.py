@@ -4,13 +4,16 @@ steps before it.
 
 One entry per applied step, oldest first, at most ``MPFLOW_HISTORY_STEPS`` (the latest ones)::
 
-    {"step": m, "mean": [...], "std": [...], "log_evidence_increment": ..., "ess": ...,   # the step's per_step entry
-     "fallback": "<method>",                                   # only when the step fell back (as in per_step)
+    {"step": m, "mean": [...], "std": [...], "log_evidence_increment": ..., "ess": ...,   # the step's per_step entry,
+     "fallback": "<method>",                                   # but its quantiles; fallback only when the step
+                                                               # fell back (as in per_step)
      "observation": <the value as posted>, "dt": ..., "u": [...]}   # dt and u only when the step gave them
 
 An observation whose JSON is longer than ``MAX_OBSERVATION_BYTES`` (a large logistic minibatch, say) is kept as
 ``"observation": null, "observation_omitted": true``: the history's size stays about ``steps × (2 d numbers + a
-small observation)`` whatever the requests carry.
+small observation)`` whatever the requests carry. The ``per_step`` entry's ``quantiles`` are left out: they would
+double the history's memory in the store (379 bytes a step instead of 214 at d = 2, ``MEMORY USAGE`` of 500
+steps), and what reads the history — the dashboard's bands, a late reader's table — has the mean and std.
 
 The entries are written by the stream's compare-and-set itself (:meth:`~mpflow.service.store.StreamStore.
 compare_and_set`, ``history=``), so they are exactly the steps of the updates that were stored: a duplicate ``seq``
@@ -29,6 +32,8 @@ from mpflow.service.store import StreamStore
 
 #: the longest observation (its JSON, in bytes) a history entry keeps; a longer one is left out (module docstring)
 MAX_OBSERVATION_BYTES = 4096
+#: the fields of a ``per_step`` entry its history entry leaves out (module docstring)
+_LEFT_OUT = frozenset({"quantiles"})
 #: what a step may carry besides its value (docs/API.md "observations")
 _STEP_FIELDS = ("dt", "u")
 
@@ -44,7 +49,7 @@ def entries(per_step: Sequence[dict[str, Any]], observations: Sequence[Any]) -> 
     for summary, item in zip(per_step, observations, strict=True):
         timed = isinstance(item, dict) and "value" in item
         value = item["value"] if timed else item
-        entry = dict(summary)
+        entry = {k: v for k, v in summary.items() if k not in _LEFT_OUT}
         if len(_compact(value)) <= MAX_OBSERVATION_BYTES:
             entry["observation"] = value
         else:

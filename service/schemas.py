@@ -371,6 +371,11 @@ class StepSummary(BaseModel):
     step: int
     mean: list[float]
     std: list[float]
+    quantiles: dict[str, list[float]] | None = Field(
+        default=None,
+        description='the marginal quantiles of the state after the step, {"0.05": [...], "0.5": [...], "0.95": [...]} '
+        "(as the summary's)",
+    )
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float
     acceptance: float | None = Field(
@@ -435,8 +440,22 @@ OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
     **STREAM_DOCUMENT_EXAMPLE,
     "duplicate": False,
     "per_step": [
-        {"step": 1, "mean": [0.3, 0.1], "std": [0.82, 0.8], "log_evidence_increment": -3.3, "ess": 256.0},
-        {"step": 2, "mean": [0.4, -0.1], "std": [0.77, 0.71], "log_evidence_increment": -3.12, "ess": 256.0},
+        {
+            "step": 1,
+            "mean": [0.3, 0.1],
+            "std": [0.82, 0.8],
+            "quantiles": {"0.05": [-1.05, -1.22], "0.5": [0.3, 0.1], "0.95": [1.65, 1.42]},
+            "log_evidence_increment": -3.3,
+            "ess": 256.0,
+        },
+        {
+            "step": 2,
+            "mean": [0.4, -0.1],
+            "std": [0.77, 0.71],
+            "quantiles": {"0.05": [-0.87, -1.27], "0.5": [0.4, -0.1], "0.95": [1.67, 1.07]},
+            "log_evidence_increment": -3.12,
+            "ess": 256.0,
+        },
     ],
 }
 

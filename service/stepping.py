@@ -1,9 +1,14 @@
 """Applying a request's observations to a stream's state, in memory, one step after the other on the update engine.
 
-Each step runs on the engine's worker (micro-batched with other streams'), and so does what follows it for that
-stream — the finiteness check, the summary, and for the request's last step encoding the new state and any draws —
-as the job's ``after`` hook: one hop to a thread per step, not one per stage. The summary and the check are
-computed for the whole micro-batch at once by the engine's ``summarise`` hook (:func:`row_views`).
+A request of one step runs as one job of the engine's micro-batches (with other streams' steps); a request of
+several runs as *run* jobs (:meth:`~mpflow.service.engine.UpdateEngine.update_run`): the worker applies its steps
+one after the other, as many as fit in a run's slice, with one hop to the worker per slice instead of one per step
+(a 1000-observation request costs close to the same steps in-process: docs/benchmarks.md "Long requests"). What
+follows each step — the finiteness check, the summary, its ``per_step`` entry, and for the request's last step
+encoding the new state and any draws — runs on the worker too, as the job's ``after`` hook (:func:`_after_run`),
+the summaries and checks of all the run's states in one vectorised pass (the engine's ``summarise`` hook,
+:func:`row_views`). Every step's state is still checked: a run stops at the first step that fails or is not
+finite, the steps before it stand, that step goes to the fall-back chain, and the next run starts after it.
 
 A step whose method fails numerically, or leaves a non-finite value anywhere in the state, is computed again by
 the fall-back chain (:mod:`mpflow.service.fallback`); its ``per_step`` entry says ``"fallback"``. Any other
@@ -15,7 +20,6 @@ gets that far.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +28,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import NonFiniteError, Updater
 from mpflow.service import summary as summaries
-from mpflow.service.engine import Announcement, StepResult, UpdateEngine
+from mpflow.service.engine import Announcement, RunResult, StepResult, UpdateEngine
 from mpflow.service.errors import invalid
 from mpflow.service.fallback import Fallbacks
 from mpflow.service.methods import updater_key
@@ -105,6 +109,30 @@ def _after_last(
     return finish(meta, res, n_samples, checked_summary(meta["method"], res))
 
 
+#: a run's ``after`` result: the ``per_step`` entries of the steps it kept, and :func:`finish`'s tuple when the run
+#: applied the request's last step (else None)
+RunOutcome = tuple[list[dict[str, Any]], tuple[bytes, dict[str, Any], dict[str, Any], list | None] | None]
+
+
+def _after_run(meta: dict[str, Any], n_samples: int, last: int, run: RunResult) -> RunOutcome:
+    """(on the engine's worker, right after a run) each step's state checked, in order, and its ``per_step`` entry;
+    a step whose state is not finite ends the run there (it becomes the run's error, the steps after it are
+    dropped: they started from it). When the run kept the request's last step (``last``: its index in the run),
+    :func:`finish` too."""
+    entries: list[dict[str, Any]] = []
+    for k, res in enumerate(run.steps):
+        try:
+            summary = checked_summary(meta["method"], res)
+        except NonFiniteError as exc:
+            del run.steps[k:]
+            run.error = exc
+            return entries, None
+        entries.append(summaries.step_summary(res.state, res.info, state_summary=summary))
+    if run.error is not None or len(run.steps) != last + 1:
+        return entries, None
+    return entries, finish(meta, run.steps[-1], n_samples, summary)
+
+
 @dataclass
 class Applied:
     """The outcome of a request's steps: the new state encoded, its summary, every step's ``per_step`` entry
@@ -134,33 +162,68 @@ class Stepper:
         n_samples: int,
         announced: Announcement | None = None,
     ) -> Applied:
-        """Apply the steps (:func:`parse`) in order from ``state``; each step's check and summary run on the engine's
-        worker right after it, and the last one's also encode the new state and draw ``n_samples``."""
-        method, key = meta["method"], updater_key(meta)
+        """Apply the steps (:func:`parse`) in order from ``state``, as runs on the engine (module docstring); each
+        step's check and summary run on the worker right after it, and the last one's also encode the new state and
+        draw ``n_samples``."""
+        method, last = meta["method"], len(parsed) - 1
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
-        res: StepResult | None = None
-        for i, (obs, model) in enumerate(parsed):
-            if i == len(parsed) - 1:
-                after: Callable[[StepResult], Any] = functools.partial(_after_last, meta, n_samples)
+        i, final, res = 0, None, None
+        while final is None:
+            if i == last:  # one step: a job of the engine's micro-batches, with other streams' steps
+                run = await self._last_step(meta, updater, state, parsed[i], n_samples, announced)
             else:
-                after = functools.partial(_after_step, method)
-            try:
-                res = await self.engine.update(updater, key, method, model, state, obs, announced, after=after)
-            except FALLBACK_ERRORS as exc:  # NaN/inf particles, a collapsed covariance: a safe method instead
-                res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, exc)
-                res.after = await self.work.run(meta, after, res)
-            except ValueError as exc:  # not numerical: the step cannot run as asked (nothing applied)
-                raise invalid(f"observations[{i}]: {exc}") from None
-            if i < len(parsed) - 1:
-                per_step.append(res.after)
+                steps = [(model, obs) for obs, model in parsed[i:]]
+                after = functools.partial(_after_run, meta, n_samples, last - i)
+                run = await self.engine.update_run(updater, method, state, steps, announced, after=after)
+            entries, final = run.after or ([], None)
+            per_step += entries
+            i += len(run.steps)
+            if run.steps:
+                res = run.steps[-1]
+                state = res.state
+            if run.error is None:
+                continue
+            obs, model = parsed[i]
+            if not isinstance(run.error, FALLBACK_ERRORS):
+                if isinstance(run.error, ValueError):  # not numerical: the step cannot run as asked (nothing applied)
+                    raise invalid(f"observations[{i}]: {run.error}") from None
+                raise run.error
+            # NaN/inf particles, a collapsed covariance: a safe method instead, for this step
+            res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, run.error)
+            if i == last:
+                final = await self.work.run(meta, _after_last, meta, n_samples, res)
+                per_step.append(final[2])
+            else:
+                per_step.append(await self.work.run(meta, _after_step, method, res))
             state = res.state
+            i += 1
         assert res is not None  # observations has at least one item (schema)
-        blob, summary, last_step, samples = res.after
-        per_step.append(last_step)
+        blob, summary, _, samples = final
         for i, name in fallbacks.items():
             per_step[i]["fallback"] = name
         return Applied(res, blob, summary, per_step, samples)
+
+    async def _last_step(
+        self,
+        meta: dict[str, Any],
+        updater: Updater,
+        state: ParticleState,
+        step: Step,
+        n_samples: int,
+        announced: Announcement | None,
+    ) -> RunResult:
+        """The request's last step alone, micro-batched with other streams' steps, as a run of one (its error, if
+        it raised)."""
+        obs, model = step
+        after = functools.partial(_after_last, meta, n_samples)
+        try:
+            res = await self.engine.update(
+                updater, updater_key(meta), meta["method"], model, state, obs, announced, after
+            )
+        except Exception as exc:
+            return RunResult([], exc)
+        return RunResult([res], None, ([res.after[2]], res.after))
 
 
 __all__ = ["Applied", "Stepper", "checked_summary", "finish", "parse", "row_views"]

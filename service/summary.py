@@ -146,7 +146,8 @@ def summary(state: ParticleState) -> dict:
 
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
-    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess,
+    """A ``per_step`` entry for the state just after a step: step, mean, std, quantiles (when ``state_summary``
+    has them), log_evidence_increment, ess,
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
@@ -157,6 +158,7 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "step": int(state.step[0]),
         "mean": state_summary["mean"],
         "std": state_summary["std"],
+        **({"quantiles": state_summary["quantiles"]} if "quantiles" in state_summary else {}),
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": float(info.ess[row]),
     }

@@ -2,6 +2,7 @@
 
   mpflow info                      model families, methods, trained operators and the service settings in force
   mpflow filter --family lds ...   run a method on a simulated sequence and compare it with the exact posterior
+  mpflow filter --data F --model M filter a CSV or Parquet file (in-process, or --server URL)
   mpflow train --family gmm ...    meta-train an MPF operator and save it to a registry folder
   mpflow evaluate --operator NAME  held-out accuracy of an operator against the exact posterior, smc and gpf
   mpflow fit-sampler --prior P ... cache a learned sampler for a mixture prior (unlimited samples)
@@ -203,6 +204,9 @@ def _add_filter(sub: Any) -> argparse.ArgumentParser:
         type=json_object("--params"),
         help="model parameters as a JSON object (default: the family's example parameters; lds: A = 0.9 I, B = I)",
     )
+    from mpflow.cli import filter_data
+
+    filter_data.add_options(p)
     p.set_defaults(func=_filter)
     return p
 
@@ -225,7 +229,12 @@ def mpf_operator(name: str | None, family: str, dim: int) -> tuple[str | None, s
 
 def _filter(args: argparse.Namespace) -> int:
     """Simulate --steps observations of a model family, filter them with a method and print each step: update
-    time, log-evidence and, for linear-Gaussian families, the error against the exact (Kalman) posterior."""
+    time, log-evidence and, for linear-Gaussian families, the error against the exact (Kalman) posterior. With
+    --data FILE --model model.json: filter a CSV or Parquet file instead (mpflow.cli.filter_data)."""
+    if args.data is not None:
+        from mpflow.cli import filter_data
+
+        return filter_data.run(args)
     import torch
 
     from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter

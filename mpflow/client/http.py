@@ -66,7 +66,7 @@ import numpy as np
 
 from mpflow.client.errors import MpflowConnectionError, MpflowError
 from mpflow.client.observations import is_table, refuse, step_json, steps_json, table_steps, update_body
-from mpflow.client.results import History, Posterior, forecast_arrays, jsonable, particles_arrays
+from mpflow.client.results import History, Posterior, forecast_arrays, jsonable, particles_arrays, state_names
 from mpflow.client.websocket import AsyncStreamSocket, StreamSocket, socket_url
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -187,6 +187,20 @@ async def _atimed(items: AsyncIterable[Any], clock: _Clock) -> AsyncIterator[Any
     async for item in items:
         yield step_json(clock.item(item), f"observations[{i}]")
         i += 1
+
+
+#: steps per request of ``filter(DataFrame)`` by default: the service's default MPFLOW_MAX_OBSERVATIONS_PER_REQUEST
+FRAME_BATCH = 1000
+
+
+def _estimates(answers: Sequence[dict[str, Any]]) -> Any:
+    """The per-step estimates of ``filter(DataFrame)``'s answers as one DataFrame
+    (:func:`~mpflow.client.frames.steps_frame`)."""
+    from mpflow.client.frames import steps_frame
+
+    per_step = [s for a in answers for s in a.get("per_step") or []]
+    dim = len(per_step[0]["mean"]) if per_step else 0
+    return steps_frame(per_step, state_names(answers[-1], dim) if answers else [])
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -488,19 +502,33 @@ class Stream(_StreamBase):
     def filter(
         self,
         observations: Iterable[Any],
-        batch: int = 1,
+        batch: int | None = None,
         return_samples: int = 0,
         t0: float = 0.0,
         *,
         columns: Sequence[Any] | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Any:
         """Send the observations ``batch`` steps per request, each with its ``seq`` (the first one is the stream's
         step + 1, read when the iteration starts), and yield the stream document after each request. ``None`` is a
         step without a measurement; a ``(t, observation)`` tuple is timestamped: its ``dt`` is the time since the
-        previous timestamp (``t0``, the time of the stream's current state, before the first). A DataFrame or Series
-        is taken as by :meth:`update` (``columns``). Every step of a list, an array or a DataFrame is checked before
-        the first request (:class:`MpflowError` naming ``observations[i]``); of an iterator, each as it comes.
-        Retries are safe: an applied request whose answer was lost comes back as ``duplicate`` (module docstring)."""
+        previous timestamp (``t0``, the time of the stream's current state, before the first). Every step of a
+        list or an array is checked before the first request (:class:`MpflowError` naming ``observations[i]``); of
+        an iterator, each as it comes. Retries are safe: an applied request whose answer was lost comes back as
+        ``duplicate`` (module docstring). ``batch``: 1 by default.
+
+        A pandas DataFrame (or Series) in, a DataFrame out: its rows are sent as by :meth:`update` (``columns`` by
+        name or position, a ``dt`` column, NaN for a missing entry), :data:`FRAME_BATCH` steps per request by
+        default (``batch``: at most the server's MPFLOW_MAX_OBSERVATIONS_PER_REQUEST), and the answer is the
+        per-step estimates, one row per step (:func:`~mpflow.client.frames.steps_frame`: ``mean_<name>``,
+        ``std_<name>``, ``q0.05_<name>`` …, ``log_evidence_increment``, ``ess`` and any other field of the
+        ``per_step`` entries)."""
+        if is_table(observations):
+            return _estimates(list(self._filter(observations, batch or FRAME_BATCH, return_samples, t0, columns)))
+        return self._filter(observations, batch or 1, return_samples, t0, columns)
+
+    def _filter(
+        self, observations: Any, batch: int, return_samples: int, t0: float, columns: Sequence[Any] | None
+    ) -> Iterator[dict[str, Any]]:
         _check_batch(batch)
         steps = _filter_steps(observations, columns, _Clock(t0))
         seq = int(self.get()["step"]) + 1
@@ -645,16 +673,32 @@ class AsyncStream(_StreamBase):
         http = self.client.http
         return AsyncStreamSocket(socket_url(http.base_url, self.path), _auth_header(http), _read_timeout(http))
 
-    async def filter(
+    def filter(
         self,
         observations: Iterable[Any] | AsyncIterable[Any],
-        batch: int = 1,
+        batch: int | None = None,
         return_samples: int = 0,
         t0: float = 0.0,
         *,
         columns: Sequence[Any] | None = None,
+    ) -> Any:
+        """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable (``async for answer in
+        stream.filter(...)``); a DataFrame's estimates are awaited: ``frame = await stream.filter(df)``."""
+        if is_table(observations):
+            return self._estimates(observations, batch or FRAME_BATCH, t0, columns)
+        return self._filter(observations, batch or 1, return_samples, t0, columns)
+
+    async def _estimates(self, frame: Any, batch: int, t0: float, columns: Sequence[Any] | None) -> Any:
+        return _estimates([answer async for answer in self._filter(frame, batch, 0, t0, columns)])
+
+    async def _filter(
+        self,
+        observations: Iterable[Any] | AsyncIterable[Any],
+        batch: int,
+        return_samples: int,
+        t0: float,
+        columns: Sequence[Any] | None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable."""
         _check_batch(batch)
         clock = _Clock(t0)
         if isinstance(observations, AsyncIterable):
@@ -668,6 +712,7 @@ class AsyncStream(_StreamBase):
 
 
 __all__ = [
+    "FRAME_BATCH",
     "NO_RETRY",
     "AsyncClient",
     "AsyncStream",

@@ -10,7 +10,7 @@ write and only if the write happened — atomically with it and without a second
 connected to one replica sees updates applied by any replica.
 
 Event size is bounded: ``summary`` leaves out ``cov`` (d² numbers) and ``per_step`` keeps the last entries only,
-up to ``MAX_EVENT_NUMBERS`` means and stds in all (a 1000-step batch of a 2-D stream is sent whole).
+up to ``MAX_EVENT_NUMBERS`` numbers (means, stds, quantiles) in all (a 1000-step batch of a 2-D stream is sent whole).
 
 This module imports nothing of the request path (:mod:`mpflow.service.streams` imports it).
 """
@@ -34,7 +34,8 @@ def event_of(doc: dict[str, Any]) -> dict[str, Any]:
     summary = {k: v for k, v in doc.get("summary", {}).items() if k != "cov"}
     per_step = doc.get("per_step") or []
     dim = max(1, len(summary.get("mean") or [0]))
-    keep = max(1, MAX_EVENT_NUMBERS // (2 * dim))
+    vectors = 2 + len(per_step[-1].get("quantiles") or {}) if per_step else 2  # mean, std and each quantile
+    keep = max(1, MAX_EVENT_NUMBERS // (vectors * dim))
     return {
         "stream_id": doc["stream_id"],
         "step": doc["step"],
