@@ -19,7 +19,7 @@ import torch
 from mpflow.operators import evidence, gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators, rand, randn
-from mpflow.operators.smoothing.genealogy import Genealogy
+from mpflow.operators.smoothing.particles import ParticleSmoother
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import Updater
 
@@ -96,8 +96,8 @@ class SMCUpdater(Updater):
     defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
     #: resample at every step (ESS ≤ N < 2N), so the particles come back uniformly weighted
     uniform_weight_options = {"ess_threshold": 2.0}
-    #: fixed-lag smoothing by the filter's genealogy (ancestor indices kept for L steps)
-    smoother = Genealogy()
+    #: fixed-lag smoothing: FFBSm, with the genealogy (ancestor indices kept for L steps) where Q is singular
+    smoother = ParticleSmoother()
 
     def __init__(self, **options):
         super().__init__(**options)
