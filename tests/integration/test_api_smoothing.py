@@ -118,3 +118,24 @@ def test_refusals(redis_url, prefix):
         r = c.get("/v1/streams/no-window/smoothed")
         assert r.status_code == 409 and r.json()["error"]["code"] == "smoothing_disabled"
         assert '"smoothing_lag": L' in r.json()["error"]["message"]
+
+
+def test_client_smoothed_as_numpy_and_pandas(redis_url, prefix):
+    from mpflow.service.client import Client, MpflowError
+
+    ys = data()
+    _, means, covs = numpy_rts(ys, 10)
+    with serve(redis_url, prefix) as url, Client(url) as client:
+        stream = client.create_stream(MODEL, PRIOR, method="kalman", seed=1, smoothing_lag=10, state_names=["p", "v"])
+        stream.update(ys)
+        steps, got_means, got_covs = stream.smoothed()
+        assert steps.tolist() == list(range(21, 31)) and got_means.shape == (10, 2) and got_covs.shape == (10, 2, 2)
+        np.testing.assert_allclose(got_means, means, atol=1e-6)
+        np.testing.assert_allclose(got_covs, covs, atol=1e-6)
+        frame = stream.smoothed().to_pandas()
+        assert list(frame.columns) == ["mean_p", "std_p", "mean_v", "std_v"] and frame.index.name == "step"
+        np.testing.assert_allclose(frame["std_v"].to_numpy(), np.sqrt(covs[:, 1, 1]), atol=1e-6)
+        plain = client.create_stream(MODEL, PRIOR, method="kalman", seed=1)
+        with pytest.raises(MpflowError) as err:
+            plain.smoothed()
+        assert err.value.status == 409 and err.value.code == "smoothing_disabled"
