@@ -119,7 +119,7 @@ def check_numbers(settings: Settings, stream: dict[str, Any]) -> None:
         raise refuse("stream.log_evidence: a finite number")
     try:
         check_state_names(stream["state_names"], d)
-        check_lag(stream["smoothing_lag"] or 0)
+        check_lag(stream.get("smoothing_lag") or 0, "smoothing_lag")
     except ValueError as exc:
         raise refuse(f"stream.{exc}") from None
 

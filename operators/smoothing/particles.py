@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from mpflow.operators.updaters.base import Updater
 
 F64 = torch.float64
+#: the log-weight a zero-weight particle is kept with (finite, as every stored number must be; exp of it is 0)
+ZERO_WEIGHT_LOG = -1e30
 #: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
 CHUNK = 512
 
@@ -100,7 +102,8 @@ class ParticleSmoother(FixedLagSmoother):
             mapped = model.to(F64).transition_mean(before.particles.to(F64))
         return {
             "particles": after.particles,
-            "log_weights": torch.log_softmax(after.log_weights.to(F64), -1),
+            # a zero weight (−inf) as the most negative float32 order of magnitude: every stored number is finite
+            "log_weights": torch.log_softmax(after.log_weights.to(F64), -1).clamp_min(ZERO_WEIGHT_LOG),
             "ancestors": ancestors if ancestors is not None else torch.arange(N).expand(B, N),
             "mapped": mapped,
             "noise_factor": factor,

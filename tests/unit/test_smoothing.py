@@ -15,7 +15,7 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
-from mpflow.operators.smoothing import split
+from mpflow.operators.smoothing import attach, split
 from mpflow.operators.updaters import get_updater
 
 A = np.array([[0.9, 0.2], [-0.2, 0.9]])
@@ -177,3 +177,18 @@ def test_smc_without_a_transition_density_smooths_by_its_genealogy():
     assert not window["noise_factor"].any() and window["ancestors"].ne(torch.arange(128)).any()  # it resampled
     assert torch.isfinite(out.means).all() and out.steps.tolist() == [4, 5, 6, 7, 8]
     torch.testing.assert_close(out.means[-1], updater.filtered_moments(inner)[0][0])
+
+
+def test_zero_weight_particles_keep_the_window_finite():
+    """``smc`` gives an impossible particle log-weight −inf; the window stores it finite (the service refuses any
+    state with a non-finite number), and the smoothed answer gives it no weight."""
+    model = make_model("lds", PARAMS, 2)
+    updater = get_updater("smc", ess_threshold=0.0)  # never resample: the weights are carried
+    state = updater.init(prior_from_spec(PRIOR), model, 32, 0, smoothing_lag=3)
+    window, inner = split(state)
+    inner = inner.replace(log_weights=inner.log_weights.clone().index_fill_(1, torch.tensor([0, 1]), -float("inf")))
+    state = attach(inner, window)
+    state, _ = updater.update(state, torch.tensor([[0.3]]), model)
+    window, _ = split(state)
+    assert torch.isfinite(window["log_weights"]).all() and window["log_weights"][0, -1, :2].max() <= -1e29
+    assert torch.isfinite(updater.smoothed(state).means).all()
