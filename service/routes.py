@@ -185,7 +185,7 @@ async def get_forecast(
 @api.get(
     "/streams/{stream_id}/smoothed",
     response_model=SmoothedResponse,
-    responses=error_responses(401, 404, 409, 413, 503),
+    responses=error_responses(401, 404, 409, 413, 422, 503),
     summary="Fixed-lag smoothed estimates of the last L steps",
 )
 async def get_smoothed(request: Request, stream_id: str, tenant: Tenant) -> Response:
