@@ -100,7 +100,7 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
         return
     if not updater.supports_smoothing:
         raise invalid(f"smoothing_lag: {method} has no smoother; use 0, or another method")
-    what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d}, {updater.smoother.name})"
+    what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d})"
     window = functools.partial(costs.smoothing_cost, updater, n, d)
     costs.check(settings, "smoothing_lag", lag, window, what, "; lower smoothing_lag or num_particles")
 

@@ -12,9 +12,11 @@ The smoothed marginal at step s is the filter's cloud {x^i_s} at s reweighted, p
       w^i_{s|t} = w^i_s Σ_j w^j_{s+1|t} K_ij / Σ_k w^k_s K_kj
 
   — no path degeneracy (the cost is N² per step, chunked; the cost model prices it);
-* the genealogy, where Q is singular (a perfect model) or the family is static: the weight of each particle of
-  step s + 1 goes to its parent, w^i_{s|t} = Σ_{j : A_{s+1}[j] = i} w^j_{s+1|t} (A: the resampling's ancestor
-  indices; j itself at a step that did not resample).
+* the genealogy, where Q is singular (a perfect model), the family is static, or N > :data:`FFBSM_MAX_PARTICLES`
+  (where N² per step would cost more than the filter's steps themselves): the weight of each particle of step
+  s + 1 goes to its parent, w^i_{s|t} = Σ_{j : A_{s+1}[j] = i} w^j_{s+1|t} (A: the resampling's ancestor indices;
+  j itself at a step that did not resample). Its lineages coalesce a few resamplings back, so it is the coarser
+  estimate; at large N there are many lineages to lose.
 
 The window keeps per step s: the particles x_s [N, d] and log-weights [N] after it (the state's dtype), its
 ancestor indices [N] (int64), f_s(x_{s−1}) [N, d] of the previous step's particles under this step's model (its
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 F64 = torch.float64
 #: the log-weight a zero-weight particle is kept with (finite, as every stored number must be; exp of it is 0)
 ZERO_WEIGHT_LOG = -1e30
+#: the largest N smoothed by FFBSm (N² kernel evaluations per step); above it, the genealogy (N per step)
+FFBSM_MAX_PARTICLES = 4096
 #: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
 CHUNK = 512
 
@@ -73,6 +77,11 @@ def genealogy_weights(ancestors: torch.Tensor, lw_next: torch.Tensor) -> torch.T
     """The genealogy's log w_{s|t} [N]: each particle's weight at s + 1 given to its parent (module docstring)."""
     w = torch.zeros_like(lw_next).index_add_(0, ancestors, torch.softmax(lw_next, 0))
     return w.log()
+
+
+def ffbsm(n: int) -> bool:
+    """Whether a cloud of ``n`` particles is smoothed by FFBSm (else by its genealogy)."""
+    return n <= FFBSM_MAX_PARTICLES
 
 
 class ParticleSmoother(FixedLagSmoother):
@@ -120,7 +129,7 @@ class ParticleSmoother(FixedLagSmoother):
             if row < lag - 1:
                 nxt = row + 1
                 chol = rows["noise_factor"][nxt]
-                if bool(torch.diagonal(chol).gt(0).all()):
+                if ffbsm(lw.shape[0]) and bool(torch.diagonal(chol).gt(0).all()):
                     x_next = rows["particles"][nxt].to(F64)
                     lw_s = rows["log_weights"][row].to(F64)
                     lw = backward_weights(lw_s, rows["mapped"][nxt].to(F64), x_next, chol, lw)
@@ -135,7 +144,8 @@ class ParticleSmoother(FixedLagSmoother):
         return lag * (n * (4.0 * (2 * d + 1) + 8.0) + 8.0 * d * d)
 
     def smooth_flops(self, lag: int, n: int, d: int) -> float:
-        return lag * n * (n * (2.0 * d + 20.0) + 4.0 * d * d)
+        kernel = n * (2.0 * d + 20.0) if ffbsm(n) else 2.0
+        return lag * n * (kernel + 4.0 * d * d)
 
     def check(self, window: dict[str, torch.Tensor], n: int) -> None:
         a = window["ancestors"]
@@ -143,4 +153,4 @@ class ParticleSmoother(FixedLagSmoother):
             raise ValueError(f"state.extras.lag.ancestors: particle indices from 0 to {n - 1}")
 
 
-__all__ = ["ParticleSmoother", "backward_weights", "genealogy_weights", "noise_factor"]
+__all__ = ["FFBSM_MAX_PARTICLES", "ParticleSmoother", "backward_weights", "ffbsm", "genealogy_weights", "noise_factor"]

@@ -192,3 +192,21 @@ def test_zero_weight_particles_keep_the_window_finite():
     window, _ = split(state)
     assert torch.isfinite(window["log_weights"]).all() and window["log_weights"][0, -1, :2].max() <= -1e29
     assert torch.isfinite(updater.smoothed(state).means).all()
+
+
+def test_smc_above_the_ffbsm_limit_smooths_by_its_genealogy(monkeypatch):
+    """Above FFBSM_MAX_PARTICLES the links are the genealogy's (N per step, not N²): another estimate of the same
+    marginals, here within 0.5 sd of the RTS at N = 256, and not FFBSm's."""
+    from mpflow.operators.smoothing import particles
+
+    ys = data()
+    _, means, covs = numpy_rts(ys, LAG)
+    sd = np.sqrt(np.diagonal(covs, axis1=1, axis2=2))
+    updater, state, backward = run("smc", 0, ys)
+    monkeypatch.setattr(particles, "FFBSM_MAX_PARTICLES", 100)
+    genealogy = updater.smoothed(state)
+    assert not torch.allclose(genealogy.means[:-1], backward.means[:-1])
+    torch.testing.assert_close(genealogy.means[-1], backward.means[-1])
+    assert np.abs((genealogy.means.numpy() - means) / sd).max() < 0.5
+    per_particle = [updater.smoother.smooth_flops(LAG, n, 2) / (LAG * n) for n in (100, 256)]
+    assert per_particle[0] >= 100 * 24 and per_particle[1] < 24  # N² at the limit, N above it
