@@ -210,3 +210,32 @@ def test_smc_above_the_ffbsm_limit_smooths_by_its_genealogy(monkeypatch):
     assert np.abs((genealogy.means.numpy() - means) / sd).max() < 0.5
     per_particle = [updater.smoother.smooth_flops(LAG, n, 2) / (LAG * n) for n in (100, 256)]
     assert per_particle[0] >= 100 * 24 and per_particle[1] < 24  # N² at the limit, N above it
+
+
+@pytest.mark.parametrize(("method", "tol"), [("ukf", 1e-6), ("gpf", 1e-3)])
+def test_gaussian_methods_on_a_linear_gaussian_model_are_the_rts_smoother(method, tol):
+    """``ukf`` keeps the exact Gaussian; ``gpf``'s moment-matched cloud is exact in its moments up to float32."""
+    ys = data(15)
+    _, means, covs = numpy_rts(ys, LAG)
+    _, _, out = run(method, 0, ys, n=64)
+    sd = np.sqrt(np.diagonal(covs, axis1=1, axis2=2))
+    assert np.abs((out.means.numpy() - means) / sd).max() < tol
+    assert np.abs(np.sqrt(np.diagonal(out.covs.numpy(), axis1=1, axis2=2)) / sd - 1).max() < tol
+
+
+def test_a_fallback_step_moves_the_window_on_as_the_streams_method():
+    """A step computed by another method (the service's fall-back) enters the stream's window as its own method
+    records it: a kalman stream's window after a gpf step holds that step's moments and the exact predict."""
+    from mpflow.service.fallback import hand_over, take_back
+
+    model = make_model("lds", PARAMS, 2)
+    kalman, gpf = get_updater("kalman"), get_updater("gpf")
+    state = kalman.init(prior_from_spec(PRIOR), model, 64, 0, smoothing_lag=3)
+    obs = torch.tensor([[0.7]])
+    new, _ = gpf.update(hand_over(state, kalman, gpf), obs, model)
+    back = take_back(new, kalman, gpf, state, obs, model)
+    window, inner = split(back)
+    assert int(back.step[0]) == 1 and window["mean"].shape == (1, 3, 2)
+    torch.testing.assert_close(window["mean"][0, -1], inner.extras["mean"][0])
+    torch.testing.assert_close(window["pred_cov"][0, -1], torch.tensor(A @ A.T + Q))  # F P Fᵀ + Q from P = I
+    assert kalman.smoothed(back).steps.tolist() == [1]
