@@ -215,6 +215,8 @@ class StepInfo:
     ess: torch.Tensor  # effective sample size after the update (before any resampling)
     iterations: torch.Tensor | None = None  # solver iterations used (iterative methods)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: [B, N] int64: the index before the step of each particle's parent (resampling methods; None: i for i)
+    ancestors: torch.Tensor | None = None
 
 
 def scatter_info(parts: list[tuple[torch.Tensor, StepInfo]], batch: int) -> StepInfo:
@@ -235,11 +237,17 @@ def scatter_info(parts: list[tuple[torch.Tensor, StepInfo]], batch: int) -> Step
 
     infos = [i for _, i in parts]
     keys = {k for i in infos for k, v in i.extras.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    ancestors = None
+    if any(i.ancestors is not None for _, i in parts):  # a part without ancestry keeps its particles' indices
+        n = next(i.ancestors for _, i in parts if i.ancestors is not None).shape[1]
+        own = [i.ancestors if i.ancestors is not None else torch.arange(n).expand(len(r), n) for r, i in parts]
+        ancestors = join(own)
     return StepInfo(
         join([i.log_evidence_increment for i in infos]),
         join([i.ess for i in infos]),
         join([i.iterations for i in infos]),
         {k: join([i.extras.get(k) for i in infos]) for k in sorted(keys)},
+        ancestors,
     )
 
 

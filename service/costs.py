@@ -113,6 +113,28 @@ def particles_cost(n: int, d: int) -> Cost:
     return Cost(JSON_FLOPS_PER_NUMBER * n * (d + 1), JSON_BYTES_PER_NUMBER * n * (d + 1) + 8.0 * n * d)
 
 
+def smoothing_cost(updater: Updater, n: int, d: int, lag: int) -> Cost:
+    """A stream's smoothing window of ``lag`` steps (:mod:`mpflow.operators.smoothing`, the method's smoother):
+    held about four times over while a request reads, steps and writes the state (decoded, batched, moved on by a
+    step, encoded), plus ``GET .../smoothed`` — the backward pass and its answer of ``lag`` (d² + d) numbers."""
+    if lag <= 0:
+        return Cost(0.0, 0.0)
+    smoother = updater.smoother
+    window = smoother.window_bytes(lag, n, d)
+    numbers = lag * (d * d + d + 1)
+    flops = smoother.smooth_flops(lag, n, d) + JSON_FLOPS_PER_NUMBER * numbers
+    return Cost(flops, 4.0 * window + JSON_BYTES_PER_NUMBER * numbers)
+
+
+def window_step_cost(updater: Updater, n: int, d: int, lag: int) -> Cost:
+    """One step's work on a smoothing window of ``lag`` steps: the step's row (the method's moments: a few n d²)
+    and the window shifted by one row (a copy of it), held twice."""
+    if lag <= 0:
+        return Cost(0.0, 0.0)
+    window = updater.smoother.window_bytes(lag, n, d)
+    return Cost(4.0 * n * d * d + 10.0 * d**3 + window / 8.0, 2.0 * window)
+
+
 def creation_cost(model: ModelFamily, updater: Updater, prior: Prior, n: int) -> Cost:
     """A new stream: the prior's n draws (``draw_flops``), the method's start (a moment match or a Gaussian fit:
     a few n d² and a d³ factorisation) and the step-0 summary, the state held in float64 a few times over — and
@@ -125,15 +147,23 @@ def creation_cost(model: ModelFamily, updater: Updater, prior: Prior, n: int) ->
 
 
 def observations_cost(
-    model: ModelFamily, updater: Updater, n: int, steps: list[tuple[float, int | None]], samples: int
+    model: ModelFamily,
+    updater: Updater,
+    n: int,
+    steps: list[tuple[float, int | None]],
+    samples: int,
+    lag: int = 0,
 ) -> Cost:
     """Applying ``steps`` — (dt, entries observed) each — to n particles: each step's work
-    (:meth:`Updater.step_work`) and summary, its ``per_step`` entry in the answer, and ``samples`` draws."""
+    (:meth:`Updater.step_work`), its smoothing window's (``lag`` steps kept: :func:`window_step_cost`) and summary,
+    its ``per_step`` entry in the answer, and ``samples`` draws."""
     d = model.state_dim
     total = Cost(0.0, 0.0)
+    window = window_step_cost(updater, n, d, lag)
     for dt, k in steps:
         step = updater.step_work(model, n, dt, k)
-        total = total.then(Cost(step.flops, step.bytes)).then(summary_cost(n, d))
+        step_cost = Cost(step.flops + window.flops, step.bytes + window.bytes)
+        total = total.then(step_cost).then(summary_cost(n, d))
     answer = len(steps) * ((2 + len(QUANTILES)) * d + 8)  # per_step: mean, sd and quantiles, and a few scalars
     total = Cost(total.flops + JSON_FLOPS_PER_NUMBER * answer, total.bytes)
     return total.then(draws_cost(samples, d)).plus_bytes(JSON_BYTES_PER_NUMBER * answer)
@@ -262,5 +292,7 @@ __all__ = [
     "particles_cost",
     "requested_steps",
     "share",
+    "smoothing_cost",
     "summary_cost",
+    "window_step_cost",
 ]

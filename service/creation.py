@@ -8,6 +8,7 @@ particles or summary are not finite in float32 is refused the same way.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from typing import Any
 
@@ -91,6 +92,19 @@ def check_work(
     return costs.check(settings, "num_particles", n, lambda m: costs.creation_cost(model, updater, prior, m), what)
 
 
+def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: int, method: str) -> None:
+    """413 naming ``smoothing_lag`` for a window whose bytes (held while a request steps the stream) or whose
+    ``GET .../smoothed`` is over the cost model's budget, with the largest lag that fits; 422 for a method without a
+    smoother (:mod:`mpflow.operators.smoothing`)."""
+    if lag == 0:
+        return
+    if not updater.supports_smoothing:
+        raise invalid(f"smoothing_lag: {method} has no smoother; use 0, or another method")
+    what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d})"
+    window = functools.partial(costs.smoothing_cost, updater, n, d)
+    costs.check(settings, "smoothing_lag", lag, window, what, "; lower smoothing_lag or num_particles")
+
+
 def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:
     """``{"inside": bool, "outside": [what lies outside, …]}`` for a stream run by a trained operator: its
     model and prior against the region the operator was trained on
@@ -124,8 +138,9 @@ def prepare(
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
         check_work(settings, model, updater, prior, n, choice.method)
+        check_smoothing(settings, updater, n, prior.dim, req.smoothing_lag, choice.method)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
-        state = updater.init(prior, model, n, seed)
+        state = updater.init(prior, model, n, seed, smoothing_lag=req.smoothing_lag)
     except ValueError as exc:
         message = str(exc)  # an updater names its option as options.NAME: the request's field is method_options.NAME
         raise invalid("method_" + message if message.startswith("options.") else message) from None
@@ -150,6 +165,7 @@ def prepare(
         "state_dim": prior.dim,
         "state_names": names,
         "seed": seed,
+        "smoothing_lag": req.smoothing_lag,
         "ttl_seconds": req.ttl_seconds or settings.default_ttl_seconds,
         "step": 0,
         "log_evidence": 0.0,
@@ -162,6 +178,7 @@ def prepare(
 __all__ = [
     "DEFAULT_PARTICLES",
     "check_limits",
+    "check_smoothing",
     "check_state_names",
     "check_work",
     "prepare",

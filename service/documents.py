@@ -58,6 +58,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "seed": meta["seed"],
         "ttl_seconds": meta["ttl_seconds"],
         "step": meta["step"],
+        "smoothing_lag": meta.get("smoothing_lag") or 0,
         "summary": summary,
         "created_at": meta["created_at"],
         "updated_at": meta["updated_at"],

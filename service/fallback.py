@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+from mpflow.operators import smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import NonFiniteError, Updater
@@ -51,8 +52,11 @@ def take_back(
     model: ModelFamily,
 ) -> ParticleState:
     """The ``fallback`` method's result in the form of the ``stream`` method, from the stream's state ``before`` the
-    step of observation ``obs`` (module docstring)."""
-    return stream.resume(fallback.to_particles(new), before, obs, model)
+    step of observation ``obs`` (module docstring), with the stream's smoothing window moved on by the step as the
+    stream's method records it (:meth:`~mpflow.operators.updaters.Updater.smoothed_step`)."""
+    window, before = smoothing.split(before)
+    resumed = stream.resume(fallback.to_particles(new), before, obs, model)
+    return stream.smoothed_step(window, before, resumed, None, model)
 
 
 class Fallbacks:

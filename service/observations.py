@@ -52,7 +52,8 @@ def check_work(
     what = f"applying {len(steps)} steps to this {meta['method']} stream (N = {n}, d = {d})"
 
     def cost(m: int) -> costs.Cost:
-        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples)
+        lag = int(meta.get("smoothing_lag") or 0)
+        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples, lag)
 
     spent = costs.check(settings, "observations", len(steps), cost, what)
     if budget is not None:

@@ -38,6 +38,7 @@ from mpflow.service.schemas import (
     ParticlesResponse,
     Readiness,
     SamplesResponse,
+    SmoothedResponse,
     StreamDocument,
     StreamList,
 )
@@ -51,7 +52,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "malformed JSON",
         401: "missing or invalid API key",
         404: "unknown stream (or one of another tenant)",
-        409: "seq conflict / stream exists",
+        409: "seq conflict / stream exists / smoothing_disabled (a stream without smoothing_lag)",
         413: "over a configured limit",
         415: "the body is not of the media type the route takes",
         422: "`invalid_request`: a field that cannot be used; the message names it and what to send instead",
@@ -179,6 +180,21 @@ async def get_forecast(
     reads the stream and never changes it."""
     _log(request, stream=stream_id)
     return JSONResponse(await _service(request).forecast(tenant, stream_id, steps, dt, samples))
+
+
+@api.get(
+    "/streams/{stream_id}/smoothed",
+    response_model=SmoothedResponse,
+    responses=error_responses(401, 404, 409, 413, 422, 503),
+    summary="Fixed-lag smoothed estimates of the last L steps",
+)
+async def get_smoothed(request: Request, stream_id: str, tenant: Tenant) -> Response:
+    """p(x_s | o_1..o_t) — each earlier state given the observations after it too — for the last min(L, t) steps
+    s = t−L+1 … t of a stream created with `smoothing_lag` L (the newest is the filtered estimate): exact RTS for
+    `kalman`, the particle genealogy for `smc`, the ensemble RTS smoother for the others. A stream created
+    without `smoothing_lag` is answered 409 `smoothing_disabled`. It reads the stream and never changes it."""
+    _log(request, stream=stream_id)
+    return JSONResponse(await _service(request).smoothed(tenant, stream_id))
 
 
 _SNAPSHOT_BODY = {snapshots.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}

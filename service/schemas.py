@@ -20,6 +20,7 @@ import math
 from typing import Annotated, Any, Literal
 
 from mpflow.operators.models import FAMILIES
+from mpflow.operators.smoothing import MAX_LAG as MAX_SMOOTHING_LAG
 from mpflow.operators.updaters import CAPABILITIES, UPDATERS
 from mpflow.service.numerics import FALLBACK_ORDER
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
@@ -289,6 +290,13 @@ class CreateStreamRequest(_Request):
         description='names of the state\'s d dimensions (exactly d distinct names), e.g. ["x", "y", "vx", '
         '"vy"]; default: the family\'s (GET /v1/models), else none',
     )
+    smoothing_lag: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_SMOOTHING_LAG,
+        description="L: keep what the method's smoother needs of the last L steps, so that GET .../smoothed answers "
+        "p(x_s | o_1..t) for s = t−L+1 … t (0: no smoothing)",
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -512,6 +520,7 @@ class StreamDocument(BaseModel):
     seed: int
     ttl_seconds: int
     step: int
+    smoothing_lag: int = Field(default=0, description="the steps kept for GET .../smoothed (0: none)")
     summary: Summary
     created_at: str
     updated_at: str
@@ -579,6 +588,35 @@ class Predictive(BaseModel):
     cov: list[list[float]]
     quantiles: Quantiles = Field(description="per-dimension marginal quantiles")
     samples: list[list[float]] | None = Field(default=None, description="draws, when ?samples=n > 0")
+
+
+class SmoothedStep(BaseModel):
+    step: int = Field(description="the step s")
+    mean: list[float] = Field(description="the mean of p(x_s | o_1..o_t)")
+    cov: list[list[float]] = Field(description="its covariance")
+
+
+class SmoothedResponse(BaseModel):
+    stream_id: str
+    step: int = Field(description="t: the stream's step (observations applied)")
+    lag: int = Field(description="L: the stream's smoothing_lag")
+    steps: list[SmoothedStep] = Field(description="s = t − min(L, t) + 1 … t, oldest first; the last is the filter's")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream_id": "sensor-42",
+                    "step": 12,
+                    "lag": 2,
+                    "steps": [
+                        {"step": 11, "mean": [0.41, -0.2], "cov": [[0.3, 0.01], [0.01, 0.28]]},
+                        {"step": 12, "mean": [0.52, -0.1], "cov": [[0.35, 0.02], [0.02, 0.31]]},
+                    ],
+                }
+            ]
+        }
+    )
 
 
 class ForecastStep(BaseModel):

@@ -22,7 +22,9 @@ Stream description (each refusal is a 422 ``snapshot: stream.<field>: …`` nami
   this server has that operator is the service's check: 422 ``operator_unavailable``); ``operator_domain``: null
   without an operator, else ``{"inside": bool, "outside": [phrases]}`` with at most :data:`MAX_DOMAIN_PHRASES`
   phrases of at most :data:`MAX_DOMAIN_PHRASE_LENGTH` characters, ``inside`` exactly when there are none;
-* ``state_names``: as at creation (:func:`~mpflow.service.creation.check_state_names`).
+* ``state_names``: as at creation (:func:`~mpflow.service.creation.check_state_names`);
+* ``smoothing_lag``: 0 … 100 (absent: 0); the window's bytes within the cost model, as at creation, and its
+  values as its method's smoother reads them (:func:`check_window`: ``smc``'s ancestor indices within 0 … N − 1).
 
 State (422 ``snapshot: state.<field>: …``): the core tensors with this stream's shapes and dtypes (particles
 [1, N, d] float32, log-weights [1, N] float32, step [1] int64 equal to the description's, log-evidence [1]
@@ -49,8 +51,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import ParticlePrior, Prior, prior_from_spec
 from mpflow.operators.registry import NAME_RE
+from mpflow.operators.smoothing import check_lag, split
 from mpflow.operators.state import ParticleState
-from mpflow.operators.updaters import UPDATERS
+from mpflow.operators.updaters import UPDATERS, Updater
 from mpflow.service.creation import check_limits, check_state_names
 from mpflow.service.errors import ApiError, invalid
 from mpflow.service.methods import Methods, check_stream_options
@@ -116,6 +119,7 @@ def check_numbers(settings: Settings, stream: dict[str, Any]) -> None:
         raise refuse("stream.log_evidence: a finite number")
     try:
         check_state_names(stream["state_names"], d)
+        check_lag(stream.get("smoothing_lag") or 0, "smoothing_lag")
     except ValueError as exc:
         raise refuse(f"stream.{exc}") from None
 
@@ -214,6 +218,17 @@ def check_core(stream: dict[str, Any], state: ParticleState) -> None:
         raise refuse("state.extras.prior_weights: non-negative weights that sum to 1")
 
 
+def check_window(updater: Updater, state: ParticleState, n: int) -> None:
+    """The values of the state's smoothing window, as its method's smoother reads them (its shapes and dtypes are
+    :func:`check_fields`')."""
+    window, _ = split(state)
+    if window:
+        try:
+            updater.smoother.check(window, n)
+        except ValueError as exc:
+            raise refuse(str(exc)) from None
+
+
 def normalised(log_weights: torch.Tensor) -> bool:
     """Whether each row's weights sum to 1 within :data:`LOG_WEIGHT_TOLERANCE` (in log space, float64)."""
     total = torch.logsumexp(log_weights.to(torch.float64), dim=-1)
@@ -272,6 +287,7 @@ __all__ = [
     "check_fields",
     "check_method",
     "check_numbers",
+    "check_window",
     "model_and_prior",
     "normalised",
     "reference_fields",

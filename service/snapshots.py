@@ -35,6 +35,7 @@ from mpflow.operators.updaters import Updater
 from mpflow.service import costs, views
 from mpflow.service import snapshot_checks as checks
 from mpflow.service import summary as summaries
+from mpflow.service.creation import check_smoothing
 from mpflow.service.documents import document, now
 from mpflow.service.errors import ApiError
 from mpflow.service.methods import Methods
@@ -65,9 +66,10 @@ STREAM_FIELDS = (
     "step",
     "log_evidence",
     "state_names",
+    "smoothing_lag",
 )
-#: fields a snapshot's description may lack (written by an older server): read as null
-OPTIONAL_STREAM_FIELDS = frozenset({"state_names"})
+#: fields a snapshot's description may lack (written by an older server): read as null (a smoothing_lag as 0)
+OPTIONAL_STREAM_FIELDS = frozenset({"state_names", "smoothing_lag"})
 #: how far an import trusts a snapshot's origin: ``signed`` — signed under this deployment's key (the default);
 #: ``foreign`` — any intact snapshot (another deployment's, or written before snapshots were signed)
 Trust = Literal["signed", "foreign"]
@@ -170,9 +172,10 @@ def description(meta: dict[str, str]) -> dict[str, Any]:
     return {k: stream.get(k) for k in STREAM_FIELDS}
 
 
-def _one_step(model: ModelFamily, updater: Updater, n: int) -> costs.Cost:
-    """The cost of the predict step an import runs on n particles to check the state (and of any later step)."""
-    return costs.observations_cost(model, updater, n, [(1.0, None)], 0)
+def _one_step(model: ModelFamily, updater: Updater, lag: int, n: int) -> costs.Cost:
+    """The cost of the predict step an import runs on n particles to check the state (and of any later step), with
+    its smoothing window of ``lag`` steps."""
+    return costs.observations_cost(model, updater, n, [(1.0, None)], 0, lag)
 
 
 class Snapshots:
@@ -235,20 +238,24 @@ class Snapshots:
         checks.check_core(stream, state)
         updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
 
+        lag = stream["smoothing_lag"] = stream.get("smoothing_lag") or 0
+
         def reference(m: int) -> ParticleState:  # the method's step-0 state with m particles
-            return updater.init(checks.reference_prior(prior, state, m), model, m, 0)
+            return updater.init(checks.reference_prior(prior, state, m), model, m, 0, smoothing_lag=lag)
 
         try:
             expected = checks.reference_fields(reference, stream["num_particles"], stream["state_dim"])
         except ValueError as exc:  # the method refuses this model or prior, as at creation
             raise checks.refuse(f"stream: {exc}") from None
         checks.check_fields(state, expected)
+        checks.check_window(updater, state, stream["num_particles"])
         try:
             n, d = stream["num_particles"], stream["state_dim"]
+            check_smoothing(self.settings, updater, n, d, lag, stream["method"])
             # the check step below (and every later one) within the cost model's budgets, before it runs (413)
             costs.check_substeps(self.settings, model, 1.0, None)
             what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"
-            costs.check(self.settings, "num_particles", n, functools.partial(_one_step, model, updater), what)
+            costs.check(self.settings, "num_particles", n, functools.partial(_one_step, model, updater, lag), what)
             updater.update(state, model.missing_observation()[None], model)  # the method can step this state
         except ApiError:  # an answer already: an operator this server lacks (422), over the budgets (413)
             raise

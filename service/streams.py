@@ -10,6 +10,7 @@ list and delete streams (docs/API.md). It only wires the modules that do the wor
   (:mod:`mpflow.service.numerics`: what counts as a failure, and the finiteness guard before every write);
 * :mod:`mpflow.service.batch` — ``POST /v1/observations:batch``;
 * :mod:`mpflow.service.forecasts` — ``GET .../forecast``, the predictive distributions k steps ahead;
+* :mod:`mpflow.service.smoothed` — ``GET .../smoothed``, the fixed-lag smoothed marginals;
 * :mod:`mpflow.service.snapshots` — ``GET .../export`` and ``POST /v1/streams:import``;
 * :mod:`mpflow.service.views` and :mod:`mpflow.service.documents` — what reads show, and the JSON documents;
 * :mod:`mpflow.service.history` — the per-step history a stream keeps (``GET .../history``);
@@ -42,6 +43,7 @@ from mpflow.service.observations import Observations, check_samples
 from mpflow.service.quotas import TenantUsage
 from mpflow.service.schemas import BatchRequest, CreateStreamRequest, ObservationsRequest
 from mpflow.service.settings import Settings
+from mpflow.service.smoothed import Smoothing
 from mpflow.service.snapshots import Snapshots
 from mpflow.service.stepping import Stepper
 from mpflow.service.store import StreamStore
@@ -78,6 +80,7 @@ class StreamService:
         self.observations = Observations(settings, store, engine, self.methods, self.work, self.stepper, self.usage)
         self.forecasts = Forecasts(settings, store, self.methods, self.work)
         self.snapshots = Snapshots(settings, store, self.methods, self.work, self.usage)
+        self.smoothing = Smoothing(settings, store, self.methods, self.work)
 
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.work.off_loop(creation.prepare, self.settings, self.methods, req)
@@ -111,6 +114,9 @@ class StreamService:
 
     async def forecast(self, tenant: str, stream_id: str, steps: int, dt: float, samples: int) -> dict[str, Any]:
         return await self.forecasts.forecast(tenant, stream_id, steps, dt, samples)
+
+    async def smoothed(self, tenant: str, stream_id: str) -> dict[str, Any]:
+        return await self.smoothing.smoothed(tenant, stream_id)
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         return await self.snapshots.export(tenant, stream_id)

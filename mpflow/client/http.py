@@ -26,7 +26,8 @@ observations, model parameters, the prior, ``seq``, ``n``. Observations are chec
 (:mod:`mpflow.client.observations`): NaN or None entries go as ``null`` (missing entries), ±inf and
 non-numbers raise :class:`MpflowError` naming the entry; a pandas DataFrame's rows (``columns=`` by name or
 position, a ``dt`` column) or a Series' elements are the steps. ``stream.samples(n)``, ``stream.particles()`` and
-``stream.forecast(k)`` answer numpy arrays. Stream documents and observation answers come back as
+``stream.forecast(k)`` answer numpy arrays, ``stream.smoothed()`` a :class:`~mpflow.client.results.Smoothed`.
+Stream documents and observation answers come back as
 :class:`~mpflow.client.results.Posterior` — the API's dict, with ``posterior.mean``, ``.std``, ``.cov``,
 ``.quantiles``, ``.samples`` as numpy arrays, ``.steps`` (the per-step summaries as a
 :class:`~mpflow.client.results.StepTable`) and ``.to_pandas()`` where pandas is installed; ``stream.history()``
@@ -66,7 +67,7 @@ import numpy as np
 
 from mpflow.client.errors import MpflowConnectionError, MpflowError
 from mpflow.client.observations import is_table, refuse, step_json, steps_json, table_steps, update_body
-from mpflow.client.results import History, Posterior, forecast_arrays, jsonable, particles_arrays, state_names
+from mpflow.client.results import History, Posterior, Smoothed, forecast_arrays, jsonable, particles_arrays, state_names
 from mpflow.client.websocket import AsyncStreamSocket, StreamSocket, socket_url
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -488,6 +489,13 @@ class Stream(_StreamBase):
         names = (self.document or self.get()).names
         return History(self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit)), names)
 
+    def smoothed(self) -> Smoothed:
+        """``GET .../smoothed``: p(x_s | o_1..t) for the last ``smoothing_lag`` steps of a stream created with
+        ``smoothing_lag=L`` — a :class:`~mpflow.service.results.Smoothed` (``steps, means, covs =
+        stream.smoothed()``; ``.to_pandas()``); :class:`MpflowError` 409 ``smoothing_disabled`` without a lag."""
+        names = (self.document or self.get()).names
+        return Smoothed(self.client.request("GET", f"{self.path}/smoothed", safe=True), names)
+
     def export(self) -> bytes:
         """``GET .../export``: the stream's snapshot, for :meth:`Client.import_stream`."""
         return self.client.request("GET", f"{self.path}/export", safe=True)
@@ -663,6 +671,10 @@ class AsyncStream(_StreamBase):
         names = (self.document or await self.get()).names
         answer = await self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit))
         return History(answer, names)
+
+    async def smoothed(self) -> Smoothed:
+        names = (self.document or await self.get()).names
+        return Smoothed(await self.client.request("GET", f"{self.path}/smoothed", safe=True), names)
 
     async def export(self) -> bytes:
         return await self.client.request("GET", f"{self.path}/export", safe=True)

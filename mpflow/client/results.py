@@ -8,6 +8,7 @@
 * :class:`StepTable` — per-step summaries (the ``per_step`` of one answer, or of many: :meth:`StepTable.of`) as
   numpy arrays, and as a pandas ``DataFrame`` where pandas is installed (it is optional: nothing else needs it);
 * :class:`History` — a stream's kept history (``GET .../history``): its steps' summaries and observations;
+* :class:`Smoothed` — a stream's fixed-lag smoothed marginals (``GET .../smoothed``) as numpy arrays and a table;
 * :func:`forecast_arrays`, :func:`particles_arrays` — the answers of ``GET .../forecast`` and ``.../particles``
   with their numbers as numpy arrays (the same keys and shapes as the API's JSON).
 
@@ -121,6 +122,42 @@ class History(StepTable):
         frame["observation"] = _pandas().Series(self.observations, index=frame.index, dtype=object)
         frame["dt"] = self.dt
         return frame
+
+
+class Smoothed:
+    """The fixed-lag smoothed marginals p(x_s | o_1..t) of ``GET /v1/streams/{id}/smoothed`` as arrays: ``steps``
+    [n] (s, oldest first), ``means`` [n, d], ``covs`` [n, d, d], ``std`` [n, d]; ``stream_id``, ``step`` (t),
+    ``lag`` (L) and the ``names`` of the d dimensions. ``steps, means, covs = stream.smoothed()`` unpacks it."""
+
+    def __init__(self, answer: dict[str, Any], names: Sequence[str] | None = None):
+        rows = answer["steps"]
+        dim = len(rows[0]["mean"]) if rows else len(names or [])
+        self.names = list(names) if names is not None and len(names) == dim else [f"x{i}" for i in range(dim)]
+        self.stream_id = str(answer["stream_id"])
+        self.step = int(answer["step"])
+        self.lag = int(answer["lag"])
+        self.steps = np.array([r["step"] for r in rows], dtype=np.int64)
+        self.means = _floats([r["mean"] for r in rows]).reshape(len(rows), dim)
+        self.covs = _floats([r["cov"] for r in rows]).reshape(len(rows), dim, dim)
+        self.std = np.sqrt(np.clip(np.diagonal(self.covs, axis1=1, axis2=2), 0, None))
+
+    def __iter__(self) -> Any:
+        return iter((self.steps, self.means, self.covs))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __repr__(self) -> str:
+        return f"Smoothed({self.stream_id!r}, steps {self.steps.tolist()}, dimensions {self.names})"
+
+    def to_pandas(self) -> Any:
+        """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension (needs pandas)."""
+        pd = _pandas()
+        columns: dict[str, Any] = {}
+        for i, name in enumerate(self.names):
+            columns[f"mean_{name}"] = self.means[:, i]
+            columns[f"std_{name}"] = self.std[:, i]
+        return pd.DataFrame(columns, index=pd.Index(self.steps, name="step"))
 
 
 def _floats(values: Any) -> np.ndarray:

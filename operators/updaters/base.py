@@ -41,8 +41,14 @@ read: :attr:`Updater.weighted` (its cloud carries importance weights, so it is r
 n = 1 / Σ wᵢ² is below N), :attr:`Updater.weighted_options` (the options that make an otherwise uniform cloud
 weighted: mpf's ``flow_fraction: "auto"``), :attr:`Updater.exact` (the posterior is exact, not a particle
 approximation), :attr:`Updater.forecasts`, :attr:`Updater.controls` (steps with inputs u), and the posterior
-services :attr:`Updater.smoothing` and :attr:`Updater.unknown_params` (False until a method implements them).
+services :attr:`Updater.smoothing` (every built-in method) and :attr:`Updater.unknown_params`.
 :meth:`Updater.capabilities_with` gives them for a stream's options; :data:`CAPABILITIES` names them.
+
+Fixed-lag smoothing (:mod:`mpflow.operators.smoothing`). A state made with ``init(..., smoothing_lag=L)`` carries a
+window of its last L steps; :meth:`Updater.update` takes it off before the method's step and puts it back moved on
+by that step (:meth:`Updater.smoothed_step`), so no method's ``_update`` sees it; :meth:`Updater.smoothed` answers
+p(x_s | o_1..t) for the window's steps. How a method smooths is its :attr:`Updater.smoother`: the RTS smoother over
+the moments :meth:`Updater.filtered_moments` gives by default, the genealogy for ``smc``.
 """
 
 from __future__ import annotations
@@ -52,10 +58,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from mpflow.operators import gaussian
+from mpflow.operators import gaussian, smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
 from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
+from mpflow.operators.smoothing.rts import GaussianRTS
 from mpflow.operators.state import ParticleState, StepInfo, ess, scatter_info
 from mpflow.operators.updaters.predictive import Predictive, particle_predictive
 
@@ -101,8 +108,9 @@ class Updater:
     forecasts: ClassVar[bool] = True
     #: steps with control inputs u (they enter through the family's transition, :meth:`ModelFamily.at_step`)
     controls: ClassVar[bool] = True
-    #: smoothed posteriors p(x_m | o_≤n) of past steps
-    smoothing: ClassVar[bool] = False
+    #: smoothed posteriors p(x_m | o_≤n) of past steps: streams of this method may keep a smoothing window
+    #: (``smoothing_lag`` ≥ 1, :attr:`smoother`)
+    smoothing: ClassVar[bool] = True
     #: unknown static parameters estimated with the state
     unknown_params: ClassVar[bool] = False
     #: only for linear-Gaussian families (Kalman)
@@ -121,6 +129,9 @@ class Updater:
     #: options under which a weighted method returns uniformly weighted particles, so that a method that reads
     #: its particles unweighted can take its result back (empty: the method's particles are always uniform)
     uniform_weight_options: ClassVar[dict[str, Any]] = {}
+    #: the method's fixed-lag smoother (module docstring): by default the (ensemble) RTS smoother over
+    #: :meth:`filtered_moments`
+    smoother: ClassVar[smoothing.FixedLagSmoother] = GaussianRTS()
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.defaults))
@@ -180,9 +191,26 @@ class Updater:
 
     # ------------------------------------------------------------------ init
     def init(
-        self, prior: Prior, model: ModelFamily, num_particles: int, seed: int | Sequence[int] = 0
+        self,
+        prior: Prior,
+        model: ModelFamily,
+        num_particles: int,
+        seed: int | Sequence[int] = 0,
+        smoothing_lag: int = 0,
     ) -> ParticleState:
-        """Step-0 state: N particles from the prior (or the given particles), uniform weights."""
+        """Step-0 state: N particles from the prior (or the given particles), uniform weights; with
+        ``smoothing_lag`` L ≥ 1, an empty window for the last L steps (module docstring)."""
+        smoothing.check_lag(smoothing_lag)
+        if smoothing_lag and not self.smoothing:
+            raise ValueError(f"smoothing_lag: {self.name} has no smoother; use 0, or another method")
+        state = self._initial(prior, model, num_particles, seed)
+        if smoothing_lag:
+            state = smoothing.attach(state, self.smoother.empty(state, smoothing_lag))
+        return state
+
+    def _initial(
+        self, prior: Prior, model: ModelFamily, num_particles: int, seed: int | Sequence[int]
+    ) -> ParticleState:
         self.check_compatible(model, prior)
         B = prior.batch_size
         seeds = [seed] * B if isinstance(seed, int) else list(seed)
@@ -223,8 +251,46 @@ class Updater:
         return False
 
     def update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> tuple[ParticleState, StepInfo]:
+        window, inner = smoothing.split(state)
         with torch.inference_mode(self.autograd_free()):
-            return self._checked_update(state, obs, model)
+            new, info = self._checked_update(inner, obs, model)
+            return self.smoothed_step(window, inner, new, info, model), info
+
+    # ------------------------------------------------------------------ fixed-lag smoothing
+    def smoothed_step(
+        self,
+        window: dict[str, torch.Tensor],
+        before: ParticleState,
+        after: ParticleState,
+        info: StepInfo | None,
+        model: ModelFamily,
+    ) -> ParticleState:
+        """``after`` (a step's result, without a window) carrying ``window`` moved on by the step from ``before``
+        (``info``: the step's; None when another method computed it, a fall-back); ``after`` itself without a
+        window."""
+        if not window:
+            return after
+        with torch.no_grad():
+            entry = self.smoother.entry(self, before, after, info, model)
+        return smoothing.attach(after, smoothing.pushed(window, entry))
+
+    def filtered_moments(self, state: ParticleState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filtering mean [B, d] and covariance [B, d, d] (float64) the RTS smoother reads: the cloud's weighted
+        moments (``kalman`` and ``ukf``: their exact Gaussian)."""
+        shared = self.to_particles(state)
+        return gaussian.moments(shared.particles.to(torch.float64), shared.log_weights)
+
+    def smoothed(self, state: ParticleState) -> smoothing.Smoothed:
+        """p(x_s | o_1..t) for the last min(L, t) steps of one stream (B = 1) that keeps a window; ValueError naming
+        ``smoothing_lag`` for one that does not."""
+        window, inner = smoothing.split(state)
+        if not window:
+            raise ValueError("smoothing_lag: this stream keeps no smoothing window")
+        if int(inner.step[0]) == 0:  # no step taken yet: nothing to smooth
+            d = inner.dim
+            empty = torch.zeros(0, d, dtype=torch.float64)
+            return smoothing.Smoothed(torch.zeros(0, dtype=torch.int64), empty, empty.reshape(0, d, d))
+        return self.smoother.smooth(self, window, inner)
 
     def _checked_update(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily

@@ -39,6 +39,10 @@ class KalmanUpdater(Updater):
         """The exact filtering Gaussian N(mean, cov), in float64."""
         return GaussianMixture.gaussian(state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64))
 
+    def filtered_moments(self, state: ParticleState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact filtering moments (float64), so the RTS smoother over them is the exact one."""
+        return state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64)
+
     def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
         """The filter's Gaussian (float64): ``density``'s moments where it is given, else the particles' weighted
         moments m = Σ w_i x_i, C = Σ w_i (x_i − m)(x_i − m)ᵀ."""

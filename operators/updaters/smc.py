@@ -19,6 +19,7 @@ import torch
 from mpflow.operators import evidence, gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.smoothing.particles import ParticleSmoother
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import Updater
 
@@ -38,13 +39,23 @@ def liu_west_moves(
 def resample_low_ess(
     x: torch.Tensor, log_weights: torch.Tensor, rows: torch.Tensor, gens: Generators, shrinkage: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`resampled` without the ancestor indices."""
+    x, log_weights, _ = resampled(x, log_weights, rows, gens, shrinkage)
+    return x, log_weights
+
+
+def resampled(
+    x: torch.Tensor, log_weights: torch.Tensor, rows: torch.Tensor, gens: Generators, shrinkage: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The weighted cloud x [B, N, d], ``log_weights`` [B, N] with the streams ``rows`` [B] (bool) resampled
     (systematic) to uniform weights, their copies moved apart by the Liu–West kernel with ``shrinkage`` a (None: no
-    moves). Only the resampling streams draw, from their own generators, so a stream's random sequence does not
-    depend on whether other streams of its batch resample."""
-    if not bool(rows.any()):
-        return x, log_weights
+    moves), and the ancestor indices [B, N] (each particle's index before resampling; i for i on the other rows).
+    Only the resampling streams draw, from their own generators, so a stream's random sequence does not depend on
+    whether other streams of its batch resample."""
     B, N, d = x.shape
+    ancestors = torch.arange(N).expand(B, N)
+    if not bool(rows.any()):
+        return x, log_weights, ancestors
     rs = rows.nonzero().flatten()
     sub_gens = [gens[b] for b in rs.tolist()]
     x_rs, lw_rs = x[rs], log_weights[rs]
@@ -52,7 +63,8 @@ def resample_low_ess(
     xr = torch.gather(x_rs, 1, idx[..., None].expand(len(rs), N, d))
     if shrinkage is not None:
         xr = liu_west_moves(xr, x_rs, lw_rs, sub_gens, shrinkage)
-    return x.index_copy(0, rs, xr), log_weights.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
+    lw = log_weights.index_copy(0, rs, torch.full_like(lw_rs, -math.log(N)))
+    return x.index_copy(0, rs, xr), lw, ancestors.index_copy(0, rs, idx)
 
 
 REJUVENATE_MODES = ("auto", "always", "never")
@@ -84,6 +96,8 @@ class SMCUpdater(Updater):
     defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE}
     #: resample at every step (ESS ≤ N < 2N), so the particles come back uniformly weighted
     uniform_weight_options = {"ess_threshold": 2.0}
+    #: fixed-lag smoothing: FFBSm, with the genealogy (ancestor indices kept for L steps) where Q is singular
+    smoother = ParticleSmoother()
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -109,5 +123,6 @@ class SMCUpdater(Updater):
         log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
         ess_now = ess(lw)
         a = float(self.options["shrinkage"]) if rejuvenates(self.options["rejuvenate"], model) else None
-        x, lw = resample_low_ess(x, lw, ess_now < self.options["ess_threshold"] * N, gens, a)
-        return state.replace(particles=x, log_weights=lw), StepInfo(log_pred, ess_now.to(torch.float64))
+        x, lw, ancestors = resampled(x, lw, ess_now < self.options["ess_threshold"] * N, gens, a)
+        info = StepInfo(log_pred, ess_now.to(torch.float64), ancestors=ancestors)
+        return state.replace(particles=x, log_weights=lw), info

@@ -1,0 +1,156 @@
+"""The particle smoother of ``smc``: forward filtering, backward smoothing of the marginals (FFBSm: Doucet, Godsill
+& Andrieu 2000, *On sequential Monte Carlo sampling methods for Bayesian filtering*, eq. 32; Doucet & Johansen
+2011, *A tutorial on particle filtering and smoothing*, §5.2 eq. 49), with the filter's genealogy (§5.1) on the
+links where the transition has no density.
+
+The smoothed marginal at step s is the filter's cloud {x^i_s} at s reweighted, p(x_s | o_1:t) ≈ Σ_i w^i_{s|t}
+δ(x_s − x^i_s), from w_{t|t} = w_t backwards:
+
+* FFBSm, for a transition x_{s+1} = f(x_s) + N(0, Q) with Q positive definite (density K_ij = N(x^j_{s+1}; f(x^i_s),
+  Q))::
+
+      w^i_{s|t} = w^i_s Σ_j w^j_{s+1|t} K_ij / Σ_k w^k_s K_kj
+
+  — no path degeneracy (the cost is N² per step, chunked; the cost model prices it);
+* the genealogy, where Q is singular (a perfect model), the family is static, or N > :data:`FFBSM_MAX_PARTICLES`
+  (where N² per step would cost more than the filter's steps themselves): the weight of each particle of step
+  s + 1 goes to its parent, w^i_{s|t} = Σ_{j : A_{s+1}[j] = i} w^j_{s+1|t} (A: the resampling's ancestor indices;
+  j itself at a step that did not resample). Its lineages coalesce a few resamplings back, so it is the coarser
+  estimate; at large N there are many lineages to lose.
+
+The window keeps per step s: the particles x_s [N, d] and log-weights [N] after it (the state's dtype), its
+ancestor indices [N] (int64), f_s(x_{s−1}) [N, d] of the previous step's particles under this step's model (its
+duration and inputs), and the Cholesky factor of its Q [d, d] (zero: no density; float64). A step computed by
+another method (a fall-back) has no ancestry: its particles are taken as their own predecessors' successors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from mpflow.operators import gaussian
+from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, valid_rows
+from mpflow.operators.state import ParticleState, StepInfo
+
+if TYPE_CHECKING:
+    from mpflow.operators.models.base import ModelFamily
+    from mpflow.operators.updaters.base import Updater
+
+F64 = torch.float64
+#: the log-weight a zero-weight particle is kept with (finite, as every stored number must be; exp of it is 0)
+ZERO_WEIGHT_LOG = -1e30
+#: the largest N smoothed by FFBSm (N² kernel evaluations per step); above it, the genealogy (N per step)
+FFBSM_MAX_PARTICLES = 4096
+#: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
+CHUNK = 512
+
+
+def noise_factor(model: ModelFamily, d: int, batch: int) -> torch.Tensor:
+    """The Cholesky factor [B, d, d] of the step's transition noise Q, zero where Q is not positive definite (no
+    transition density) or the family is static."""
+    if not model.dynamic:
+        return torch.zeros(batch, d, d, dtype=F64)
+    Q = model.transition_noise().to(F64).expand(batch, d, d)
+    L, info = torch.linalg.cholesky_ex(Q)
+    return torch.where((info == 0)[:, None, None], L, torch.zeros_like(L))
+
+
+def backward_weights(
+    lw_s: torch.Tensor, fx: torch.Tensor, x_next: torch.Tensor, chol: torch.Tensor, lw_next: torch.Tensor
+) -> torch.Tensor:
+    """FFBSm's log w_{s|t} [N] from the filter's log-weights ``lw_s`` [N] at s, f(x_s) [N, d], the particles
+    ``x_next`` [N, d] and smoothed log-weights ``lw_next`` [N] at s + 1, and Q's factor ``chol`` (module docstring)."""
+    a = torch.linalg.solve_triangular(chol, x_next.T, upper=False).T  # L⁻¹ x_{s+1}^j
+    b = torch.linalg.solve_triangular(chol, fx.T, upper=False).T  # L⁻¹ f(x_s^i)
+    b2 = 0.5 * (b * b).sum(-1)
+    terms = []
+    for start in range(0, a.shape[0], CHUNK):
+        aj = a[start : start + CHUNK]
+        log_k = b @ aj.T - b2[:, None] - 0.5 * (aj * aj).sum(-1)[None]  # log K_ij up to a constant, [N, chunk]
+        denominator = torch.logsumexp(lw_s[:, None] + log_k, 0)  # [chunk]
+        terms.append(lw_next[start : start + CHUNK][None] + log_k - denominator[None])
+    return torch.log_softmax(lw_s + torch.logsumexp(torch.cat(terms, 1), 1), 0)
+
+
+def genealogy_weights(ancestors: torch.Tensor, lw_next: torch.Tensor) -> torch.Tensor:
+    """The genealogy's log w_{s|t} [N]: each particle's weight at s + 1 given to its parent (module docstring)."""
+    w = torch.zeros_like(lw_next).index_add_(0, ancestors, torch.softmax(lw_next, 0))
+    return w.log()
+
+
+def ffbsm(n: int) -> bool:
+    """Whether a cloud of ``n`` particles is smoothed by FFBSm (else by its genealogy)."""
+    return n <= FFBSM_MAX_PARTICLES
+
+
+class ParticleSmoother(FixedLagSmoother):
+    """FFBSm with genealogy links (module docstring)."""
+
+    name = "ffbsm"
+
+    def empty(self, state: ParticleState, lag: int) -> dict[str, torch.Tensor]:
+        B, N, d = state.particles.shape
+        dtype = state.particles.dtype
+        return {
+            "particles": torch.zeros(B, lag, N, d, dtype=dtype),
+            "log_weights": torch.zeros(B, lag, N, dtype=dtype),
+            "ancestors": torch.zeros(B, lag, N, dtype=torch.int64),
+            "mapped": torch.zeros(B, lag, N, d, dtype=dtype),
+            "noise_factor": torch.zeros(B, lag, d, d, dtype=F64),
+        }
+
+    def entry(
+        self, updater: Updater, before: ParticleState, after: ParticleState, info: StepInfo | None, model: ModelFamily
+    ) -> dict[str, torch.Tensor]:
+        B, N, d = after.particles.shape
+        ancestors = info.ancestors if info is not None and info.ancestors is not None else None
+        factor = noise_factor(model, d, B)
+        mapped = before.particles
+        if bool(factor.abs().sum() > 0):
+            mapped = model.to(F64).transition_mean(before.particles.to(F64))
+        return {
+            "particles": after.particles,
+            # a zero weight (−inf) as the most negative float32 order of magnitude: every stored number is finite
+            "log_weights": torch.log_softmax(after.log_weights.to(F64), -1).clamp_min(ZERO_WEIGHT_LOG),
+            "ancestors": ancestors if ancestors is not None else torch.arange(N).expand(B, N),
+            "mapped": mapped,
+            "noise_factor": factor,
+        }
+
+    def smooth(self, updater: Updater, window: dict[str, torch.Tensor], state: ParticleState) -> Smoothed:
+        t = int(state.step[0])
+        n = valid_rows(window, t)
+        rows = {k: v[0] for k, v in window.items()}
+        lag = rows["particles"].shape[0]
+        lw = torch.log_softmax(state.log_weights[0].to(F64), -1)
+        means, covs = [], []
+        for row in range(lag - 1, lag - n - 1, -1):
+            if row < lag - 1:
+                nxt = row + 1
+                chol = rows["noise_factor"][nxt]
+                if ffbsm(lw.shape[0]) and bool(torch.diagonal(chol).gt(0).all()):
+                    x_next = rows["particles"][nxt].to(F64)
+                    lw_s = rows["log_weights"][row].to(F64)
+                    lw = backward_weights(lw_s, rows["mapped"][nxt].to(F64), x_next, chol, lw)
+                else:
+                    lw = genealogy_weights(rows["ancestors"][nxt], lw)
+            mean, cov = gaussian.moments(rows["particles"][row][None].to(F64), lw[None])
+            means.insert(0, mean[0])
+            covs.insert(0, cov[0])
+        return Smoothed(torch.arange(t - n + 1, t + 1), torch.stack(means), torch.stack(covs))
+
+    def window_bytes(self, lag: int, n: int, d: int) -> float:
+        return lag * (n * (4.0 * (2 * d + 1) + 8.0) + 8.0 * d * d)
+
+    def smooth_flops(self, lag: int, n: int, d: int) -> float:
+        kernel = n * (2.0 * d + 20.0) if ffbsm(n) else 2.0
+        return lag * n * (kernel + 4.0 * d * d)
+
+    def check(self, window: dict[str, torch.Tensor], n: int) -> None:
+        a = window["ancestors"]
+        if a.numel() and not bool(((a >= 0) & (a < n)).all()):
+            raise ValueError(f"state.extras.lag.ancestors: particle indices from 0 to {n - 1}")
+
+
+__all__ = ["FFBSM_MAX_PARTICLES", "ParticleSmoother", "backward_weights", "ffbsm", "genealogy_weights", "noise_factor"]

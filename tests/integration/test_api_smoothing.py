@@ -1,0 +1,141 @@
+"""Fixed-lag smoothing through the HTTP API (issue 36), against uvicorn in a thread and a real Redis.
+
+* A ``kalman`` stream with ``smoothing_lag`` 10 fed 30 observations answers ``GET .../smoothed`` with the plain-numpy
+  RTS smoother's means and covariances (tests/unit/test_smoothing.py) to 1e-6 posterior sd; after a server restart
+  (a new app on the same Redis) and after export → import, the same answer; the imported copy keeps smoothing.
+* ``smc`` and ``enkf`` streams answer the window too (their accuracy is the unit tests').
+* Refusals before anything is written: a lag over 100 (422 naming ``smoothing_lag`` and the range), a window whose
+  bytes are over the cost model's budget (413 naming ``smoothing_lag`` and the limit), and a stream without a lag
+  (409 ``smoothing_disabled`` saying how to enable it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from mpflow.service.settings import Settings
+from mpflow.service.snapshots import MEDIA_TYPE
+
+from tests.harness.server import drop_prefix, serve_in_thread
+from tests.unit.test_smoothing import PARAMS, PRIOR, data, numpy_rts
+
+MODEL = {"family": "lds", "params": PARAMS}
+SETTINGS = {"log_level": "WARNING", "max_particles": 65536, "max_request_bytes": 64 * 2**20}
+
+
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    name = f"mpflowtest-{uuid.uuid4().hex}"
+    try:
+        yield name
+    finally:
+        asyncio.run(drop_prefix(redis_url, name))
+
+
+def serve(redis_url: str, prefix: str):
+    return serve_in_thread(Settings(redis_url=redis_url, redis_prefix=prefix, **SETTINGS))
+
+
+def create(c: httpx.Client, method: str, lag: int, n: int = 256, sid: str | None = None) -> httpx.Response:
+    sid = sid or f"{method}-{uuid.uuid4().hex[:8]}"
+    body = {"stream_id": sid, "model": MODEL, "prior": PRIOR, "method": method, "num_particles": n, "seed": 3}
+    return c.post("/v1/streams", json={**body, "smoothing_lag": lag})
+
+
+def check_rts(answer: dict, ys: list) -> None:
+    _, means, covs = numpy_rts(ys, 10)
+    sd = np.sqrt(np.diagonal(covs, axis1=1, axis2=2))
+    assert answer["lag"] == 10 and answer["step"] == len(ys)
+    assert [s["step"] for s in answer["steps"]] == list(range(len(ys) - 9, len(ys) + 1))
+    got_m = np.array([s["mean"] for s in answer["steps"]])
+    got_c = np.array([s["cov"] for s in answer["steps"]])
+    assert np.abs((got_m - means) / sd).max() < 1e-6
+    assert np.abs((got_c - covs) / (sd[:, :, None] * sd[:, None, :])).max() < 1e-6
+
+
+def test_kalman_smoothed_is_rts_and_survives_restart_and_snapshots(redis_url, prefix):
+    ys = data()
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = create(c, "kalman", 10, sid="kalman-smooth")
+        assert r.status_code == 201, r.text
+        assert r.json()["smoothing_lag"] == 10
+        assert c.get("/v1/streams/kalman-smooth/smoothed").json()["steps"] == []  # step 0: nothing yet
+        r = c.post("/v1/streams/kalman-smooth/observations", json={"observations": ys[:4]})
+        assert r.status_code == 200, r.text
+        partial = c.get("/v1/streams/kalman-smooth/smoothed").json()
+        assert [s["step"] for s in partial["steps"]] == [1, 2, 3, 4]
+        r = c.post("/v1/streams/kalman-smooth/observations", json={"observations": ys[4:]})
+        assert r.status_code == 200, r.text
+        answer = c.get("/v1/streams/kalman-smooth/smoothed").json()
+        check_rts(answer, ys)
+        snapshot = c.get("/v1/streams/kalman-smooth/export").content
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:  # a new process's app
+        assert c.get("/v1/streams/kalman-smooth/smoothed").json() == answer
+        r = c.post("/v1/streams:import?stream_id=kalman-copy", content=snapshot, headers={"content-type": MEDIA_TYPE})
+        assert r.status_code == 201, r.text
+        assert r.json()["smoothing_lag"] == 10
+        assert c.get("/v1/streams/kalman-copy/smoothed").json() == {**answer, "stream_id": "kalman-copy"}
+        more = [[0.4], [-1.0]]
+        for sid in ("kalman-smooth", "kalman-copy"):
+            assert c.post(f"/v1/streams/{sid}/observations", json={"observations": more}).status_code == 200
+        check_rts(c.get("/v1/streams/kalman-copy/smoothed").json(), ys + more)
+
+
+@pytest.mark.parametrize("method", ["smc", "enkf"])
+def test_particle_methods_answer_their_window(redis_url, prefix, method):
+    ys = data()
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = create(c, method, 10)
+        sid = r.json()["stream_id"]
+        assert c.post(f"/v1/streams/{sid}/observations", json={"observations": ys}).status_code == 200
+        answer = c.get(f"/v1/streams/{sid}/smoothed").json()
+        _, means, covs = numpy_rts(ys, 10)
+        got = np.array([s["mean"] for s in answer["steps"]])
+        assert got.shape == (10, 2)
+        # one run at N = 256: within the Monte Carlo error (the unit tests check the bias over seeds)
+        assert np.abs((got - means) / np.sqrt(np.diagonal(covs, axis1=1, axis2=2))).max() < 0.5
+        newest = c.get(f"/v1/streams/{sid}").json()["summary"]["mean"]
+        assert np.allclose(answer["steps"][-1]["mean"], newest, atol=1e-5)
+
+
+def test_refusals(redis_url, prefix):
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = create(c, "kalman", 101)
+        assert r.status_code == 422 and "smoothing_lag" in r.text and "100" in r.text, r.text
+        # an smc window of 100 steps of 65536 particles in d = 2: ~52 MiB, held four times over > 64 MiB
+        r = create(c, "smc", 100, n=65536, sid="too-big")
+        assert r.status_code == 413, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("smoothing_lag:") and "MPFLOW_MAX_REQUEST_BYTES" in message and "at most" in message
+        assert c.get("/v1/streams/too-big").status_code == 404  # nothing was created
+        r = create(c, "kalman", 0, sid="no-window")
+        assert r.status_code == 201 and r.json()["smoothing_lag"] == 0
+        r = c.get("/v1/streams/no-window/smoothed")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "smoothing_disabled"
+        assert '"smoothing_lag": L' in r.json()["error"]["message"]
+
+
+def test_client_smoothed_as_numpy_and_pandas(redis_url, prefix):
+    from mpflow.service.client import Client, MpflowError
+
+    ys = data()
+    _, means, covs = numpy_rts(ys, 10)
+    with serve(redis_url, prefix) as url, Client(url) as client:
+        stream = client.create_stream(MODEL, PRIOR, method="kalman", seed=1, smoothing_lag=10, state_names=["p", "v"])
+        stream.update(ys)
+        steps, got_means, got_covs = stream.smoothed()
+        assert steps.tolist() == list(range(21, 31)) and got_means.shape == (10, 2) and got_covs.shape == (10, 2, 2)
+        np.testing.assert_allclose(got_means, means, atol=1e-6)
+        np.testing.assert_allclose(got_covs, covs, atol=1e-6)
+        frame = stream.smoothed().to_pandas()
+        assert list(frame.columns) == ["mean_p", "std_p", "mean_v", "std_v"] and frame.index.name == "step"
+        np.testing.assert_allclose(frame["std_v"].to_numpy(), np.sqrt(covs[:, 1, 1]), atol=1e-6)
+        plain = client.create_stream(MODEL, PRIOR, method="kalman", seed=1)
+        with pytest.raises(MpflowError) as err:
+            plain.smoothed()
+        assert err.value.status == 409 and err.value.code == "smoothing_disabled"
