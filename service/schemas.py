@@ -77,6 +77,15 @@ def _array(value: Any, max_depth: int, gaps: bool = False) -> Any:
 
 
 def _param(value: Any) -> Any:
+    """A number, vector or matrix; or a prior ``{"prior": {"type": ..., ...}}`` of an unknown parameter (its fields
+    are the family's to check: :mod:`mpflow.operators.models.param_priors`)."""
+    if isinstance(value, dict):
+        spec = value.get("prior")
+        if set(value) != {"prior"} or not isinstance(spec, dict) or len(spec) > 3:
+            raise ValueError('expected a number, an array, or a prior {"prior": {"type": ..., ...}}')
+        if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in spec.values()):
+            raise ValueError("a prior's fields are its type (a string) and numbers")
+        return value
     return _array(value, 2)
 
 
@@ -126,11 +135,35 @@ def _observation(value: Any) -> Any:
     return value
 
 
+#: an unknown parameter's prior (docs/API.md "Unknown parameters")
+_PARAM_PRIOR = {
+    "type": "object",
+    "properties": {
+        "prior": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["lognormal", "uniform", "normal"]},
+                "mean": {"type": "number"},
+                "sd": {"type": "number"},
+                "low": {"type": "number"},
+                "high": {"type": "number"},
+            },
+            "required": ["type"],
+        }
+    },
+    "required": ["prior"],
+}
+
 #: a JSON number, array of numbers or matrix — a model parameter
 ParamValue = Annotated[
     Any,
     AfterValidator(_param),
-    WithJsonSchema({"anyOf": [_NUMBER, _VECTOR, _MATRIX], "description": "a number, vector or matrix"}),
+    WithJsonSchema(
+        {
+            "anyOf": [_NUMBER, _VECTOR, _MATRIX, _PARAM_PRIOR],
+            "description": "a number, vector or matrix; or a prior, for a parameter the stream learns (method smc2)",
+        }
+    ),
 ]
 
 _GAP = {"type": "null"}

@@ -35,6 +35,7 @@ from mpflow.operators.updaters import Updater
 from mpflow.service import costs, views
 from mpflow.service import snapshot_checks as checks
 from mpflow.service import summary as summaries
+from mpflow.service.creation import state_size
 from mpflow.service.documents import document, now
 from mpflow.service.errors import ApiError
 from mpflow.service.methods import Methods
@@ -239,7 +240,9 @@ class Snapshots:
             return updater.init(checks.reference_prior(prior, state, m), model, m, 0)
 
         try:
-            expected = checks.reference_fields(reference, stream["num_particles"], stream["state_dim"])
+            expected = checks.reference_fields(
+                reference, stream["num_particles"], stream["state_dim"], whole=updater.learns_parameters
+            )
         except ValueError as exc:  # the method refuses this model or prior, as at creation
             raise checks.refuse(f"stream: {exc}") from None
         checks.check_fields(state, expected)
@@ -256,7 +259,7 @@ class Snapshots:
             why = f"{type(exc).__name__}: {exc}"
             raise checks.refuse(f"state: the method cannot step it on this server ({why})") from None
         created = now()
-        return {**stream, "created_at": created, "updated_at": created}
+        return {**stream, "state_bytes": state_size(state), "created_at": created, "updated_at": created}
 
 
 __all__ = [
