@@ -49,6 +49,8 @@ from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.operators.updaters.smc import resample_low_ess
 
+#: the θ-particles' move after resampling (:meth:`SMC2Updater._moved`)
+KERNELS = ("jitter", "liu_west")
 PARAM = "param."
 SUPPORT = "param_support."
 PARAM_LOG_WEIGHTS = "param_log_weights"
@@ -97,8 +99,8 @@ class SMC2Updater(Updater):
     weighted = True
     nonlinear_transition = True
     learns_parameters = True
-    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter"})
-    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 1.0}
+    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel"})
+    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 1.0, "kernel": "jitter"}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -112,6 +114,8 @@ class SMC2Updater(Updater):
         h = o["jitter"]
         if isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h <= 10:
             raise ValueError(f"options.jitter: the jittering kernel's scale h in [0, 10], got {h!r}")
+        if o["kernel"] not in KERNELS:
+            raise ValueError(f"options.kernel: one of {', '.join(KERNELS)}, got {o['kernel']!r}")
 
     #: a new stream's particle count θ × x when its request gives none: an exact Kalman filter per θ-particle
     #: (M = N, one draw each), or M = N_x = 64 particle filters (``benchmarks/params.py``)
@@ -254,14 +258,24 @@ class SMC2Updater(Updater):
         for i, n in enumerate(names):
             lo, hi = support_bounds(state.extras[SUPPORT + n][rs].to(torch.float64))
             u = to_unconstrained(th[..., i], lo[:, None], hi[:, None])
-            sd = u.std(-1, keepdim=True).nan_to_num(0.0).clamp_min(1e-6)
-            u = u + self.options["jitter"] * sd / math.sqrt(M) * xi[..., i]
+            u = self._moved(u, xi[..., i])
             moved.append(from_unconstrained(u, lo[:, None], hi[:, None]))
         if moved:
             th = torch.stack(moved, -1)
         theta = theta.index_copy(0, rs, th)
         lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
         return theta, lw, tuple(moved_inner)
+
+    def _moved(self, u: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+        """The resampled θ-particles' coordinates u [R, M] moved by the kernel (eq. P5): ``jitter``
+        u + h M^{−1/2} s_u ξ; ``liu_west`` a u + (1 − a) ū + √(1 − a²) s_u ξ, a = 0.98 (Liu & West 2001: the
+        cloud's mean and variance kept)."""
+        M = u.shape[-1]
+        sd = u.std(-1, keepdim=True).nan_to_num(0.0).clamp_min(1e-6)
+        if self.options["kernel"] == "liu_west":
+            a = gaussian.LIU_WEST_SHRINKAGE
+            return a * u + (1 - a) * u.mean(-1, keepdim=True) + math.sqrt(1 - a * a) * sd * xi
+        return u + self.options["jitter"] * sd / math.sqrt(M) * xi
 
     @staticmethod
     def _draws(mean, cov, lw, Nx, gens):
