@@ -51,7 +51,8 @@ DOCS_ASSETS = "/docs-assets"
 
 DESCRIPTION = """Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
 as they arrive, read posterior summaries, samples and log-evidence after each. Methods: `mpf` (a learned Meta
-Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`, `enkf`, `ukf`. Errors:
+Particle Flow operator), `gpf`, `svgd`, `nvgd`, `smc`, `kalman`, `enkf`, `ukf`, and `smc2` for a model whose
+parameters are given as priors (learned online with the state). Errors:
 `{"error": {"code", "message"}}`."""
 
 
