@@ -1,15 +1,19 @@
 """Unknown model parameters through the real app and real Redis (docs/API.md "Unknown parameters"): a parameter given
 as a prior makes a ``smc2`` stream whose every answer carries ``summary.params``; the stream survives export and
 import byte for byte; bad priors, methods that cannot learn and steps of another duration are refused with the field
-named and nothing created; the particle count θ × x is bounded by the cost model (413 naming the limit)."""
+named and nothing created; the particle count θ × x is bounded by the cost model (413 naming the limit); the client
+reads the parameters as numpy arrays and pandas tables."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from mpflow.service.client import Client
+from mpflow.service.results import StepTable
 
 from tests.integration.test_api_streams import run
+from tests.integration.test_client import server  # noqa: F401  (fixture)
 
 LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
 GAUSS1 = {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]}
@@ -151,3 +155,19 @@ def test_a_stochastic_volatility_stream_learns_phi_and_sigma(redis_url):
     assert set(params) == {"phi", "sigma"}
     assert 0.5 <= params["phi"]["q05"] <= params["phi"]["q95"] <= 0.99
     assert math.isfinite(params["sigma"]["mean"]) and params["sigma"]["mean"] > 0
+
+
+def test_the_client_reads_params_as_numpy_and_pandas(server):  # noqa: F811
+    with Client(server) as client:
+        stream = client.create_stream(model=lds_request()["model"], prior=GAUSS1, num_particles=128, seed=2)
+        answers = list(stream.filter(OBS, batch=3))
+        stream.delete()
+    last = answers[-1]
+    assert set(last.params) == {"R"} and set(last.params["R"]) == {"mean", "sd", "q05", "q95"}
+    frame = last.params_to_pandas()
+    assert list(frame.index) == ["R"] and frame.loc["R", "mean"] == last.params["R"]["mean"]
+    table = StepTable.of(answers)
+    assert table.params["R"]["mean"].shape == (len(OBS),)
+    assert table.params["R"]["mean"][-1] == last.params["R"]["mean"]
+    columns = table.to_pandas().columns
+    assert {"param_R_mean", "param_R_sd", "param_R_q05", "param_R_q95"} <= set(columns)

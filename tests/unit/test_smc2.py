@@ -89,15 +89,15 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_priors_are_refused_naming_the_field_and_the_fix(case):
     params, says = BAD[case]
-    with pytest.raises(ValueError, match=None) as refused:
+    with pytest.raises(ValueError) as refused:
         make_model("lds", {"A": [[A]], "B": [[1.0]], **params}, 1)
     assert says in str(refused.value)
 
 
 def test_sv_phi_must_stay_stationary_and_sigma_positive():
-    with pytest.raises(ValueError, match="model.params.phi.prior"):
+    with pytest.raises(ValueError, match=r"model\.params\.phi\.prior"):
         make_model("stochastic_volatility", {"phi": {"prior": {"type": "uniform", "low": 0.5, "high": 1.5}}}, 1)
-    with pytest.raises(ValueError, match="model.params.sigma.prior"):
+    with pytest.raises(ValueError, match=r"model\.params\.sigma\.prior"):
         make_model("stochastic_volatility", {"sigma": {"prior": {"type": "normal", "mean": 0.3, "sd": 0.1}}}, 1)
 
 
