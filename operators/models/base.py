@@ -166,6 +166,15 @@ class ModelFamily:
         return parse, default
 
     @classmethod
+    def learnable(cls, name: str) -> bool:
+        """Whether the parameter may be given as a prior (the catalogue's ``learnable``)."""
+        try:
+            cls._learnable_spec(name)
+        except ValueError:
+            return False
+        return True
+
+    @classmethod
     def param_domain(cls, name: str) -> tuple[float, float]:
         """The open range (lo, hi) a learnable parameter's value must lie in: the family's ``param_domains``, else
         (0, ∞) for a covariance or positive number and ℝ for the others (its parser's ``domain``)."""
@@ -570,6 +579,7 @@ class ModelFamily:
                     "kind": param_kind(parse),
                     "required": default is None,
                     "default": describe_default(default),
+                    "learnable": cls.learnable(p),
                 }
                 for p, parse, default in cls.param_specs
             ],

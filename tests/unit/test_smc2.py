@@ -142,3 +142,13 @@ def test_the_state_keeps_its_size_as_it_steps():
     for y in simulate(0)[:50]:
         state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
     assert len(state.to_bytes()) == size
+
+
+def test_the_catalogue_says_which_parameters_may_be_priors():
+    from mpflow.service import catalogue
+
+    fams = {f["family"]: {p["name"]: p["learnable"] for p in f["parameters"]} for f in catalogue.models(8)}
+    assert fams["lds"]["R"] and fams["lds"]["Q"] and not fams["lds"]["A"] and not fams["lds"]["B"]
+    assert fams["stochastic_volatility"] == {"mu": True, "phi": True, "sigma": True}
+    assert fams["lorenz96"]["F"] and not fams["lorenz96"]["delta"] and not fams["lorenz96"]["obs_every"]
+    assert "smc2" not in {m for f in catalogue.models(8) for m in f["methods"]}
