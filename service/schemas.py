@@ -392,6 +392,20 @@ class Quantiles(BaseModel):
     q95: list[float] = Field(alias="0.95")
 
 
+class ParamPosterior(BaseModel):
+    """The posterior of one unknown parameter given the observations so far (its θ-particles, weighted)."""
+
+    mean: float
+    sd: float
+    q05: float = Field(description="the 5 % quantile")
+    q95: float = Field(description="the 95 % quantile")
+
+
+_PARAMS_DESCRIPTION = (
+    "present for a stream with unknown parameters (smc2; model.params given as priors): each one's posterior"
+)
+
+
 class Summary(BaseModel):
     mean: list[float]
     cov: list[list[float]]
@@ -399,6 +413,7 @@ class Summary(BaseModel):
     quantiles: Quantiles = Field(description="per-dimension marginal quantiles (weighted for smc)")
     ess: float = Field(description="effective sample size of the current particles")
     log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
+    params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
 
 
 class StepSummary(BaseModel):
@@ -407,6 +422,7 @@ class StepSummary(BaseModel):
     std: list[float]
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float
+    params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
     acceptance: float | None = Field(
         default=None,
         description="present when the step ran posterior moves (mpf on a static family, method_options.moves): the "
@@ -495,6 +511,11 @@ class StreamDocument(BaseModel):
         "operator was trained on; null without an operator",
     )
     num_particles: int
+    state_bytes: int | None = Field(
+        default=None,
+        description="the bytes of the stream's tensors in the store, fixed for its life (null for a stream created "
+        "before servers reported it)",
+    )
     state_dim: int
     state_names: list[str] | None = Field(
         default=None,
@@ -664,6 +685,7 @@ class ParamInfo(BaseModel):
     kind: str
     required: bool
     default: str | None = None
+    learnable: bool = Field(default=False, description="may be given as a prior (learned by smc2)")
 
 
 class FamilyInfo(BaseModel):
