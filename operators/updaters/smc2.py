@@ -17,8 +17,9 @@ copy with its filter, and moved by the jittering kernel of nested particle filte
     u' = u + h M^{−1/2} s_u ξ,   ξ ~ N(0, 1),
 
 in the unconstrained coordinate u of θ's support (:mod:`mpflow.operators.models.param_priors`), s_u the cloud's sd
-of u and h the ``jitter`` option; the filter of θ stays as it was (the approximation of Crisan & Míguez, whose
-error vanishes as the kernel's scale ∝ M^{−1/2}). A move costs O(M) whatever the step: rejuvenation does not
+of u and h the ``jitter`` option (0.5: the best of h ∈ {0.5, 1, 2} and Liu–West's kernel measured by
+``benchmarks/params.py``); the filter of θ stays as it was (the approximation of Crisan & Míguez, whose error
+vanishes as the kernel's scale ∝ M^{−1/2}). A move costs O(M) whatever the step: rejuvenation does not
 re-run any filter from the first observation (which SMC²'s PMMH kernel does: :mod:`mpflow.operators.references.smc2`
 is that unbounded reference, measured against this one in ``benchmarks/params.py``).
 
@@ -100,7 +101,7 @@ class SMC2Updater(Updater):
     nonlinear_transition = True
     learns_parameters = True
     stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel"})
-    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 1.0, "kernel": "jitter"}
+    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 0.5, "kernel": "jitter"}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
