@@ -154,10 +154,19 @@ def track(url: str, args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Track a simulated 2-D target with mpflow (lds, Python client).")
+def run_example(p: argparse.ArgumentParser, argv: list[str] | None, body) -> int:
+    """Parse the example's arguments (``--url``, ``--serve`` added here) and run ``body(url, args)`` against the
+    server at ``--url`` or, with ``--serve``, one started in this process (:func:`local_server`)."""
     p.add_argument("--url", default="http://127.0.0.1:8000", help="a running mpflow server")
     p.add_argument("--serve", action="store_true", help="start a server in this process (embedded store)")
+    args = p.parse_args(argv)
+    with local_server() if args.serve else contextlib.nullcontext(args.url) as url:
+        body(url, args)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Track a simulated 2-D target with mpflow (lds, Python client).")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--method", default="mpf", help="mpf, gpf, smc, kalman, ...")
     p.add_argument("--particles", type=int, default=256)
@@ -165,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--r", type=float, default=2.0, help="observation noise sd")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("track_target.png"))
-    args = p.parse_args(argv)
-    with local_server() if args.serve else contextlib.nullcontext(args.url) as url:
-        track(url, args)
-    return 0
+    return run_example(p, argv, track)
 
 
 if __name__ == "__main__":

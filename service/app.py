@@ -53,7 +53,8 @@ DOCS_ASSETS = "/docs-assets"
 METHOD_NAMES = ", ".join(f"`{m}`" for m in UPDATERS)
 DESCRIPTION = f"""Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
 as they arrive, read posterior summaries, samples and log-evidence after each. Methods: {METHOD_NAMES} (`mpf`: a
-learned Meta Particle Flow operator); `GET /v1/models` says what each can do. Errors: `{{"error": {{"code",
+learned Meta Particle Flow operator; `smc2`: for a model whose parameters
+are given as priors, learned online with the state); `GET /v1/models` says what each can do. Errors: `{{"error": {{"code",
 "message"}}}}`."""
 
 

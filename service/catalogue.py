@@ -22,7 +22,9 @@ log = logging.getLogger("mpflow.catalogue")
 
 
 def methods_for(family: type[ModelFamily]) -> list[str]:
-    return sorted(m for m, cls in UPDATERS.items() if cls.refusal(family) is None)
+    """The methods that run the family with its parameters as values; ``smc2``, which runs it when some are priors
+    (and only then), is the catalogue's ``unknown_params`` method."""
+    return sorted(m for m, cls in UPDATERS.items() if cls.refusal(family) is None and not cls.unknown_params)
 
 
 def models(max_state_dim: int) -> list[dict[str, Any]]:

@@ -71,6 +71,12 @@ def check_state_names(names: object, d: int) -> list[str] | None:
     return list(names)
 
 
+def state_size(state: ParticleState) -> int:
+    """The bytes of a stream's tensors as the store keeps them (the stream document's ``state_bytes``; the encoding
+    adds a header of a few hundred bytes). Fixed for the stream's life: no method's state grows with its steps."""
+    return sum(t.numel() * t.element_size() for t in state.fields().values())
+
+
 def check_limits(settings: Settings, n_particles: int, state_dim: int) -> None:
     """413 for more particles or a larger state than the server allows."""
     if n_particles > settings.max_particles:
@@ -162,6 +168,7 @@ def prepare(
         "method_reason": choice.reason,
         "operator_domain": domain,
         "num_particles": n,
+        "state_bytes": state_size(state),
         "state_dim": prior.dim,
         "state_names": names,
         "seed": seed,
@@ -183,5 +190,6 @@ __all__ = [
     "check_work",
     "prepare",
     "prior_dim_and_count",
+    "state_size",
     "stored_prior",
 ]

@@ -53,6 +53,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "capabilities": capabilities(meta),
         "operator_domain": meta.get("operator_domain"),
         "num_particles": meta["num_particles"],
+        "state_bytes": meta.get("state_bytes"),
         "state_dim": meta["state_dim"],
         "state_names": state_names(meta),
         "seed": meta["seed"],

@@ -186,6 +186,11 @@ class Methods:
         one named), else the measured default of :mod:`mpflow.service.default_methods`; the request's
         ``method_options`` over the choice's own."""
         choice = self._choose(req, model)
+        if UPDATERS[choice.method].unknown_params and not model.unknown:
+            raise invalid(
+                f"method: {choice.method} learns unknown model parameters; give at least one of model.params as a "
+                'prior ({"prior": {"type": "lognormal", "mean": 0, "sd": 1}}), or use another method'
+            )
         if not req.method_options:
             return choice
         options = {**choice.options, **req.method_options}
@@ -208,11 +213,25 @@ class Methods:
             if self.operators.by_name(req.operator) is None:
                 raise invalid(f"operator: unknown operator {req.operator!r}; GET /v1/operators lists them")
             return Choice("mpf", req.operator)
+        if method is None and model.unknown:
+            return self._learning(model)
         if method is None:
             return self._default(model, req.method_options)
         if method == "mpf":  # a trained operator when one fits; else the untrained (Daum–Huang) base flow
             return Choice("mpf", self._fitting_operator(model))
         return Choice(method)
+
+    @staticmethod
+    def _learning(model: ModelFamily) -> Choice:
+        """The method of a model with unknown parameters (given as priors): the one that learns them, ``smc2``, with
+        the particle count (θ × x) ``benchmarks/params.py`` measured for an exact (Kalman) or particle inner filter."""
+        smc2 = UPDATERS["smc2"]
+        names = ", ".join(sorted(model.unknown))
+        reason = (
+            f"model.params {names} given as priors: smc2 learns them with the state (SMC² with nested-filter "
+            "jittering, the bounded rejuvenation measured best in benchmarks/params.py)"
+        )
+        return Choice("smc2", None, {}, smc2.default_particles(model), reason)
 
     def _fitting_operator(self, model: ModelFamily) -> str | None:
         record = self.operators.find(model.name, model.state_dim)

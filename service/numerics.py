@@ -55,7 +55,10 @@ FALLBACK_ORDER = ("gpf", "kalman", "smc")
 
 
 def fallback_methods(method: str, model: ModelFamily) -> list[str]:
-    """The fall-backs for a stream of ``method`` on ``model``, in order (never the method itself)."""
+    """The fall-backs for a stream of ``method`` on ``model``, in order (never the method itself); none for a method
+    that learns the model's unknown parameters (no other method can take its step)."""
+    if method in UPDATERS and UPDATERS[method].unknown_params:
+        return []
     return [m for m in FALLBACK_ORDER if m != method and m in UPDATERS and UPDATERS[m].refusal(type(model)) is None]
 
 

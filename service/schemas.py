@@ -78,6 +78,15 @@ def _array(value: Any, max_depth: int, gaps: bool = False) -> Any:
 
 
 def _param(value: Any) -> Any:
+    """A number, vector or matrix; or a prior ``{"prior": {"type": ..., ...}}`` of an unknown parameter (its fields
+    are the family's to check: :mod:`mpflow.operators.models.param_priors`)."""
+    if isinstance(value, dict):
+        spec = value.get("prior")
+        if set(value) != {"prior"} or not isinstance(spec, dict) or len(spec) > 3:
+            raise ValueError('expected a number, an array, or a prior {"prior": {"type": ..., ...}}')
+        if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in spec.values()):
+            raise ValueError("a prior's fields are its type (a string) and numbers")
+        return value
     return _array(value, 2)
 
 
@@ -127,11 +136,35 @@ def _observation(value: Any) -> Any:
     return value
 
 
+#: an unknown parameter's prior (docs/API.md "Unknown parameters")
+_PARAM_PRIOR = {
+    "type": "object",
+    "properties": {
+        "prior": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["lognormal", "uniform", "normal"]},
+                "mean": {"type": "number"},
+                "sd": {"type": "number"},
+                "low": {"type": "number"},
+                "high": {"type": "number"},
+            },
+            "required": ["type"],
+        }
+    },
+    "required": ["prior"],
+}
+
 #: a JSON number, array of numbers or matrix — a model parameter
 ParamValue = Annotated[
     Any,
     AfterValidator(_param),
-    WithJsonSchema({"anyOf": [_NUMBER, _VECTOR, _MATRIX], "description": "a number, vector or matrix"}),
+    WithJsonSchema(
+        {
+            "anyOf": [_NUMBER, _VECTOR, _MATRIX, _PARAM_PRIOR],
+            "description": "a number, vector or matrix; or a prior, for a parameter the stream learns (method smc2)",
+        }
+    ),
 ]
 
 _GAP = {"type": "null"}
@@ -272,7 +305,8 @@ class CreateStreamRequest(_Request):
         'flow_fraction (0–1 or "auto", with correct and a linear observation), '
         "rejuvenate, shrinkage, inflation, linearisation (posterior, stein, importance), moves (auto or 0–64, "
         "static families), window (0–16); smc ess_threshold, "
-        "rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa. With no method they "
+        "rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa; smc2 theta_particles, "
+        "ess_threshold, kernel, jitter. With no method they "
         "adjust the default method's",
     )
     num_particles: int | None = Field(
@@ -366,6 +400,20 @@ class Quantiles(BaseModel):
     q95: list[float] = Field(alias="0.95")
 
 
+class ParamPosterior(BaseModel):
+    """The posterior of one unknown parameter given the observations so far (its θ-particles, weighted)."""
+
+    mean: float
+    sd: float
+    q05: float = Field(description="the 5 % quantile")
+    q95: float = Field(description="the 95 % quantile")
+
+
+_PARAMS_DESCRIPTION = (
+    "present for a stream with unknown parameters (smc2; model.params given as priors): each one's posterior"
+)
+
+
 class Summary(BaseModel):
     mean: list[float]
     cov: list[list[float]]
@@ -373,6 +421,7 @@ class Summary(BaseModel):
     quantiles: Quantiles = Field(description="per-dimension marginal quantiles (by weight for a weighted cloud)")
     ess: float = Field(description="effective sample size of the current particles")
     log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
+    params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
 
 
 class StepSummary(BaseModel):
@@ -386,6 +435,7 @@ class StepSummary(BaseModel):
     )
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float
+    params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
     acceptance: float | None = Field(
         default=None,
         description="present when the step ran posterior moves (mpf on a static family, method_options.moves): the "
@@ -511,6 +561,11 @@ class StreamDocument(BaseModel):
         "operator was trained on; null without an operator",
     )
     num_particles: int
+    state_bytes: int | None = Field(
+        default=None,
+        description="the bytes of the stream's tensors in the store, fixed for its life (null for a stream created "
+        "before servers reported it)",
+    )
     state_dim: int
     state_names: list[str] | None = Field(
         default=None,
@@ -710,6 +765,7 @@ class ParamInfo(BaseModel):
     kind: str
     required: bool
     default: str | None = None
+    learnable: bool = Field(default=False, description="may be given as a prior (learned by smc2)")
 
 
 class FamilyInfo(BaseModel):

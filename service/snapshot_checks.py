@@ -241,13 +241,14 @@ REFERENCE_PARTICLES = 8
 Expected = dict[str, tuple[torch.dtype, tuple[int, ...]]]
 
 
-def reference_fields(init: Callable[[int], ParticleState], n: int, d: int) -> Expected:
+def reference_fields(init: Callable[[int], ParticleState], n: int, d: int, whole: bool = False) -> Expected:
     """The tensors of the method's step-0 state with ``n`` particles, from ``init(m)`` (the state made with m
     particles) at two small sizes m and m + 1: a dimension that differs between them is a particle count (n),
     one that does not is fixed — so no full-size reference is drawn (measured: 2.2 s at N = 65536, d = 64 for
-    smc's; two small ones, ~1 ms). With n itself small, the reference is made at n."""
+    smc's; two small ones, ~1 ms). With n itself small, or ``whole`` — a method whose tensors are not all of size n or
+    fixed (``smc2``'s θ-particles: a divisor of n) —, the reference is made at n."""
     small = max(REFERENCE_PARTICLES, d + 2)
-    if n <= small + 1:
+    if whole or n <= small + 1:
         return {k: (t.dtype, tuple(t.shape)) for k, t in init(n).fields().items()}
     a, b = init(small).fields(), init(small + 1).fields()
     if set(a) != set(b):

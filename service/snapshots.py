@@ -35,7 +35,7 @@ from mpflow.operators.updaters import Updater
 from mpflow.service import costs, views
 from mpflow.service import snapshot_checks as checks
 from mpflow.service import summary as summaries
-from mpflow.service.creation import check_smoothing
+from mpflow.service.creation import check_smoothing, state_size
 from mpflow.service.documents import document, now
 from mpflow.service.errors import ApiError
 from mpflow.service.methods import Methods
@@ -244,7 +244,9 @@ class Snapshots:
             return updater.init(checks.reference_prior(prior, state, m), model, m, 0, smoothing_lag=lag)
 
         try:
-            expected = checks.reference_fields(reference, stream["num_particles"], stream["state_dim"])
+            expected = checks.reference_fields(
+                reference, stream["num_particles"], stream["state_dim"], whole=updater.unknown_params
+            )
         except ValueError as exc:  # the method refuses this model or prior, as at creation
             raise checks.refuse(f"stream: {exc}") from None
         checks.check_fields(state, expected)
@@ -263,7 +265,7 @@ class Snapshots:
             why = f"{type(exc).__name__}: {exc}"
             raise checks.refuse(f"state: the method cannot step it on this server ({why})") from None
         created = now()
-        return {**stream, "created_at": created, "updated_at": created}
+        return {**stream, "state_bytes": state_size(state), "created_at": created, "updated_at": created}
 
 
 __all__ = [

@@ -55,6 +55,11 @@ def parse_step(model: ModelFamily, item: Any, field: str) -> Step:
     field."""
     if isinstance(item, dict) and "value" in item:
         obs = model.read_observation(item["value"], f"{field}.value")
+        if model.unknown and model.dynamic and item.get("dt", 1.0) != 1.0:
+            raise ValueError(
+                f"{field}.dt: a stream with unknown parameters ({', '.join(sorted(model.unknown))}) takes steps of "
+                "duration 1; send dt = 1 or give the parameters as values"
+            )
         u = item.get("u")
         inputs = None if u is None else torch.tensor(u, dtype=torch.float64)
         return obs, model.at_step(item.get("dt", 1.0), inputs, field)

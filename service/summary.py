@@ -9,7 +9,10 @@ weights w_i (uniform for every method but ``smc`` and ``mpf`` with ``flow_fracti
   std = √diag C; for the exact Gaussian, m and P themselves;
 * marginal quantiles q ∈ {0.05, 0.5, 0.95}: the inverse of the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q}
   (particles of zero weight never matter); for the exact Gaussian m_j + Φ⁻¹(q) √P_jj;
-* ESS = 1 / Σ w_i² and log_evidence = log p̂(o_1..o_step) (0 at step 0).
+* ESS = 1 / Σ w_i² and log_evidence = log p̂(o_1..o_step) (0 at step 0);
+* ``params`` — a stream that learns unknown model parameters (``smc2``): per parameter, the mean, sd and the 0.05
+  and 0.95 quantiles of its θ-particles θ_j under their weights ω_j (the weighted empirical CDF as above), the
+  posterior p(θ | o_1..o_step) (docs/methods.md eq. P6).
 
 Draws (``n`` may exceed N):
 
@@ -42,6 +45,7 @@ from mpflow.operators import gaussian
 from mpflow.operators.rng import generator
 from mpflow.operators.samplers import GaussianFlowResampler
 from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters.smc2 import PARAM, PARAM_LOG_WEIGHTS, param_names
 
 QUANTILES = (0.05, 0.5, 0.95)
 CHOLESKY_RATIO = 4
@@ -122,10 +126,11 @@ def summaries(state: ParticleState) -> list[dict]:
         else batch_weighted_quantiles(x, w, QUANTILES)
     )
     ess = 1.0 / (w * w).sum(-1)
+    params = parameter_summaries(state)
     rows = zip(
         mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess.tolist(), state.log_evidence.tolist(), strict=True
     )
-    return [
+    docs = [
         {
             "mean": m,
             "cov": c,
@@ -135,6 +140,30 @@ def summaries(state: ParticleState) -> list[dict]:
             "log_evidence": float(le),
         }
         for m, c, s, qrows, e, le in rows
+    ]
+    if params is not None:
+        for doc, p in zip(docs, params, strict=True):
+            doc["params"] = p
+    return docs
+
+
+def parameter_summaries(state: ParticleState) -> list[dict[str, dict[str, float]]] | None:
+    """Per stream of a batch, ``{name: {"mean", "sd", "q05", "q95"}}`` of the unknown parameters a ``smc2`` state
+    learns (its ``param.<name>`` θ-particles and ``param_log_weights``); None for a state without any."""
+    names = param_names(state.extras)
+    if not names:
+        return None
+    w = torch.softmax(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64), -1)  # [B, M]
+    theta = torch.stack([state.extras[PARAM + n].to(torch.float64) for n in names], -1)  # [B, M, p]
+    mean = (w[..., None] * theta).sum(1)
+    sd = (w[..., None] * (theta - mean[:, None]) ** 2).sum(1).clamp_min(0).sqrt()
+    q = batch_weighted_quantiles(theta, w, (0.05, 0.95))  # [B, 2, p]
+    return [
+        {
+            n: {"mean": float(mean[b, i]), "sd": float(sd[b, i]), "q05": float(q[b, 0, i]), "q95": float(q[b, 1, i])}
+            for i, n in enumerate(names)
+        }
+        for b in range(state.batch_size)
     ]
 
 
@@ -149,11 +178,15 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     """A ``per_step`` entry for the state just after a step: step, mean, std, quantiles (when ``state_summary``
     has them), log_evidence_increment, ess,
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
-    ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``).
+    ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
+    ``params`` when the stream learns unknown parameters (:func:`parameter_summaries`).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
     if state_summary is None:
         mean, cov = Posterior.of(state).moments()
         state_summary = {"mean": mean.tolist(), "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist()}
+        params = parameter_summaries(state)
+        if params is not None:
+            state_summary["params"] = params[0]
     entry = {
         "step": int(state.step[0]),
         "mean": state_summary["mean"],
@@ -162,6 +195,8 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": float(info.ess[row]),
     }
+    if "params" in state_summary:
+        entry["params"] = state_summary["params"]
     acceptance = info.extras.get("acceptance")
     if acceptance is not None:
         entry["acceptance"] = float(acceptance[row])
@@ -204,6 +239,7 @@ __all__ = [
     "QUANTILES",
     "batch_weighted_quantiles",
     "draw",
+    "parameter_summaries",
     "sample_seed",
     "step_summary",
     "summaries",

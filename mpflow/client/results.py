@@ -52,9 +52,22 @@ def state_names(document: dict[str, Any], dim: int) -> list[str]:
     return [f"x{i}" for i in range(dim)]
 
 
+#: the statistics of a learned parameter's posterior in ``summary.params`` (docs/API.md "Unknown parameters")
+PARAM_STATS = ("mean", "sd", "q05", "q95")
+
+
+def _param_arrays(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """``{name: {stat: [n]}}`` of the learned parameters of n summaries or per-step entries (empty without any)."""
+    names = sorted(entries[0].get("params") or {}) if entries else []
+    return {
+        n: {s: np.array([e["params"][n][s] for e in entries], dtype=np.float64) for s in PARAM_STATS} for n in names
+    }
+
+
 class StepTable:
     """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n],
-    ``log_evidence_increment`` [n] (NaN where a step did not report one), and ``names`` of the d dimensions."""
+    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``names`` of the d dimensions, and
+    ``params`` — ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
         dim = len(per_step[0]["mean"]) if per_step else len(names or [])
@@ -65,6 +78,7 @@ class StepTable:
         self.ess = np.array([s.get("ess", np.nan) for s in per_step], dtype=np.float64)
         increments = [s.get("log_evidence_increment", np.nan) for s in per_step]
         self.log_evidence_increment = np.array(increments, dtype=np.float64)
+        self.params = _param_arrays(per_step)
 
     @classmethod
     def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
@@ -82,7 +96,7 @@ class StepTable:
 
     def to_pandas(self) -> Any:
         """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess`` and
-        ``log_evidence_increment`` (needs pandas)."""
+        ``log_evidence_increment``, and ``param_<name>_<stat>`` per learned parameter (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
         for i, name in enumerate(self.names):
@@ -90,6 +104,8 @@ class StepTable:
             columns[f"std_{name}"] = self.std[:, i]
         columns["ess"] = self.ess
         columns["log_evidence_increment"] = self.log_evidence_increment
+        for name, stats in self.params.items():
+            columns |= {f"param_{name}_{s}": v for s, v in stats.items()}
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
@@ -228,6 +244,19 @@ class Posterior(dict):
         return float(self["summary"]["log_evidence"])
 
     @property
+    def params(self) -> dict[str, dict[str, float]]:
+        """The learned parameters' posteriors, ``{name: {"mean", "sd", "q05", "q95"}}`` (empty for a stream whose
+        parameters are all given as values); :meth:`params_to_pandas` as a table."""
+        return {n: {s: float(v[s]) for s in PARAM_STATS} for n, v in (self["summary"].get("params") or {}).items()}
+
+    def params_to_pandas(self) -> Any:
+        """A ``DataFrame`` with one row per learned parameter: ``mean``, ``sd``, ``q05``, ``q95`` (needs pandas)."""
+        params = self.params
+        frame = _pandas().DataFrame([params[n] for n in params], index=list(params), columns=list(PARAM_STATS))
+        frame.index.name = "parameter"
+        return frame
+
+    @property
     def samples(self) -> np.ndarray | None:
         """The draws asked for with ``return_samples`` [n, d], else None."""
         draws = self.get("samples")
@@ -246,4 +275,13 @@ class Posterior(dict):
         return pd.DataFrame(columns, index=pd.Index(self.names, name="dimension"))
 
 
-__all__ = ["History", "Posterior", "StepTable", "forecast_arrays", "jsonable", "particles_arrays", "state_names"]
+__all__ = [
+    "PARAM_STATS",
+    "History",
+    "Posterior",
+    "StepTable",
+    "forecast_arrays",
+    "jsonable",
+    "particles_arrays",
+    "state_names",
+]

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 
 import torch
 from mpflow.operators import gaussian, validation
+from mpflow.operators.models.param_priors import ParamPrior, is_prior, parse_prior
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, task_prior
 from mpflow.operators.rng import Generators, randn
@@ -83,6 +84,9 @@ class ModelFamily:
     #: the work of one integration sub-step whatever the particle count, in floating-point operations' worth: the
     #: launch of its tensor operations (:meth:`step_fixed_flops`)
     substep_overhead_flops: ClassVar[float] = 0.0
+    #: the range of a learnable parameter's value where the family defines one narrower than its parser's
+    #: (:meth:`param_domain`; ``stochastic_volatility``: σ > 0, |φ| < 1)
+    param_domains: ClassVar[dict[str, tuple[float, float]]] = {}
 
     # catalogue (``GET /v1/models``)
     #: the model in one line
@@ -109,6 +113,10 @@ class ModelFamily:
     def __init__(self, params: dict[str, torch.Tensor], state_dim: int):
         self.params = params
         self.state_dim = state_dim
+        #: the parameters given as priors (:mod:`mpflow.operators.models.param_priors`), set by :meth:`from_params`
+        #: on a stream's model; their entries in ``params`` hold the unit value (θ = 1: 1, 1·1 or I) that
+        #: :meth:`at_values` scales
+        self.unknown: dict[str, ParamPrior] = {}
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -127,10 +135,13 @@ class ModelFamily:
                 f"prior: the {cls.name} family needs at least {cls.min_state_dim} dimensions, got {state_dim}"
             )
         validation.unknown_keys("model.params", params, [n for n, _, _ in cls.param_specs])
-        parsed = {}
+        parsed, unknown = {}, {}
         for name, parse, default in cls.param_specs:
             field = f"model.params.{name}"
-            if name in params:
+            if name in params and is_prior(params[name]):
+                parsed[name] = cls.param_unit(name, params, state_dim, dtype)
+                unknown[name] = parse_prior(field, params[name], cls.param_domain(name))
+            elif name in params:
                 parsed[name] = parse(field, params[name], state_dim, dtype)
             elif default is not None:
                 value = default(state_dim, dtype)
@@ -140,7 +151,63 @@ class ModelFamily:
                 raise ValueError(f"{field}: required for the {cls.name} family")
         model = cls({k: v[None] for k, v in parsed.items()}, state_dim)
         model.check()
-        return model
+        return model._learning(unknown)
+
+    # ----------------------------------------------------------------- unknown parameters (priors)
+    @classmethod
+    def _learnable_spec(cls, name: str) -> tuple[Callable[..., torch.Tensor], Callable[[int, torch.dtype], Any]]:
+        """(parser, default) of a parameter that may be given as a prior; ValueError naming it otherwise."""
+        parse, default = {n: (p, d) for n, p, d in cls.param_specs}[name]
+        if not getattr(parse, "learnable", False) or default is None or name in cls.substep_params:
+            raise ValueError(
+                f"model.params.{name}: a prior may stand for a scalar parameter or a covariance (read as r·I), not "
+                f"for {name} ({param_kind(parse)}) of the {cls.name} family; give it as a value"
+            )
+        return parse, default
+
+    @classmethod
+    def learnable(cls, name: str) -> bool:
+        """Whether the parameter may be given as a prior (the catalogue's ``learnable``)."""
+        try:
+            cls._learnable_spec(name)
+        except ValueError:
+            return False
+        return True
+
+    @classmethod
+    def param_domain(cls, name: str) -> tuple[float, float]:
+        """The open range (lo, hi) a learnable parameter's value must lie in: the family's ``param_domains``, else
+        (0, ∞) for a covariance or positive number and ℝ for the others (its parser's ``domain``)."""
+        if name in cls.param_domains:
+            return cls.param_domains[name]
+        parse, _ = cls._learnable_spec(name)
+        return getattr(parse, "domain", (-math.inf, math.inf))
+
+    @classmethod
+    def param_unit(cls, name: str, params: dict[str, Any], state_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        """The value of a learnable parameter at θ = 1, shaped as the family's default: the identity for a
+        covariance (θ·I), ones for a per-dimension vector (θ·1), 1 for a number. ``params``: the request's, for
+        families whose shapes depend on another parameter (the observation noise on the rows of H)."""
+        _, default = cls._learnable_spec(name)
+        value = default(state_dim, dtype)
+        if value.dim() == 2:
+            return torch.eye(value.shape[0], dtype=dtype)
+        return torch.ones_like(value)
+
+    def at_values(self, values: dict[str, torch.Tensor], rows: int) -> ModelFamily:
+        """This model (batch B or 1) for ``rows`` = B·M θ-particles, M consecutive rows per stream, with the unknown
+        parameters set: ``values[name]`` [B·M]; every other parameter is repeated for them and each unknown one is
+        θ × its unit value (:meth:`param_unit`): the model of :mod:`~mpflow.operators.updaters.smc2`'s θ-particles."""
+        R = rows
+        reps = R // self.batch_size
+        params = {
+            k: v.expand(R, *v.shape[1:]) if v.shape[0] == 1 else v.repeat_interleave(reps, 0)
+            for k, v in self.params.items()
+        }
+        for name, theta in values.items():
+            unit = params[name]
+            params[name] = theta.to(unit.dtype).reshape(R, *[1] * (unit.dim() - 1)) * unit
+        return type(self)(params, self.state_dim)
 
     def check(self) -> None:
         """Cross-parameter checks (shapes that must agree); raise ValueError naming the field."""
@@ -154,17 +221,25 @@ class ModelFamily:
             params = {k: torch.cat([m.params[k] for m in models]) for k in models[0].params}
         except RuntimeError as exc:
             raise ValueError(f"models with differently shaped parameters cannot be batched ({exc})") from None
-        return cls(params, dims.pop())
+        return cls(params, dims.pop())._learning(
+            models[0].unknown if all(m.unknown == models[0].unknown for m in models) else {}
+        )
+
+    def _learning(self, unknown: dict[str, ParamPrior]) -> ModelFamily:
+        """This model with ``unknown`` as its parameters given as priors (kept by :meth:`stack`, :meth:`select` and
+        :meth:`to`: the same stream's model)."""
+        self.unknown = unknown
+        return self
 
     def select(self, rows: torch.Tensor) -> ModelFamily:
         """The streams ``rows`` (indices) of a batched model; a model of batch 1, shared by every stream, is
         returned as it is."""
         if self.batch_size == 1:
             return self
-        return type(self)({k: v[rows] for k, v in self.params.items()}, self.state_dim)
+        return type(self)({k: v[rows] for k, v in self.params.items()}, self.state_dim)._learning(self.unknown)
 
     def to(self, dtype: torch.dtype) -> ModelFamily:
-        return type(self)({k: v.to(dtype) for k, v in self.params.items()}, self.state_dim)
+        return type(self)({k: v.to(dtype) for k, v in self.params.items()}, self.state_dim)._learning(self.unknown)
 
     @property
     def batch_size(self) -> int:
@@ -504,6 +579,7 @@ class ModelFamily:
                     "kind": param_kind(parse),
                     "required": default is None,
                     "default": describe_default(default),
+                    "learnable": cls.learnable(p),
                 }
                 for p, parse, default in cls.param_specs
             ],
@@ -586,14 +662,35 @@ def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None)
     return str(t.tolist())
 
 
-def _kind(words: str) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
-    """Mark a parameter parser with what it accepts (:func:`param_kind`)."""
+def _kind(
+    words: str, domain: tuple[float, float] | None = None
+) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Mark a parameter parser with what it accepts (:func:`param_kind`) and, for a parameter that may be given as a
+    prior (a scalar, or a covariance read as r·I), the open range of its value (``domain``)."""
 
     def mark(parse: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         parse.kind = words  # type: ignore[attr-defined]
+        if domain is not None:
+            learnable(domain)(parse)
         return parse
 
     return mark
+
+
+def learnable(domain: tuple[float, float]) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Mark a parameter parser as one whose parameter may be given as a prior, with the open range of its value."""
+
+    def mark(parse: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        parse.learnable = True  # type: ignore[attr-defined]
+        parse.domain = domain  # type: ignore[attr-defined]
+        return parse
+
+    return mark
+
+
+#: the domain of a variance or a positive number, and of an unconstrained number
+POSITIVE = (0.0, math.inf)
+REAL = (-math.inf, math.inf)
 
 
 #: the task prior's means are N(0, 1) per coordinate: a trained operator has seen |μ_i| up to about 3
@@ -648,12 +745,12 @@ def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.matrix(name, value, None, None, dtype)
 
 
-@_kind("covariance matrix (symmetric positive definite)")
+@_kind("covariance matrix (symmetric positive definite)", POSITIVE)
 def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.covariance(name, value, None, dtype)
 
 
-@_kind("covariance matrix (symmetric positive semi-definite)")
+@_kind("covariance matrix (symmetric positive semi-definite)", POSITIVE)
 def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
     """A symmetric positive semi-definite matrix (a diffusion may drive only some coordinates)."""
     c = validation.matrix(name, value, None, None, torch.float64)
@@ -665,7 +762,7 @@ def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
     return c.to(dtype)
 
 
-@_kind("number or vector of length d")
+@_kind("number or vector of length d", REAL)
 def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     """A number (broadcast to all d dimensions) or a vector of length d."""
     t = validation.as_tensor(name, value, dtype)
@@ -674,6 +771,6 @@ def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.check_shape(name, t, [d])
 
 
-@_kind("positive number")
+@_kind("positive number", POSITIVE)
 def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.positive(name, value, dtype)

@@ -40,6 +40,14 @@ class LinearObservationFamily(ModelFamily):
             params[r] = default(H.shape[0], dtype)
         return super().from_params(params, state_dim, dtype)
 
+    @classmethod
+    def param_unit(cls, name: str, params: dict, state_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        """The observation noise r·I has the observation's dimension k (the rows of the observation matrix)."""
+        if name != cls.obs_cov_name or cls.obs_matrix_name not in params:
+            return super().param_unit(name, params, state_dim, dtype)
+        H = parse_matrix(f"model.params.{cls.obs_matrix_name}", params[cls.obs_matrix_name], state_dim, dtype)
+        return torch.eye(H.shape[0], dtype=dtype)
+
     @property
     def H(self) -> torch.Tensor:
         return self.params[self.obs_matrix_name]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step, span
+from mpflow.operators.models.base import POSITIVE, REAL, ModelFamily, learnable, parse_positive, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
@@ -33,10 +33,12 @@ def _number(value: float):
     return lambda d, dtype: torch.tensor(value, dtype=dtype)
 
 
+@learnable(REAL)
 def parse_number(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.scalar(name, value, dtype)
 
 
+@learnable(POSITIVE)
 def parse_variance(name: str, value, d: int, dtype) -> torch.Tensor:
     """A non-negative number (0: no noise)."""
     t = validation.scalar(name, value, dtype)

@@ -33,6 +33,9 @@ class StochasticVolatility(ModelFamily):
         ("sigma", parse_per_dim, filled(0.3)),
     )
 
+    #: σ is a scale (positive) and φ keeps the log-volatility stationary: priors must lie inside
+    param_domains = {"sigma": (0.0, math.inf), "phi": (-1.0, 1.0)}
+
     description = "x_m = mu + phi (x_{m-1} − mu) + sigma N(0, I); o ~ N(0, diag(exp(x_m)))"
     observation_format = "vector of length d"
     eval_steps = 50

@@ -6,7 +6,8 @@ it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf
 unscented Kalman filters, the baselines of families with an explicit observation function and additive Gaussian
 noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
 (``Updater.nonlinear_transition``). What each method can do (weighted cloud, exact, forecasts, controls, ...) is
-declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`).
+declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`). ``smc2`` learns unknown static model
+parameters with the state (a model whose parameters are given as priors, ``Updater.unknown_params``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,23 @@ from mpflow.operators.updaters.kalman import KalmanUpdater
 from mpflow.operators.updaters.mpf import MPFUpdater
 from mpflow.operators.updaters.nvgd import NVGDUpdater
 from mpflow.operators.updaters.smc import SMCUpdater
+from mpflow.operators.updaters.smc2 import SMC2Updater
 from mpflow.operators.updaters.svgd import SVGDUpdater
 from mpflow.operators.updaters.ukf import UKFUpdater
 
 UPDATERS: dict[str, type[Updater]] = {
     cls.name: cls
-    for cls in (KalmanUpdater, SMCUpdater, GPFUpdater, SVGDUpdater, NVGDUpdater, MPFUpdater, EnKFUpdater, UKFUpdater)
+    for cls in (
+        KalmanUpdater,
+        SMCUpdater,
+        GPFUpdater,
+        SVGDUpdater,
+        NVGDUpdater,
+        MPFUpdater,
+        EnKFUpdater,
+        UKFUpdater,
+        SMC2Updater,
+    )
 }
 
 

@@ -111,8 +111,6 @@ class Updater:
     #: smoothed posteriors p(x_m | o_≤n) of past steps: streams of this method may keep a smoothing window
     #: (``smoothing_lag`` ≥ 1, :attr:`smoother`)
     smoothing: ClassVar[bool] = True
-    #: unknown static parameters estimated with the state
-    unknown_params: ClassVar[bool] = False
     #: only for linear-Gaussian families (Kalman)
     needs_linear_gaussian: ClassVar[bool] = False
     #: only for families with an explicit observation function and additive Gaussian noise (``enkf``, ``ukf``:
@@ -121,6 +119,9 @@ class Updater:
     #: runs dynamic families whose transition is not affine (``ModelFamily.affine_transition`` False): the method
     #: moves its particles only through ``ModelFamily.transition`` / ``transition_mean`` (``smc``, ``enkf``, ``ukf``)
     nonlinear_transition: ClassVar[bool] = False
+    #: learns the unknown model parameters (those given as priors: ``ModelFamily.unknown``) with the state — the only
+    #: methods that run such a model (``smc2``), and the only ones that need one
+    unknown_params: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
     #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
@@ -188,6 +189,12 @@ class Updater:
         reason = self.refusal(type(model))
         if reason is not None:
             raise ValueError(reason)
+        if model.unknown and not self.unknown_params:
+            name = sorted(model.unknown)[0]
+            raise ValueError(
+                f"method: {self.name} needs every model parameter as a value, and model.params.{name} is a prior; "
+                "use smc2 (or omit method), which learns it"
+            )
 
     # ------------------------------------------------------------------ init
     def init(

@@ -14,6 +14,7 @@ EXAMPLES = {
     # script: (its arguments besides --out, what its output must say)
     "track_target.py": (["--steps", "6", "--particles", "64"], ["6 steps, mpf"]),
     "track_irregular.py": (["--steps", "12", "--dropout", "0.3"], ["12 fixes (", "kalman: position RMSE"]),
+    "sv_gbp_usd.py": (["--steps", "30", "--particles", "256"], ["30 days, smc2, N = 256", "  phi: mean"]),
 }
 
 

@@ -1,0 +1,294 @@
+"""Unknown static parameters: ``smc2``'s bounded rejuvenation (nested-filter jittering) against the unbounded SMC²
+(PMMH moves re-running every filter from the first observation) and against grid posteriors.
+
+``python -m benchmarks.params [--quick] [--seeds S] [--steps T]``
+
+Two short streams (T = 200 by default), each with S simulated data sets (seeds 0..S−1):
+
+* ``lds R``: x_m = 0.9 x_{m−1} + N(0, 1), o_m = x_m + N(0, R), R = 2 unknown, prior log R ~ N(0, 1), x_0 ~ N(0, 1):
+  ``smc2`` with an exact Kalman filter per θ-particle. Reference: the posterior of R on a grid of 4000 log-spaced
+  points in [0.02, 50] from exact Kalman likelihoods, in plain numpy (:func:`lds_grid`);
+* ``sv φ σ``: x_m = φ x_{m−1} + σ N(0, 1), o_m ~ N(0, e^{x_m}), φ = 0.95 and σ = 0.3 unknown (μ = 0 known), priors
+  φ ~ U(0.5, 0.995), log σ ~ N(log 0.3, 0.5²), x_0 ~ N(0, 1): ``smc2`` with a bootstrap particle filter per
+  θ-particle (M = N_x = 64). Reference: the posterior on a 48 × 48 grid of (φ, σ) over the region holding the
+  prior-weighted likelihood, each likelihood from a point-mass filter of x on 200 points in [−7, 7] (:func:`sv_grid`,
+  numpy); its own error is the difference to the same grid with 140 points (``ref err``).
+
+Contenders per stream, at the same θ-particle count M unless named: ``jitter h`` (``smc2``'s nested-filter jitter
+u' = u + h M^{−1/2} s_u ξ, h ∈ {0.5, 1, 2}), ``liu_west`` (the Liu–West kernel, a = 0.98, instead of the jitter),
+``pmmh`` (the unbounded SMC², :func:`mpflow.operators.references.smc2.smc2_pmmh`) and ``jitter 1, 4M`` (four times
+the θ-particles, about the unbounded one's time on these short streams). Scores at the checkpoints
+t ∈ {50, 100, 200}: |posterior mean − grid mean| / grid sd and posterior sd / grid sd per parameter, averaged over
+seeds; wall time, and the cost of the last tenth of the steps over the first tenth (bounded: ≈ 1; unbounded: grows
+with t).
+
+Output: a markdown table, ``benchmarks/results/params.{json,png}`` (``params-quick.*`` with ``--quick``: 2 seeds,
+T = 100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.references.smc2 import smc2_pmmh
+from mpflow.operators.updaters import get_updater
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+CHECKPOINTS = (50, 100, 200)
+JITTERS = (0.5, 1.0, 2.0)
+
+
+# ------------------------------------------------------------------ the two cases
+def lds_case(seed: int, T: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    x, ys = 0.0, []
+    for _ in range(T):
+        x = 0.9 * x + rng.standard_normal()
+        ys.append(x + math.sqrt(2.0) * rng.standard_normal())
+    params = {"A": [[0.9]], "B": [[1.0]], "Q": [[1.0]], "R": {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}}
+    return {"family": "lds", "params": params, "obs": np.array(ys)[:, None], "M": 256, "Nx": 1}
+
+
+def sv_case(seed: int, T: int) -> dict[str, Any]:
+    rng = np.random.default_rng(1000 + seed)
+    x, ys = rng.standard_normal(), []
+    for _ in range(T):
+        x = 0.95 * x + 0.3 * rng.standard_normal()
+        ys.append(math.exp(x / 2) * rng.standard_normal())
+    params = {
+        "mu": 0.0,
+        "phi": {"prior": {"type": "uniform", "low": 0.5, "high": 0.995}},
+        "sigma": {"prior": {"type": "lognormal", "mean": math.log(0.3), "sd": 0.5}},
+    }
+    return {"family": "stochastic_volatility", "params": params, "obs": np.array(ys)[:, None], "M": 64, "Nx": 64}
+
+
+# ------------------------------------------------------------------ grid references (plain numpy)
+def lds_grid(ys: np.ndarray, checkpoints: list[int]) -> dict[int, dict[str, tuple[float, float]]]:
+    """Posterior mean and sd of R at each checkpoint: exact Kalman log-likelihoods on a log-spaced grid, times the
+    lognormal(0, 1) prior, with the grid's measure dR ∝ R."""
+    r = np.exp(np.linspace(math.log(0.02), math.log(50.0), 4000))
+    m, P, ll = np.zeros_like(r), np.ones_like(r), np.zeros_like(r)
+    log_prior = -0.5 * np.log(r) ** 2 - np.log(r)
+    out = {}
+    for t, y in enumerate(ys[:, 0], 1):
+        m, P = 0.9 * m, 0.81 * P + 1.0
+        S = P + r
+        ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
+        K = P / S
+        m, P = m + K * (y - m), (1 - K) * P
+        if t in checkpoints:
+            lp = ll + log_prior + np.log(r)
+            w = np.exp(lp - lp.max())
+            w /= w.sum()
+            mean = float((w * r).sum())
+            out[t] = {"R": (mean, float(math.sqrt((w * (r - mean) ** 2).sum())))}
+    return out
+
+
+def _sv_loglik(ys, phi, sigma, points, checkpoints):
+    """log p(o_1:t | φ, σ) at the checkpoints for each (φ, σ) pair (arrays [P]): a point-mass filter on ``points``."""
+    dx = points[1] - points[0]
+    p = np.exp(-0.5 * points**2) * dx / math.sqrt(2 * math.pi)  # x_0 ~ N(0, 1)
+    p = np.broadcast_to(p / p.sum(), (len(phi), len(points))).copy()
+    diff = points[None, :, None] - phi[:, None, None] * points[None, None, :]  # [P, x', x]
+    kernel = np.exp(-0.5 * (diff / sigma[:, None, None]) ** 2)
+    kernel /= kernel.sum(1, keepdims=True)  # each column a distribution over x' (the grid's discretisation)
+    ll, out = np.zeros(len(phi)), {}
+    for t, y in enumerate(ys[:, 0], 1):
+        p = np.einsum("pij,pj->pi", kernel, p)
+        lik = np.exp(-0.5 * (np.log(2 * np.pi) + points + y**2 * np.exp(-points)))
+        z = p @ lik
+        ll += np.log(z)
+        p = p * lik[None] / z[:, None]
+        if t in checkpoints:
+            out[t] = ll.copy()
+    return out
+
+
+def sv_grid(ys: np.ndarray, checkpoints: list[int], n_points: int = 200) -> dict[int, dict[str, tuple[float, float]]]:
+    """Posterior mean and sd of φ and σ at each checkpoint on a 48 × 48 grid (module docstring)."""
+    phis = np.linspace(0.5, 0.995, 48)
+    sigmas = np.exp(np.linspace(math.log(0.05), math.log(1.2), 48))
+    PH, SG = (a.ravel() for a in np.meshgrid(phis, sigmas, indexing="ij"))
+    points = np.linspace(-7.0, 7.0, n_points)
+    lls: dict[int, list[np.ndarray]] = {t: [] for t in checkpoints}
+    for chunk in range(0, len(PH), 256):
+        part = _sv_loglik(ys, PH[chunk : chunk + 256], SG[chunk : chunk + 256], points, checkpoints)
+        for t in checkpoints:
+            lls[t].append(part[t])
+    log_prior = -0.5 * ((np.log(SG) - math.log(0.3)) / 0.5) ** 2  # lognormal density × the log grid's dσ ∝ σ
+    out = {}
+    for t in checkpoints:
+        lp = np.concatenate(lls[t]) + log_prior
+        w = np.exp(lp - lp.max())
+        w /= w.sum()
+        out[t] = {}
+        for name, v in (("phi", PH), ("sigma", SG)):
+            mean = float((w * v).sum())
+            out[t][name] = (mean, float(math.sqrt((w * (v - mean) ** 2).sum())))
+    return out
+
+
+# ------------------------------------------------------------------ contenders
+def run_jitter(case, h: float, M: int, seed: int, kernel: str = "jitter") -> dict[str, Any]:
+    model = make_model(case["family"], case["params"], 1)
+    prior = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
+    updater = get_updater("smc2", jitter=h, theta_particles=M, kernel=kernel)
+    state = updater.init(prior, model, M * case["Nx"], seed)
+    names = sorted(model.unknown)
+    mean, sd, times = {k: [] for k in names}, {k: [] for k in names}, []
+    for y in case["obs"]:
+        t0 = time.perf_counter()
+        state, _ = updater.update(state, torch.tensor(y[None], dtype=torch.float32), model)
+        times.append(time.perf_counter() - t0)
+        w = torch.softmax(state.extras["param_log_weights"][0], -1)
+        for k in names:
+            th = state.extras["param." + k][0]
+            m = float((w * th).sum())
+            mean[k].append(m)
+            sd[k].append(float((w * (th - m) ** 2).sum().sqrt()))
+    return {"mean": mean, "sd": sd, "times": times}
+
+
+def run_pmmh(case, M: int, seed: int) -> dict[str, Any]:
+    model = make_model(case["family"], case["params"], 1)
+    prior = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
+    obs = torch.tensor(case["obs"], dtype=torch.float32)
+    out = smc2_pmmh(model, prior, obs, M, case["Nx"], seed)
+    return {
+        "mean": out.mean,
+        "sd": out.sd,
+        "times": out.seconds,
+        "moved_at": out.moved_at,
+        "acceptance": [a for a in out.acceptance if not math.isnan(a)],
+    }
+
+
+def growth(times: list[float]) -> float:
+    k = max(1, len(times) // 10)
+    return sum(times[-k:]) / max(sum(times[:k]), 1e-12)
+
+
+def score(run, ref, checkpoints) -> dict[str, Any]:
+    rows = {}
+    for t in checkpoints:
+        for k, (m, s) in ref[t].items():
+            rows[f"{k}@{t}"] = {"err_sd": abs(run["mean"][k][t - 1] - m) / s, "sd_ratio": run["sd"][k][t - 1] / s}
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seeds", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    args = ap.parse_args(argv)
+    T = args.steps or (100 if args.quick else 200)
+    S = args.seeds or (2 if args.quick else 4)
+    checkpoints = [t for t in CHECKPOINTS if t <= T]
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {"T": T, "seeds": S, "checkpoints": checkpoints, "cases": {}}
+    for case_name, make, grid in (("lds R", lds_case, lds_grid), ("sv phi sigma", sv_case, sv_grid)):
+        per: dict[str, list] = {}
+        traces: dict[str, Any] = {}
+        ref_err = []
+        for seed in range(S):
+            case = make(seed, T)
+            t0 = time.perf_counter()
+            ref = grid(case["obs"], checkpoints)
+            ref_time = time.perf_counter() - t0
+            if grid is sv_grid:  # the reference's own error: a coarser x grid
+                coarse = sv_grid(case["obs"], checkpoints, 140)
+                ref_err.append(max(abs(coarse[t][k][0] - ref[t][k][0]) / ref[t][k][1] for t in ref for k in ref[t]))
+            M = case["M"]
+            runs = [(f"jitter {h:g}", "jitter", h, M) for h in JITTERS]
+            runs += [("jitter 1, 4M", "jitter", 1.0, 4 * M), ("liu_west", "liu_west", 1.0, M), ("pmmh", "pmmh", 0, M)]
+            for name, kernel, h, m in runs:
+                t0 = time.perf_counter()
+                run = run_pmmh(case, m, seed) if kernel == "pmmh" else run_jitter(case, h, m, seed, kernel)
+                wall = time.perf_counter() - t0
+                per.setdefault(name, []).append(
+                    {"wall_s": wall, "growth": growth(run["times"]), "scores": score(run, ref, checkpoints)}
+                )
+                if seed == 0:
+                    traces[name] = {"mean": run["mean"], "sd": run["sd"]}
+            if seed == 0:
+                traces["grid"] = {t: ref[t] for t in checkpoints}
+            print(f"{case_name} seed {seed}: grid {ref_time:.1f} s", flush=True)
+        summary = {}
+        for name, rows in per.items():
+            keys = rows[0]["scores"].keys()
+            summary[name] = {
+                "wall_s": float(np.mean([r["wall_s"] for r in rows])),
+                "growth": float(np.mean([r["growth"] for r in rows])),
+                "scores": {
+                    k: {m: float(np.mean([r["scores"][k][m] for r in rows])) for m in ("err_sd", "sd_ratio")}
+                    for k in keys
+                },
+            }
+        results["cases"][case_name] = {
+            "summary": summary,
+            "trace": traces,
+            "ref_err_sd": float(max(ref_err)) if ref_err else 0.0,
+        }
+    print_tables(results)
+    write(results, "params-quick" if args.quick else "params")
+
+
+def print_tables(results: dict[str, Any]) -> None:
+    for case_name, case in results["cases"].items():
+        keys = list(next(iter(case["summary"].values()))["scores"])
+        print(
+            f"\n### {case_name} (T = {results['T']}, {results['seeds']} seeds; reference error "
+            f"{case['ref_err_sd']:.3f} sd)\n"
+        )
+        print("| method | wall s | last/first tenth | " + " | ".join(f"{k} err/sd, sd ratio" for k in keys) + " |")
+        print("|---|---|---|" + "---|" * len(keys))
+        for name, s in case["summary"].items():
+            cells = " | ".join(f"{s['scores'][k]['err_sd']:.3f}, {s['scores'][k]['sd_ratio']:.2f}" for k in keys)
+            print(f"| {name} | {s['wall_s']:.1f} | {s['growth']:.2f} | {cells} |")
+
+
+def write(results: dict[str, Any], stem: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
+        json.dump(results, f, indent=1)
+    panels = [(c, k) for c, case in results["cases"].items() for k in case["trace"]["jitter 1"]["mean"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (case_name, k) in zip(np.atleast_1d(axes), panels, strict=True):
+        trace = results["cases"][case_name]["trace"]
+        for name in ("jitter 1", "jitter 1, 4M", "pmmh"):
+            m, s = np.array(trace[name]["mean"][k]), np.array(trace[name]["sd"][k])
+            t = np.arange(1, len(m) + 1)
+            ax.plot(t, m, label=name)
+            ax.fill_between(t, m - s, m + s, alpha=0.15)
+        for t, ref in trace["grid"].items():
+            m, s = ref[k]
+            ax.errorbar(
+                [int(t)], [m], yerr=[s], fmt="ko", capsize=3, label="grid" if t == results["checkpoints"][0] else None
+            )
+        ax.set_title(f"{case_name}: {k} (seed 0)")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, stem + ".png"), dpi=110)
+    print(f"wrote {os.path.join(RESULTS, stem)}.json and .png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""``smc2``: the state and the unknown static parameters θ together, online — SMC² (Chopin, Jacob & Papaspiliopoulos
+2013) with the bounded rejuvenation of nested particle filters (Crisan & Míguez 2018).
+
+The posterior p(θ, x_m | o_≤m) is held as M θ-particles θ_j with weights ω_j, each carrying a filter of x given θ_j
+(docs/methods.md "Unknown parameters", eq. P1–P6):
+
+* linear-Gaussian families with a Gaussian prior: an exact Kalman filter per θ_j (mean m_j, covariance P_j), whose
+  predictive density is the exact marginal likelihood increment p(o_m | o_<m, θ_j) = N(o_m; H m_j⁻, H P_j⁻ Hᵀ + R)
+  (eq. P2); SMC²'s θ-weights are then those of IBIS (Chopin 2002);
+* every other family: a bootstrap particle filter of N_x particles per θ_j, whose likelihood estimate
+  p̂(o_m | o_<m, θ_j) = Σ_i w_{j,i} p(o_m | x_{j,i}) is unbiased (eq. P3, SMC²'s "exact approximation").
+
+Per observed step: ω_j ← ω_j p̂(o_m | o_<m, θ_j) (eq. P4); the evidence increment is Σ_j ω̄_j p̂_j (ω̄ normalised
+before the step). When the θ-ESS falls under ``ess_threshold``·M, the θ-particles are resampled (systematic), each
+copy with its filter, and moved by the jittering kernel of nested particle filters (eq. P5)
+
+    u' = u + h M^{−1/2} s_u ξ,   ξ ~ N(0, 1),
+
+in the unconstrained coordinate u of θ's support (:mod:`mpflow.operators.models.param_priors`), s_u the cloud's sd
+of u and h the ``jitter`` option (0.5: the best of h ∈ {0.5, 1, 2} and Liu–West's kernel measured by
+``benchmarks/params.py``); the filter of θ stays as it was (the approximation of Crisan & Míguez, whose error
+vanishes as the kernel's scale ∝ M^{−1/2}). A move costs O(M) whatever the step: rejuvenation does not
+re-run any filter from the first observation (which SMC²'s PMMH kernel does: :mod:`mpflow.operators.references.smc2`
+is that unbounded reference, measured against this one in ``benchmarks/params.py``).
+
+The filtered state integrates over θ: its particles are the N = M·N_x pairs (θ_j, x_{j,i}) with weights ω_j w_{j,i}
+(Kalman: N_x draws of N(m_j, P_j) per θ_j, weight ω_j / N_x), so every summary is of p(x_m | o_≤m) (eq. P6).
+
+State (extras, besides the particles): ``param.<name>`` [B, M] θ values (float64), ``param_log_weights`` [B, M]
+(normalised), ``param_support.<name>`` [B, 3] (the support's kind — 0 ℝ, 1 (lo, ∞), 2 (lo, hi) — lo and hi, for the
+jitter's coordinate), and the Kalman filters' ``theta_mean`` [B, M, d], ``theta_cov`` [B, M, d, d]; a particle
+filter's particles and within-θ weights are the state's own, in M blocks of N_x.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.param_priors import from_unconstrained, to_unconstrained
+from mpflow.operators.models.priors import GaussianMixture, Prior
+from mpflow.operators.references.conjugate import conjugate_update
+from mpflow.operators.references.kalman import kalman_predict
+from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
+from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
+from mpflow.operators.updaters.predictive import Predictive
+from mpflow.operators.updaters.smc import resample_low_ess
+
+#: the θ-particles' move after resampling (:meth:`SMC2Updater._moved`)
+KERNELS = ("jitter", "liu_west")
+PARAM = "param."
+SUPPORT = "param_support."
+PARAM_LOG_WEIGHTS = "param_log_weights"
+
+
+def param_names(extras: dict[str, torch.Tensor]) -> list[str]:
+    """The unknown parameters a state learns, in a fixed order (its ``param.<name>`` extras)."""
+    return sorted(k[len(PARAM) :] for k in extras if k.startswith(PARAM))
+
+
+def theta_count(n: int, kalman: bool, asked: int) -> int:
+    """M, the θ-particles of a stream of n particles in all: ``asked`` when given (it must divide n), else n for
+    Kalman filters (one draw of the state per θ) and the largest divisor of n not above √n for particle filters
+    (M ≈ N_x, as in Crisan & Míguez's experiments)."""
+    if asked:
+        if n % asked:
+            raise ValueError(
+                f"num_particles: smc2 splits the {n} particles into theta_particles = {asked} filters of equal size; "
+                f"give a multiple of {asked}"
+            )
+        return asked
+    if kalman:
+        return n
+    return max(m for m in range(1, math.isqrt(n) + 1) if n % m == 0)
+
+
+def support_code(lo: float, hi: float) -> list[float]:
+    """A support (lo, hi) as the state keeps it, finite numbers only: [kind, lo, hi] (module docstring)."""
+    if math.isfinite(lo) and math.isfinite(hi):
+        return [2.0, lo, hi]
+    if math.isfinite(lo):
+        return [1.0, lo, 0.0]
+    return [0.0, 0.0, 0.0]
+
+
+def support_bounds(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) [B] from the stored [B, 3] codes, ±inf at open ends."""
+    kind = code[:, 0]
+    lo = torch.where(kind > 0, code[:, 1], -math.inf)
+    hi = torch.where(kind > 1, code[:, 2], math.inf)
+    return lo, hi
+
+
+class SMC2Updater(Updater):
+    name = "smc2"
+    weighted = True
+    nonlinear_transition = True
+    unknown_params = True
+    #: no smoothing window: the θ-particles' jitter moves every state's parameters, so a window of past states under
+    #: other parameters has no RTS or genealogy smoother here
+    smoothing = False
+    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel"})
+    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 0.5, "kernel": "jitter"}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        o = self.options
+        m = o["theta_particles"]
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"options.theta_particles: a positive number of θ-particles (0: automatic), got {m!r}")
+        t = o["ess_threshold"]
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= 1:
+            raise ValueError(f"options.ess_threshold: a fraction of the θ-particles in [0, 1], got {t!r}")
+        h = o["jitter"]
+        if isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h <= 10:
+            raise ValueError(f"options.jitter: the jittering kernel's scale h in [0, 10], got {h!r}")
+        if o["kernel"] not in KERNELS:
+            raise ValueError(f"options.kernel: one of {', '.join(KERNELS)}, got {o['kernel']!r}")
+
+    #: a new stream's particle count θ × x when its request gives none: an exact Kalman filter per θ-particle
+    #: (M = N, one draw each), or M = N_x = 64 particle filters (``benchmarks/params.py``)
+    DEFAULT_PARTICLES = {"kalman": 1024, "particles": 4096}
+
+    @classmethod
+    def default_particles(cls, model: ModelFamily) -> int:
+        return cls.DEFAULT_PARTICLES["kalman" if model.linear_gaussian else "particles"]
+
+    # ------------------------------------------------------------------ compatibility
+
+    @staticmethod
+    def exact_inner(model: ModelFamily, prior: Prior | None) -> bool:
+        """Whether each θ-particle carries an exact Kalman filter: a linear-Gaussian family and a Gaussian prior."""
+        return model.linear_gaussian and isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1
+
+    # ------------------------------------------------------------------ init
+    def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
+        B, N, d = state.particles.shape
+        exact = self.exact_inner(model, prior)
+        M = theta_count(N, exact, self.options["theta_particles"])
+        extras: dict[str, torch.Tensor] = {}
+        for name in sorted(model.unknown):
+            p = model.unknown[name]
+            draws = [p.sample(g, M) for g in _torch_gens(gens)]
+            extras[PARAM + name] = torch.stack(draws)
+            extras[SUPPORT + name] = torch.tensor([support_code(*p.support)] * B, dtype=torch.float64)
+        extras[PARAM_LOG_WEIGHTS] = torch.full((B, M), -math.log(M), dtype=torch.float64)
+        if exact:
+            mean, cov = prior.moments()
+            extras["theta_mean"] = mean.to(torch.float64)[:, None].expand(B, M, d).clone()
+            extras["theta_cov"] = cov.to(torch.float64)[:, None].expand(B, M, d, d).clone()
+        return state.replace(extras=extras)
+
+    # ------------------------------------------------------------------ update
+    def _observed_update(self, state, obs, model, gens):
+        # a partial observation conditions per θ-particle (:meth:`_update`), after θ is set: the padding of
+        # ``observed_part`` must not scale with θ
+        return self._update(state, obs, model, gens)
+
+    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        return self._step(state, obs, model, gens)
+
+    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators):
+        return self._step(state, None, model, gens)
+
+    def _step(self, state: ParticleState, obs: torch.Tensor | None, model: ModelFamily, gens: Generators):
+        """One step of every θ-particle's filter (``obs`` None: predict only), the θ-weights and, below the
+        threshold, the θ-particles' resampling and jitter (module docstring)."""
+        B, N, d = state.particles.shape
+        names = param_names(state.extras)
+        M = state.extras[PARAM_LOG_WEIGHTS].shape[1]
+        Nx = N // M
+        if obs is None and not model.dynamic:  # a static state without a measurement: nothing changes
+            return state, StepInfo(torch.zeros(B, dtype=torch.float64), ess(state.log_weights).to(torch.float64))
+        theta = {n: state.extras[PARAM + n].reshape(B * M) for n in names}
+        per_theta = model.at_values(theta, B * M)
+        obs_r = None if obs is None else obs.repeat_interleave(M, 0)
+        if obs_r is not None and bool(torch.isnan(obs_r).any()):
+            per_theta, obs_r = per_theta.observed_part(obs_r)
+        exact = "theta_mean" in state.extras
+        if exact:
+            inner, log_pred = self._kalman(state, per_theta, obs_r, B, M, d)
+        else:
+            inner, log_pred = self._particles(state, per_theta, obs_r, gens, B, M, Nx, d)
+        lw_prev = state.extras[PARAM_LOG_WEIGHTS].to(torch.float64)
+        log_pred = torch.nan_to_num(log_pred.reshape(B, M), nan=-math.inf)
+        increment = torch.logsumexp(lw_prev + log_pred, -1)
+        lw = torch.log_softmax(lw_prev + log_pred, -1)
+        lw = torch.where(torch.isfinite(increment)[:, None], lw, lw_prev)  # every θ impossible: keep the weights
+        increment = torch.where(torch.isfinite(increment), increment, torch.full_like(increment, -1e30))
+        ess_theta = ess(lw)
+        theta_bm = torch.stack([state.extras[PARAM + n] for n in names], -1) if names else torch.zeros(B, M, 0)
+        rows = ess_theta < self.options["ess_threshold"] * M
+        if bool(rows.any()):
+            theta_bm, lw, inner = self._rejuvenate(state, names, theta_bm, lw, inner, rows, gens)
+        extras = {k: v for k, v in state.extras.items()}
+        extras.update({PARAM + n: theta_bm[..., i].contiguous() for i, n in enumerate(names)})
+        extras[PARAM_LOG_WEIGHTS] = lw
+        if exact:
+            mean, cov = inner
+            extras["theta_mean"], extras["theta_cov"] = mean, cov
+            x, joint = self._draws(mean, cov, lw, Nx, gens)
+        else:
+            x, lwx = inner
+            joint = (lw[..., None] + lwx).reshape(B, N)
+            x = x.reshape(B, N, d)
+        info = StepInfo(increment if obs is not None else torch.zeros_like(increment), ess(joint).to(torch.float64))
+        new = state.replace(particles=x.to(state.particles.dtype), log_weights=joint.to(state.log_weights.dtype))
+        return new.replace(extras=extras), info
+
+    @staticmethod
+    def _kalman(state, per_theta, obs_r, B, M, d):
+        """Every θ-particle's Kalman predict and, with an observation, update (eq. P2): ((mean, cov), log p̂)."""
+        m = state.extras["theta_mean"].reshape(B * M, d)
+        P = state.extras["theta_cov"].reshape(B * M, d, d)
+        m, P = kalman_predict(m, P, per_theta)
+        if obs_r is None:
+            log_pred = torch.zeros(B * M, dtype=torch.float64)
+        else:
+            H, R = per_theta.observation_affine()
+            m, P, log_pred = conjugate_update(m, P, H, R, obs_r)
+            log_pred = log_pred + per_theta.observation_log_offset().to(torch.float64)
+        return (m.reshape(B, M, d), P.reshape(B, M, d, d)), log_pred
+
+    @staticmethod
+    def _particles(state, per_theta, obs_r, gens, B, M, Nx, d):
+        """Every θ-particle's bootstrap filter step (eq. P3): ((x [B, M, N_x, d], within-θ log-weights), log p̂)."""
+        x = state.particles.reshape(B * M, Nx, d)
+        lwx = torch.log_softmax(state.log_weights.to(torch.float64).reshape(B * M, Nx), -1)
+        row_gens = [g for g in _rows(gens) for _ in range(M)]  # θ-particle j of stream b draws from stream b's
+        x = per_theta.transition(x, row_gens)
+        if obs_r is None:
+            return (x.reshape(B, M, Nx, d), lwx.reshape(B, M, Nx)), torch.zeros(B * M, dtype=torch.float64)
+        ll = torch.nan_to_num(per_theta.log_likelihood(obs_r, x).to(torch.float64), nan=-math.inf)
+        log_pred = torch.logsumexp(lwx + ll, -1)
+        lwx = torch.where(torch.isfinite(log_pred)[:, None], torch.log_softmax(lwx + ll, -1), lwx)
+        low = ess(lwx) < 0.5 * Nx
+        shrink = None if per_theta.dynamic else gaussian.LIU_WEST_SHRINKAGE  # a static state's copies must move
+        x, lwx = resample_low_ess(x, lwx, low, row_gens, shrink)
+        return (x.reshape(B, M, Nx, d), lwx.reshape(B, M, Nx)), log_pred
+
+    def _rejuvenate(self, state, names, theta, lw, inner, rows, gens):
+        """Resample the θ-particles of the streams ``rows`` (systematic), each copy with its filter, and jitter
+        them (eq. P5). Only those streams draw, from their own generators, so a stream's draws do not depend on its
+        batch."""
+        rs = rows.nonzero().flatten()
+        sub_gens = [_rows(gens)[b] for b in rs.tolist()]
+        R, M, p = len(rs), theta.shape[1], theta.shape[2]
+        idx = systematic_resample(lw[rs], rand(sub_gens, [1], torch.float64)[:, 0])  # [R, M]
+        th = torch.gather(theta[rs], 1, idx[..., None].expand(R, M, p))
+        moved_inner = []
+        for t in inner:
+            sub = t[rs]
+            moved_inner.append(
+                t.index_copy(0, rs, torch.gather(sub, 1, idx.reshape(R, M, *[1] * (t.dim() - 2)).expand_as(sub)))
+            )
+        xi = randn(sub_gens, [M, p], torch.float64)
+        moved = []
+        for i, n in enumerate(names):
+            lo, hi = support_bounds(state.extras[SUPPORT + n][rs].to(torch.float64))
+            u = to_unconstrained(th[..., i], lo[:, None], hi[:, None])
+            u = self._moved(u, xi[..., i])
+            moved.append(from_unconstrained(u, lo[:, None], hi[:, None]))
+        if moved:
+            th = torch.stack(moved, -1)
+        theta = theta.index_copy(0, rs, th)
+        lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
+        return theta, lw, tuple(moved_inner)
+
+    def _moved(self, u: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+        """The resampled θ-particles' coordinates u [R, M] moved by the kernel (eq. P5): ``jitter``
+        u + h M^{−1/2} s_u ξ; ``liu_west`` a u + (1 − a) ū + √(1 − a²) s_u ξ, a = 0.98 (Liu & West 2001: the
+        cloud's mean and variance kept)."""
+        M = u.shape[-1]
+        sd = u.std(-1, keepdim=True).nan_to_num(0.0).clamp_min(1e-6)
+        if self.options["kernel"] == "liu_west":
+            a = gaussian.LIU_WEST_SHRINKAGE
+            return a * u + (1 - a) * u.mean(-1, keepdim=True) + math.sqrt(1 - a * a) * sd * xi
+        return u + self.options["jitter"] * sd / math.sqrt(M) * xi
+
+    @staticmethod
+    def _draws(mean, cov, lw, Nx, gens):
+        """N_x draws of N(m_j, P_j) per θ-particle, weight ω_j / N_x each: (x [B, M·N_x, d], log-weights)."""
+        B, M, d = mean.shape
+        L = gaussian.cholesky(cov)
+        xi = randn(gens, [M, Nx, d], torch.float64)
+        x = (mean[:, :, None] + xi @ L.transpose(-1, -2)).reshape(B, M * Nx, d)
+        return x, (lw[..., None] - math.log(Nx)).expand(B, M, Nx).reshape(B, M * Nx)
+
+    # ------------------------------------------------------------------ cost
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """A particle filter's work for the n = M·N_x pairs (:meth:`Updater.step_work`) — it bounds the Kalman
+        filters' too for d, k ≤ 8 — plus, per θ-particle, a Kalman predict and update (30 d³ + 20 d² k + 10 k³), the
+        model's parameters (M copies) and the jitter; the θ-particles count is at most n."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        base = super().step_work(model, n, dt, k)
+        per_theta = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + 4.0 * (d * d + k * k) + RANDN_FLOPS
+        params = sum(v[0].numel() for v in model.params.values())
+        return StepWork(base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params))
+
+    # ------------------------------------------------------------------ forecasts
+    def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
+        """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring)."""
+        from mpflow.operators.updaters.predictive import particle_predictive
+
+        B, N, d = state.particles.shape
+        names = param_names(state.extras)
+        M = state.extras[PARAM_LOG_WEIGHTS].shape[1]
+        per_pair = model.at_values(
+            {n: state.extras[PARAM + n].repeat_interleave(N // M, 1).reshape(N) for n in names}, N
+        )
+        x = state.particles.reshape(N, 1, d)
+        return particle_predictive(x.transpose(0, 1), state.log_weights, _PerParticle(per_pair), steps, gen)
+
+
+def _rows(gens: Generators) -> list:
+    return list(gens) if not isinstance(gens, list) else gens
+
+
+def _torch_gens(gens: Generators) -> list[torch.Generator]:
+    from mpflow.operators.rng import torch_generator
+
+    return [torch_generator(g) for g in _rows(gens)]
+
+
+class _PerParticle:
+    """A model of N rows (one per particle, its own θ) seen as one stream's model of N particles, for forecasts."""
+
+    def __init__(self, model: ModelFamily):
+        self.model = model
+
+    def transition(self, x: torch.Tensor, gens) -> torch.Tensor:
+        xs = x.transpose(0, 1)  # [N, 1, d]
+        return self.model.transition(xs, [gens[0]] * xs.shape[0]).transpose(0, 1)
+
+    def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+        return None
+
+
+__all__ = ["PARAM", "PARAM_LOG_WEIGHTS", "SMC2Updater", "param_names", "theta_count"]

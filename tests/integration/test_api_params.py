@@ -1,0 +1,173 @@
+"""Unknown model parameters through the real app and real Redis (docs/API.md "Unknown parameters"): a parameter given
+as a prior makes a ``smc2`` stream whose every answer carries ``summary.params``; the stream survives export and
+import byte for byte; bad priors, methods that cannot learn and steps of another duration are refused with the field
+named and nothing created; the particle count θ × x is bounded by the cost model (413 naming the limit); the client
+reads the parameters as numpy arrays and pandas tables."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from mpflow.service.client import Client
+from mpflow.service.results import StepTable
+
+from tests.integration.test_api_streams import run
+from tests.integration.test_client import server  # noqa: F401  (fixture)
+
+LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
+GAUSS1 = {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]}
+OBS = [[0.8], [1.9], [-0.4], [2.5], [0.3], [-1.7], [0.9], [1.2]]
+
+
+def lds_request(**extra):
+    params = {"A": [[0.9]], "B": [[1.0]], "Q": [[1.0]], "R": LOGNORMAL}
+    return {"model": {"family": "lds", "params": params}, "prior": GAUSS1, "seed": 3, **extra}
+
+
+def test_a_prior_makes_a_learning_stream_with_params_in_every_answer(redis_url):
+    async def body(app, c):
+        created = await c.post("/v1/streams", json=lds_request(stream_id="learn"))
+        answer = await c.post("/v1/streams/learn/observations", json={"observations": OBS})
+        got = await c.get("/v1/streams/learn")
+        forecast = await c.get("/v1/streams/learn/forecast", params={"steps": 2})
+        return created, answer, got, forecast
+
+    created, answer, got, forecast = run(redis_url, body)
+    assert created.status_code == 201, created.text
+    doc = created.json()
+    assert doc["method"] == "smc2" and "R" in doc["method_reason"]
+    assert doc["num_particles"] == 1024 and doc["state_bytes"] > 0
+    r0 = doc["summary"]["params"]["R"]
+    # at step 0 the θ-particles are the lognormal(0, 1) prior: median 1, sd √((e−1)e) ≈ 2.16 (sampled)
+    assert r0["q05"] < 1.0 < r0["q95"] and 0.5 < r0["mean"] < 3.0
+    ans = answer.json()
+    assert answer.status_code == 200 and ans["step"] == len(OBS)
+    assert [s["step"] for s in ans["per_step"]] == list(range(1, len(OBS) + 1))
+    assert all(set(s["params"]["R"]) == {"mean", "sd", "q05", "q95"} for s in ans["per_step"])
+    r = ans["summary"]["params"]["R"]
+    assert r["q05"] <= r["mean"] <= r["q95"] and r["sd"] > 0
+    assert got.json()["summary"]["params"] == ans["summary"]["params"]
+    assert got.json()["state_bytes"] == doc["state_bytes"]  # the state does not grow with its steps
+    assert forecast.status_code == 200 and len(forecast.json()["forecast"]) == 2
+
+
+def test_export_import_continues_byte_identically(redis_url):
+    async def body(app, c):
+        await c.post("/v1/streams", json=lds_request(stream_id="a", num_particles=256))
+        await c.post("/v1/streams/a/observations", json={"observations": OBS[:4]})
+        snapshot = (await c.get("/v1/streams/a/export")).content
+        headers = {"content-type": "application/octet-stream"}
+        imported = await c.post("/v1/streams:import", content=snapshot, params={"stream_id": "b"}, headers=headers)
+        answers = [
+            (await c.post(f"/v1/streams/{sid}/observations", json={"observations": OBS[4:]})).json() for sid in "ab"
+        ]
+        exported = [(await c.get(f"/v1/streams/{sid}/export")).content for sid in "ab"]
+        return imported, answers, exported
+
+    imported, answers, exported = run(redis_url, body)
+    assert imported.status_code == 201, imported.text
+    assert imported.json()["state_bytes"] > 0
+    assert answers[0]["summary"] == answers[1]["summary"]
+    from mpflow.operators.state import ParticleState
+
+    a, b = (ParticleState.from_bytes(blob) for blob in exported)
+    for name, t in a.fields().items():
+        assert t.equal(b.fields()[name]), name
+
+
+REFUSED = {
+    "unknown type": ({"R": {"prior": {"type": "gamma", "mean": 1, "sd": 1}}}, None, "model.params.R.prior.type"),
+    "normal for a variance": (
+        {"R": {"prior": {"type": "normal", "mean": 1, "sd": 1}}},
+        None,
+        "use a lognormal prior",
+    ),
+    "uniform upside down": ({"R": {"prior": {"type": "uniform", "low": 2, "high": 1}}}, None, "low < high"),
+    "negative sd": ({"R": {"prior": {"type": "lognormal", "mean": 0, "sd": -1}}}, None, "model.params.R.prior.sd"),
+    "a matrix": ({"A": {"prior": {"type": "normal", "mean": 0, "sd": 1}}}, None, "model.params.A"),
+    "kalman cannot learn": ({}, "kalman", "use smc2"),
+    "smc2 without a prior": ({"R": [[1.0]]}, "smc2", "give at least one of model.params as a prior"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_bad_priors_and_methods_are_refused_naming_the_field(redis_url, case):
+    params, method, says = REFUSED[case]
+    req = lds_request(stream_id="bad")
+    req["model"]["params"].update(params)
+    if method is not None:
+        req["method"] = method
+
+    async def body(app, c):
+        return await c.post("/v1/streams", json=req), await c.get("/v1/streams/bad")
+
+    r, after = run(redis_url, body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+    assert after.status_code == 404
+
+
+def test_a_step_of_another_duration_is_refused_and_nothing_applied(redis_url):
+    async def body(app, c):
+        await c.post("/v1/streams", json=lds_request(stream_id="dt", num_particles=64))
+        r = await c.post("/v1/streams/dt/observations", json={"observations": [[0.1], {"value": [0.2], "dt": 0.5}]})
+        return r, (await c.get("/v1/streams/dt")).json()
+
+    r, doc = run(redis_url, body)
+    assert r.status_code == 422 and "observations[1].dt" in r.json()["error"]["message"]
+    assert doc["step"] == 0
+
+
+def test_the_particle_count_theta_times_x_is_bounded_by_the_cost_model(redis_url):
+    sv = {
+        "family": "stochastic_volatility",
+        "params": {"phi": {"prior": {"type": "uniform", "low": 0.5, "high": 0.99}}, "sigma": LOGNORMAL},
+    }
+    req = {"model": sv, "prior": GAUSS1, "num_particles": 65536, "stream_id": "big"}
+
+    async def body(app, c):
+        return await c.post("/v1/streams", json=req), await c.get("/v1/streams/big")
+
+    r, after = run(redis_url, body, max_request_flops=1e6)
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]["message"]
+    assert "num_particles" in message and "MPFLOW_MAX_REQUEST_FLOPS" in message
+    assert after.status_code == 404
+
+
+def test_a_stochastic_volatility_stream_learns_phi_and_sigma(redis_url):
+    sv = {
+        "family": "stochastic_volatility",
+        "params": {"phi": {"prior": {"type": "uniform", "low": 0.5, "high": 0.99}}, "sigma": LOGNORMAL},
+    }
+    req = {"model": sv, "prior": GAUSS1, "num_particles": 256, "stream_id": "sv", "seed": 1}
+
+    async def body(app, c):
+        created = await c.post("/v1/streams", json=req)
+        answer = await c.post("/v1/streams/sv/observations", json={"observations": OBS})
+        return created, answer
+
+    created, answer = run(redis_url, body)
+    assert created.status_code == 201, created.text
+    assert created.json()["method"] == "smc2"
+    params = answer.json()["summary"]["params"]
+    assert set(params) == {"phi", "sigma"}
+    assert 0.5 <= params["phi"]["q05"] <= params["phi"]["q95"] <= 0.99
+    assert math.isfinite(params["sigma"]["mean"]) and params["sigma"]["mean"] > 0
+
+
+def test_the_client_reads_params_as_numpy_and_pandas(server):  # noqa: F811
+    with Client(server) as client:
+        stream = client.create_stream(model=lds_request()["model"], prior=GAUSS1, num_particles=128, seed=2)
+        answers = list(stream.filter(OBS, batch=3))
+        stream.delete()
+    last = answers[-1]
+    assert set(last.params) == {"R"} and set(last.params["R"]) == {"mean", "sd", "q05", "q95"}
+    frame = last.params_to_pandas()
+    assert list(frame.index) == ["R"] and frame.loc["R", "mean"] == last.params["R"]["mean"]
+    table = StepTable.of(answers)
+    assert table.params["R"]["mean"].shape == (len(OBS),)
+    assert table.params["R"]["mean"][-1] == last.params["R"]["mean"]
+    columns = table.to_pandas().columns
+    assert {"param_R_mean", "param_R_sd", "param_R_q05", "param_R_q95"} <= set(columns)

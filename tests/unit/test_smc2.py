@@ -1,0 +1,154 @@
+"""``smc2`` (unknown static parameters learned online) against references computed here in plain numpy.
+
+* A linear-Gaussian stream with R unknown (log R ~ N(0, 1)), 200 observations: the posterior mean and sd of R within
+  0.1 posterior sd and 15 % of a grid posterior from exact Kalman likelihoods.
+* Priors are parsed by the family's parameter specs: bad ones refused naming the field and the fix.
+* Streams batched together get what each gets alone (θ-particles, inner filters, rejuvenation draws; up to float64
+  rounding), and the state
+  keeps its size as it steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.state import ParticleState
+from mpflow.operators.updaters import get_updater
+
+LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
+A, Q, R_TRUE, T = 0.9, 1.0, 2.0, 200
+
+
+def simulate(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x, ys = 0.0, []
+    for _ in range(T):
+        x = A * x + math.sqrt(Q) * rng.standard_normal()
+        ys.append(x + math.sqrt(R_TRUE) * rng.standard_normal())
+    return np.array(ys)
+
+
+def grid_posterior(ys: np.ndarray) -> tuple[float, float]:
+    """Mean and sd of R | o_1:T: exact Kalman log-likelihoods (x_0 ~ N(0, 1)) on 4000 log-spaced points in
+    [0.02, 50], times the lognormal(0, 1) density, with the grid's measure dR ∝ R."""
+    r = np.exp(np.linspace(math.log(0.02), math.log(50.0), 4000))
+    m, P, ll = np.zeros_like(r), np.ones_like(r), np.zeros_like(r)
+    for y in ys:
+        m, P = A * m, A * A * P + Q
+        S = P + r
+        ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
+        K = P / S
+        m, P = m + K * (y - m), (1 - K) * P
+    lp = ll - 0.5 * np.log(r) ** 2 - np.log(r) + np.log(r)
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    mean = float((w * r).sum())
+    return mean, float(math.sqrt((w * (r - mean) ** 2).sum()))
+
+
+def lds_model():
+    return make_model("lds", {"A": [[A]], "B": [[1.0]], "Q": [[Q]], "R": LOGNORMAL}, 1)
+
+
+GAUSS1 = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
+
+
+def test_R_posterior_matches_a_grid_of_exact_kalman_likelihoods():
+    ys = simulate(1)
+    ref_mean, ref_sd = grid_posterior(ys)
+    model = lds_model()
+    updater = get_updater("smc2")
+    state = updater.init(GAUSS1, model, 1024, 5)
+    for y in ys:
+        state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+    w = torch.softmax(state.extras["param_log_weights"][0], -1)
+    theta = state.extras["param.R"][0]
+    mean = float((w * theta).sum())
+    sd = float((w * (theta - mean) ** 2).sum().sqrt())
+    assert abs(mean - ref_mean) <= 0.1 * ref_sd, (mean, ref_mean, ref_sd)
+    assert abs(sd - ref_sd) <= 0.15 * ref_sd, (sd, ref_sd)
+    assert ref_sd < 0.5 * math.sqrt((math.e - 1) * math.e)  # the data taught something: the prior's sd is 2.16
+
+
+BAD = {
+    "unknown type": ({"R": {"prior": {"type": "beta", "a": 1}}}, "model.params.R.prior.type"),
+    "missing sd": ({"R": {"prior": {"type": "lognormal", "mean": 0}}}, "takes exactly mean, sd"),
+    "zero sd": ({"R": {"prior": {"type": "lognormal", "mean": 0, "sd": 0}}}, "model.params.R.prior.sd"),
+    "normal variance": ({"R": {"prior": {"type": "normal", "mean": 1, "sd": 1}}}, "use a lognormal prior"),
+    "uniform below 0": ({"R": {"prior": {"type": "uniform", "low": -1, "high": 1}}}, "outside the parameter's domain"),
+    "matrix": ({"A": {"prior": {"type": "normal", "mean": 0, "sd": 1}}}, "model.params.A: a prior may stand"),
+    "extra key": ({"R": {"prior": {"type": "normal", "mean": 0, "sd": 1}, "x": 1}}, "model.params.R"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_priors_are_refused_naming_the_field_and_the_fix(case):
+    params, says = BAD[case]
+    with pytest.raises(ValueError) as refused:
+        make_model("lds", {"A": [[A]], "B": [[1.0]], **params}, 1)
+    assert says in str(refused.value)
+
+
+def test_sv_phi_must_stay_stationary_and_sigma_positive():
+    with pytest.raises(ValueError, match=r"model\.params\.phi\.prior"):
+        make_model("stochastic_volatility", {"phi": {"prior": {"type": "uniform", "low": 0.5, "high": 1.5}}}, 1)
+    with pytest.raises(ValueError, match=r"model\.params\.sigma\.prior"):
+        make_model("stochastic_volatility", {"sigma": {"prior": {"type": "normal", "mean": 0.3, "sd": 0.1}}}, 1)
+
+
+def test_covariance_priors_are_read_as_r_times_identity():
+    model = make_model("linear_gaussian", {"H": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], "R": LOGNORMAL}, 2)
+    per_theta = model.at_values({"R": torch.tensor([0.5, 3.0])}, 2)
+    assert torch.equal(per_theta.params["R"][1], 3.0 * torch.eye(3))
+    assert per_theta.params["H"].shape == (2, 3, 2)
+
+
+@pytest.mark.parametrize("family", ["lds", "stochastic_volatility"])
+def test_batched_streams_get_what_each_gets_alone(family):
+    if family == "lds":
+        model, n = lds_model(), 64
+        obs = [[[0.5], [1.5]], [[-1.0], [2.0]], [[float("nan")], [0.2]]]
+    else:
+        sv = {"phi": {"prior": {"type": "uniform", "low": 0.5, "high": 0.99}}, "sigma": LOGNORMAL}
+        model, n = make_model("stochastic_volatility", sv, 1), 64
+        obs = [[[0.5], [3.0]], [[-4.0], [0.1]], [[float("nan")], [2.5]]]
+    updater = get_updater("smc2", ess_threshold=0.9)  # rejuvenate often, so the batch mixes moving and still rows
+    states = [updater.init(GAUSS1, model, n, s) for s in (1, 2)]
+    alone = []
+    for b, state in enumerate(states):
+        for o in obs:
+            state, _ = updater.update(state, torch.tensor([o[b]]), model)
+        alone.append(state)
+    batched = ParticleState.stack(states)
+    stacked = type(model).stack([model, model])
+    for o in obs:
+        batched, _ = updater.update(batched, torch.tensor(o), stacked)
+    for b, state in enumerate(alone):
+        for name, t in state.fields().items():
+            # equal up to float64 rounding (a reduction over a batch may add in another order)
+            torch.testing.assert_close(t, batched.fields()[name][b : b + 1], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_the_state_keeps_its_size_as_it_steps():
+    model = lds_model()
+    updater = get_updater("smc2")
+    state = updater.init(GAUSS1, model, 256, 0)
+    size = len(state.to_bytes())
+    for y in simulate(0)[:50]:
+        state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+    assert len(state.to_bytes()) == size
+
+
+def test_the_catalogue_says_which_parameters_may_be_priors():
+    from mpflow.service import catalogue
+
+    fams = {f["family"]: {p["name"]: p["learnable"] for p in f["parameters"]} for f in catalogue.models(8)}
+    assert fams["lds"]["R"] and fams["lds"]["Q"] and not fams["lds"]["A"] and not fams["lds"]["B"]
+    assert fams["stochastic_volatility"] == {"mu": True, "phi": True, "sigma": True}
+    assert fams["lorenz96"]["F"] and not fams["lorenz96"]["delta"] and not fams["lorenz96"]["obs_every"]
+    assert "smc2" not in {m for f in catalogue.models(8) for m in f["methods"]}
