@@ -140,6 +140,8 @@ SETTINGS = [
         [
             *[("enkf", 40, {"inflation": rho}, 0.18, "Sakov & Oke 2008 Table 1") for rho in (1.005, 1.01, 1.02)],
             ("enkf", 40, {"variant": "perturbed", "inflation": 1.06}, 0.22, "DAPPER sakov2008 PertObs"),
+            # the LETKF that the ring flow / correction (--ring) follows: their base here
+            ("enkf", 40, {"inflation": 1.05, "localisation": 4}, 0.18, "Sakov & Oke 2008 Table 1"),
             ("enkf", 80, {"inflation": 1.01}, 0.18, "Sakov & Oke 2008 Table 1"),
             ("ukf", 40, {}, None, ""),
             ("mpf", 48, {}, 0.18, "Sakov & Oke 2008 Table 1"),
