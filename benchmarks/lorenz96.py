@@ -308,6 +308,12 @@ def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], floa
     ]
 
 
+def row_names(run: tuple) -> set[str]:
+    """The names ``--methods`` picks a row by: method, method:N and method:N:ρ (its ``inflation``, 1 unless given)."""
+    method, n, options = run[:3]
+    return {method, f"{method}:{n}", f"{method}:{n}:{options.get('inflation', 1.0):g}"}
+
+
 def run_setting(
     setting: Setting,
     streams: int,
@@ -322,7 +328,7 @@ def run_setting(
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
     out_rows = []
     runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring)]
-    for method, n, options, published, source in (r for r in runs if rows is None or {r[0], f"{r[0]}:{r[1]}"} & rows):
+    for method, n, options, published, source in (r for r in runs if rows is None or row_names(r) & rows):
         out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in, setting.lost_rmse)
         ratio = out["rmse"] / published if published else None
         out_rows.append(
@@ -575,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=[s.name for s in SETTINGS], default=None, help="run one setting")
     p.add_argument("--ring", default=None, help="a ring.pt (mpflow.training.ring_train): add its LETKF + flow rows")
     p.add_argument(
-        "--methods", default=None, help="comma-separated: run only these rows, by method or method:N (enkf:40, ring)"
+        "--methods",
+        default=None,
+        help="comma-separated: run only these rows, by method, method:N or method:N:inflation (enkf:40:1.05, ring)",
     )
     p.add_argument(
         "--merge",

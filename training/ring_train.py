@@ -243,7 +243,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log.close()
     flow.load_state_dict(best_state)
     save(out_dir / "ring.pt", args, flow.config, best_state, it, best)
-    plot(history, out_dir / "ring_curve.png")
+    plot(history, out_dir / "ring_curve.png", args.arch)
     return {"history": history, "best": best, "iterations": it}
 
 
@@ -278,7 +278,7 @@ def load_flow(path: str | Path) -> tuple[RingFlow | RingCorrection, dict[str, An
     return flow.eval(), dict(payload["base"])
 
 
-def plot(history: list[dict[str, Any]], path: Path) -> None:
+def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,7 +295,8 @@ def plot(history: list[dict[str, Any]], path: Path) -> None:
     axes[1].set(xlabel="iteration", ylabel="energy score", yscale="log")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.suptitle("LETKF + ring flow, energy-score training (iteration 0: the LETKF alone)")
+    what = "ring flow" if arch == "flow" else "local correction"
+    fig.suptitle(f"LETKF + learned {what}, energy-score training (iteration 0: the LETKF alone)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
