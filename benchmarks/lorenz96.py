@@ -40,8 +40,8 @@ of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ an
 
 ``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
 ``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
-method or method:N (``enkf:40``); ``--merge`` joins runs that split one setting's rows between processes (same
-twins) into one table — and, for a full-length run, the defaults.
+method, method:N or method:N:inflation (``enkf:40``, ``enkf:40:1.05``); ``--merge`` joins runs that split one
+setting's rows between processes (same twins) into one table — and, for a full-length run, the defaults.
 
 Each setting runs B independent twin experiments as one batch of streams (B = 4, and 64 on ``bocquet2010``, whose
 filters lose the truth on a few per cent of long runs; 2 with ``--quick``; ``--seed`` draws another set): a truth
@@ -324,7 +324,7 @@ def run_setting(
     rows: set[str] | None = None,
 ) -> dict[str, Any]:
     """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths'), and the
-    ring flow's rows with ``ring``; ``rows``: only the rows named there by method or method:N."""
+    ring flow's rows with ``ring``; ``rows``: only the rows named there (:func:`row_names`)."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
     out_rows = []
     runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring)]

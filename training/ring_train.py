@@ -18,7 +18,11 @@ exceeds ``LOST_RMSE`` (it lost the truth) or after ``MAX_AGE`` cycles (to keep d
 ``val_every`` iterations the mean energy score and RMSE of fixed validation pools (spantini2019 and sakov2008
 twins, run ``val_cycles`` cycles from their own warm state) — the best θ by the spantini2019 validation RMSE is kept.
 
-Writes ``DIR/ring.pt`` (the flow's config and θ), ``DIR/ring_log.jsonl`` (one line per validation) and
+``--arch correction`` trains the one-evaluation local correction of
+:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss.
+
+Writes ``DIR/ring.pt`` (the network's arch, config and θ; at every new best, so a run cut short keeps one),
+``DIR/ring_log.jsonl`` (one line per validation) and
 ``DIR/ring_curve.png``.
 """
 
