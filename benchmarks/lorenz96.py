@@ -40,8 +40,8 @@ of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ an
 
 ``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
 ``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
-method or method:N (``enkf:40``); ``--merge`` joins runs that split one setting's rows between processes (same
-twins) into one table — and, for a full-length run, the defaults.
+method, method:N or method:N:inflation (``enkf:40``, ``enkf:40:1.05``); ``--merge`` joins runs that split one
+setting's rows between processes (same twins) into one table — and, for a full-length run, the defaults.
 
 Each setting runs B independent twin experiments as one batch of streams (B = 4, and 64 on ``bocquet2010``, whose
 filters lose the truth on a few per cent of long runs; 2 with ``--quick``; ``--seed`` draws another set): a truth
@@ -140,6 +140,8 @@ SETTINGS = [
         [
             *[("enkf", 40, {"inflation": rho}, 0.18, "Sakov & Oke 2008 Table 1") for rho in (1.005, 1.01, 1.02)],
             ("enkf", 40, {"variant": "perturbed", "inflation": 1.06}, 0.22, "DAPPER sakov2008 PertObs"),
+            # the LETKF that the ring flow / correction (--ring) follows: their base here
+            ("enkf", 40, {"inflation": 1.05, "localisation": 4}, 0.18, "Sakov & Oke 2008 Table 1"),
             ("enkf", 80, {"inflation": 1.01}, 0.18, "Sakov & Oke 2008 Table 1"),
             ("ukf", 40, {}, None, ""),
             ("mpf", 48, {}, 0.18, "Sakov & Oke 2008 Table 1"),
@@ -306,6 +308,12 @@ def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], floa
     ]
 
 
+def row_names(run: tuple) -> set[str]:
+    """The names ``--methods`` picks a row by: method, method:N and method:N:ρ (its ``inflation``, 1 unless given)."""
+    method, n, options = run[:3]
+    return {method, f"{method}:{n}", f"{method}:{n}:{options.get('inflation', 1.0):g}"}
+
+
 def run_setting(
     setting: Setting,
     streams: int,
@@ -316,11 +324,11 @@ def run_setting(
     rows: set[str] | None = None,
 ) -> dict[str, Any]:
     """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths'), and the
-    ring flow's rows with ``ring``; ``rows``: only the rows named there by method or method:N."""
+    ring flow's rows with ``ring``; ``rows``: only the rows named there (:func:`row_names`)."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
     out_rows = []
     runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring)]
-    for method, n, options, published, source in (r for r in runs if rows is None or {r[0], f"{r[0]}:{r[1]}"} & rows):
+    for method, n, options, published, source in (r for r in runs if rows is None or row_names(r) & rows):
         out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in, setting.lost_rmse)
         ratio = out["rmse"] / published if published else None
         out_rows.append(
@@ -573,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=[s.name for s in SETTINGS], default=None, help="run one setting")
     p.add_argument("--ring", default=None, help="a ring.pt (mpflow.training.ring_train): add its LETKF + flow rows")
     p.add_argument(
-        "--methods", default=None, help="comma-separated: run only these rows, by method or method:N (enkf:40, ring)"
+        "--methods",
+        default=None,
+        help="comma-separated: run only these rows, by method, method:N or method:N:inflation (enkf:40:1.05, ring)",
     )
     p.add_argument(
         "--merge",

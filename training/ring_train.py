@@ -18,7 +18,11 @@ exceeds ``LOST_RMSE`` (it lost the truth) or after ``MAX_AGE`` cycles (to keep d
 ``val_every`` iterations the mean energy score and RMSE of fixed validation pools (spantini2019 and sakov2008
 twins, run ``val_cycles`` cycles from their own warm state) — the best θ by the spantini2019 validation RMSE is kept.
 
-Writes ``DIR/ring.pt`` (the flow's config and θ), ``DIR/ring_log.jsonl`` (one line per validation) and
+``--arch correction`` trains the one-evaluation local correction of
+:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss.
+
+Writes ``DIR/ring.pt`` (the network's arch, config and θ; at every new best, so a run cut short keeps one),
+``DIR/ring_log.jsonl`` (one line per validation) and
 ``DIR/ring_curve.png``.
 """
 
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 from mpflow.operators.models.lorenz96 import Lorenz96
 from mpflow.operators.mpf.ring import RingFlow
+from mpflow.operators.mpf.ring_correction import RingCorrection
 from mpflow.operators.updaters.enkf import EnKFUpdater
 from mpflow.training.scores import energy_score
 
@@ -184,7 +189,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    flow = RingFlow(args.hidden, args.layers, args.kernel, args.ode_steps).to(device)
+    flow = build(args.arch, hidden=args.hidden, layers=args.layers, kernel=args.kernel, steps=args.ode_steps).to(device)
     letkf = EnKFUpdater(**BASE)
     if args.base_device == "auto":
         args.base_device = faster_base_device(letkf, args, gen) if device.type == "cuda" else "cpu"
@@ -220,6 +225,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 print(json.dumps(row), flush=True)
                 if row["spantini2019_rmse"] < best:
                     best, best_state = row["spantini2019_rmse"], copy.deepcopy(flow.state_dict())
+                    save(out_dir / "ring.pt", args, flow.config, best_state, it, best)  # a run cut short keeps it
                 if elapsed > 60 * args.minutes or it >= args.iterations:
                     break
             stride = STRIDES[it % len(STRIDES)]
@@ -240,27 +246,43 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         log.close()
     flow.load_state_dict(best_state)
-    payload = {
-        "config": flow.config,
-        "base": BASE,
-        "state": {k: v.detach().cpu() for k, v in flow.state_dict().items()},
-        "training": {**vars(args), "iterations_done": it, "best_spantini_val_rmse": best},
-    }
-    torch.save(payload, out_dir / "ring.pt")
-    plot(history, out_dir / "ring_curve.png")
+    save(out_dir / "ring.pt", args, flow.config, best_state, it, best)
+    plot(history, out_dir / "ring_curve.png", args.arch)
     return {"history": history, "best": best, "iterations": it}
 
 
-def load_flow(path: str | Path) -> tuple[RingFlow, dict[str, Any]]:
-    """(the trained flow on CPU in eval mode, its LETKF options) from a ``ring.pt``."""
+def save(path: Path, args: argparse.Namespace, config: dict, state: dict, iterations: int, best: float) -> None:
+    """Write a ``ring.pt``: the network's arch, config and θ, the LETKF options it follows, how it was trained."""
+    payload = {
+        "arch": args.arch,
+        "config": config,
+        "base": BASE,
+        "state": {k: v.detach().cpu() for k, v in state.items()},
+        "training": {**vars(args), "iterations_done": iterations, "best_spantini_val_rmse": best},
+    }
+    torch.save(payload, path)
+
+
+#: ``--arch``: what follows the LETKF — a learned flow over pseudo-time or a one-evaluation local correction
+ARCHS = {"flow": RingFlow, "correction": RingCorrection}
+
+
+def build(arch: str, **config: Any) -> RingFlow | RingCorrection:
+    """A fresh ``arch`` network (``ARCHS``) with the entries of ``config`` its constructor takes."""
+    cls = ARCHS[arch]
+    names = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
+    return cls(**{k: v for k, v in config.items() if k in names})
+
+
+def load_flow(path: str | Path) -> tuple[RingFlow | RingCorrection, dict[str, Any]]:
+    """(the trained network on CPU in eval mode, its LETKF options) from a ``ring.pt``."""
     payload = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, strings only
-    cfg = payload["config"]
-    flow = RingFlow(cfg["hidden"], cfg["layers"], cfg["kernel"], cfg["steps"], cfg["bound"])
+    flow = build(payload.get("arch", "flow"), **payload["config"])
     flow.load_state_dict(payload["state"])
     return flow.eval(), dict(payload["base"])
 
 
-def plot(history: list[dict[str, Any]], path: Path) -> None:
+def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,7 +299,8 @@ def plot(history: list[dict[str, Any]], path: Path) -> None:
     axes[1].set(xlabel="iteration", ylabel="energy score", yscale="log")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.suptitle("LETKF + ring flow, energy-score training (iteration 0: the LETKF alone)")
+    what = "ring flow" if arch == "flow" else "local correction"
+    fig.suptitle(f"LETKF + learned {what}, energy-score training (iteration 0: the LETKF alone)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -286,6 +309,7 @@ def plot(history: list[dict[str, Any]], path: Path) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for ring.pt, ring_log.jsonl and ring_curve.png")
+    p.add_argument("--arch", choices=sorted(ARCHS), default="flow", help="a flow over pseudo-time or a correction")
     p.add_argument("--dim", type=int, default=40, help="Lorenz-96 state dimension d")
     p.add_argument("--particles", type=int, default=40, help="ensemble size N")
     p.add_argument("--batch", type=int, default=64, help="twins per observation stride")

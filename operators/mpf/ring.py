@@ -48,6 +48,39 @@ def _circular(c_in: int, c_out: int, kernel: int) -> nn.Conv1d:
     return nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2, padding_mode="circular")
 
 
+def ring_context(forecast: torch.Tensor, analysis: torch.Tensor, obs: torch.Tensor, model: ModelFamily) -> dict:
+    """Everything fixed during one analysis: moments [B, d], the forecast anomalies [B, N, d] and the shared
+    channels [B, C, d] (module docstring) from the forecast and LETKF ensembles [B, N, d] and obs [B, k]."""
+    B, N, d = analysis.shape
+    dtype = analysis.dtype
+    mf, sf = forecast.mean(1), forecast.std(1).clamp_min(_SD_FLOOR)
+    ma, sa = analysis.mean(1), analysis.std(1).clamp_min(_SD_FLOOR)
+    p = model.expanded(B)
+    R, delta, F = (p[k].to(dtype).reshape(B, 1) for k in ("R", "delta", "F"))
+    idx = p["obs_index"].long().reshape(B, -1)
+    o = obs.to(dtype).reshape(B, -1)
+    seen = torch.isfinite(o)
+    blank = torch.zeros(B, d, dtype=dtype, device=analysis.device)
+    full = blank.scatter(1, idx, torch.where(seen, o, torch.zeros_like(o)))
+    mask = blank.scatter(1, idx, seen.to(dtype))
+    shared = torch.stack(
+        [
+            ma / 5.0,
+            sa.log(),
+            sf.log(),
+            (ma - mf) / sf,
+            mask * (full - ma) / R.sqrt(),
+            mask * (full - mf) / (R + sf.square()).sqrt(),
+            mask,
+            R.log().expand(B, d),
+            (delta / 0.2).log().expand(B, d),
+            (F - 8.0).expand(B, d),
+        ],
+        1,
+    )  # [B, C - 1, d]: λ is appended per evaluation
+    return {"mean": ma, "sd": sa, "forecast_anomaly": (forecast - mf[:, None]) / sf[:, None], "shared": shared}
+
+
 class RingFlow(nn.Module):
     """h_θ of the module docstring: ``layers`` circular convolutions of width ``kernel`` and ``hidden`` channels, a
     member-mean DeepSet after each, and the velocity bounded by ``bound`` analysis sds per unit λ."""
@@ -66,38 +99,7 @@ class RingFlow(nn.Module):
         nn.init.zeros_(self.last.bias)
 
     # ------------------------------------------------------------------ per analysis step
-    @staticmethod
-    def context(forecast: torch.Tensor, analysis: torch.Tensor, obs: torch.Tensor, model: ModelFamily) -> dict:
-        """Everything fixed during one analysis: moments [B, d], the forecast anomalies [B, N, d] and the shared
-        channels [B, C, d] (module docstring) from the forecast and LETKF ensembles [B, N, d] and obs [B, k]."""
-        B, N, d = analysis.shape
-        dtype = analysis.dtype
-        mf, sf = forecast.mean(1), forecast.std(1).clamp_min(_SD_FLOOR)
-        ma, sa = analysis.mean(1), analysis.std(1).clamp_min(_SD_FLOOR)
-        p = model.expanded(B)
-        R, delta, F = (p[k].to(dtype).reshape(B, 1) for k in ("R", "delta", "F"))
-        idx = p["obs_index"].long().reshape(B, -1)
-        o = obs.to(dtype).reshape(B, -1)
-        seen = torch.isfinite(o)
-        blank = torch.zeros(B, d, dtype=dtype, device=analysis.device)
-        full = blank.scatter(1, idx, torch.where(seen, o, torch.zeros_like(o)))
-        mask = blank.scatter(1, idx, seen.to(dtype))
-        shared = torch.stack(
-            [
-                ma / 5.0,
-                sa.log(),
-                sf.log(),
-                (ma - mf) / sf,
-                mask * (full - ma) / R.sqrt(),
-                mask * (full - mf) / (R + sf.square()).sqrt(),
-                mask,
-                R.log().expand(B, d),
-                (delta / 0.2).log().expand(B, d),
-                (F - 8.0).expand(B, d),
-            ],
-            1,
-        )  # [B, C - 1, d]: λ is appended per evaluation
-        return {"mean": ma, "sd": sa, "forecast_anomaly": (forecast - mf[:, None]) / sf[:, None], "shared": shared}
+    context = staticmethod(ring_context)
 
     def velocity(self, x: torch.Tensor, lam: float, ctx: dict) -> torch.Tensor:
         """dx/dλ [B, N, d] at members x [B, N, d] (module docstring)."""
@@ -155,4 +157,4 @@ class RingLETKF(EnKFUpdater):
         return state.replace(particles=x.to(state.particles.dtype)), StepInfo(log_pred, n)
 
 
-__all__ = ["RingFlow", "RingLETKF"]
+__all__ = ["RingFlow", "RingLETKF", "ring_context"]

@@ -1,0 +1,57 @@
+"""The cost of the LETKF + learned ring correction/flow against the LETKF alone, interleaved so that the load of a
+shared machine falls on both alike: ``python -m benchmarks.ring_cost --ring PATH [--rounds R] [--steps S]``.
+
+Each round runs S analysis steps of every row on the spantini2019 twins (4 streams) one after the other; the ratio
+is the median over rounds of (row's time / the LETKF N = 40 time of the same round). Prints the table and writes
+``benchmarks/results/ring-cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from benchmarks import report
+from benchmarks.lorenz96 import SETTINGS, make_updater, twin
+
+ROWS = (("enkf", 40, {"inflation": 1.05, "localisation": 4}), ("enkf", 100, {"inflation": 1.05, "localisation": 4}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ring", required=True, help="a ring.pt of mpflow.training.ring_train")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    setting = next(s for s in SETTINGS if s.name == "spantini2019")
+    model, _, obs, prior = twin(setting, 4, args.steps, seed=0)
+    rows = [*ROWS, ("ring", 40, {**ROWS[0][2], "flow": args.ring})]
+    updaters = [(f"{m} N={n}", make_updater(m, o), n) for m, n, o in rows]
+    ratios: dict[str, list[float]] = {name: [] for name, _, _ in updaters}
+    for _ in range(args.rounds):
+        times = {}
+        for name, u, n in updaters:
+            state = u.init(prior, model, n, seed=[100 + b for b in range(4)])
+            t0 = time.perf_counter()
+            for m in range(args.steps):
+                state, _ = u.update(state, obs[:, m], model)
+            times[name] = time.perf_counter() - t0
+        for name in times:
+            ratios[name].append(times[name] / times[updaters[0][0]])
+    out = {name: round(statistics.median(r), 3) for name, r in ratios.items()}
+    print("| row | time / LETKF N = 40 (median of rounds) |\n|---|---:|")
+    for name, r in out.items():
+        print(f"| {name} | {r} |")
+    path = report.RESULTS / "ring-cost.json"
+    meta = {"rounds": args.rounds, "steps": args.steps, "ring": args.ring, "streams": 4, "threads": 1}
+    path.write_text(json.dumps({"meta": meta, "ratio_to_letkf40": out, "all": ratios}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""A learned local correction of the LETKF's analysis on a ring (``lorenz96``): one network evaluation, no ODE.
+
+The LETKF (:mod:`mpflow.operators.updaters.enkf`) gives each variable i the analysis of a Kalman update of the local
+ensemble's Gaussian fit: mean m^a_i, sd s^a_i, members x^a_n,i. At Δ = 0.4 between observations the forecast is
+skewed and curved and that Gaussian analysis is biased (PSEF, arXiv 2606.26497, §4: a learned correction on top of
+the EnKF is the better choice while the posterior stays near-Gaussian; Bocquet et al. 2024, arXiv 2408.04739: a
+residual analysis on the ensemble). This module corrects it, per site and shared along the ring,
+
+    x'_n,i = m^a_i + s^a_i · (δ_i + exp(α_i) · u_n,i + v_n,i − (1/N) Σ_k v_k,i),   u_n,i = (x^a_n,i − m^a_i) / s^a_i,
+
+so the new mean is m^a_i + s^a_i δ_i and the anomalies are the LETKF's, rescaled by exp(α_i) (a learned, local
+inflation) and bent by a member-wise nonlinear term v (what a Gaussian transform cannot do: skew, curvature).
+
+* a member embedding e_n = tanh(conv_k([u_n, u^f_n])) (u^f the standardised forecast anomaly, which carries the
+  forecast's skewness) and its member mean ē (a DeepSet: ē is a learned set of local moments, invariant under
+  permuting the members);
+* a site network on [B, C, d] — the ring channels of :func:`~mpflow.operators.mpf.ring.ring_context` (moments,
+  increment, innovations, the observation mask, log R, log Δ, F) and ē — of ``layers`` circular convolutions of
+  width ``kernel`` (receptive field ±layers·(kernel − 1)/2 sites, local like the LETKF's taper, so one θ serves any
+  d) giving δ_i, α_i and a site code H_i;
+* v_n,i = MLP_1×1([e_n,i, H_i]): members see their site's code only, so the cost per member is two 1 × 1 layers.
+
+The output is equivariant under permuting the members, δ, α and v are bounded (``bound`` sds, |α| ≤ 1), and the last
+layers start at zero: an untrained correction is the LETKF itself. The member-independent work runs once per twin,
+not once per member — a step costs a small multiple of the LETKF's. Trained by the energy score of X' against the
+simulated truth (:mod:`mpflow.training.ring_train`, ``--arch correction``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from mpflow.operators.mpf.ring import SHARED_CHANNELS, _circular, ring_context
+from torch import nn
+
+#: the shared ring channels of ring_context (λ, a flow's pseudo-time, is not one of them here)
+CONTEXT_CHANNELS = SHARED_CHANNELS - 1
+
+
+class RingCorrection(nn.Module):
+    """The correction of the module docstring: member embedding of ``embed`` channels, a site network of ``layers``
+    circular convolutions of width ``kernel`` and ``hidden`` channels, corrections bounded by ``bound`` sds."""
+
+    def __init__(self, hidden: int = 48, layers: int = 4, kernel: int = 5, embed: int = 16, bound: float = 2.0):
+        super().__init__()
+        if kernel % 2 == 0 or kernel < 1 or layers < 2:
+            raise ValueError(f"kernel: an odd width and layers ≥ 2, got kernel {kernel}, layers {layers}")
+        self.config = {"hidden": hidden, "layers": layers, "kernel": kernel, "embed": embed, "bound": bound}
+        self.bound = bound
+        self.embed = _circular(2, embed, kernel)
+        sizes = [CONTEXT_CHANNELS + embed] + [hidden] * (layers - 1)
+        self.site = nn.ModuleList(_circular(a, b, kernel) for a, b in itertools.pairwise(sizes))
+        self.site_out = _circular(hidden, 2, kernel)  # δ, α
+        self.member = nn.Sequential(nn.Conv1d(embed + hidden, embed, 1), nn.Tanh(), nn.Conv1d(embed, 1, 1))
+        for last in (self.site_out, self.member[-1]):  # untrained: the LETKF's analysis
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+
+    def forward(self, forecast: torch.Tensor, analysis: torch.Tensor, obs: torch.Tensor, model) -> torch.Tensor:
+        """X' [B, N, d] from the forecast and LETKF ensembles [B, N, d] and the observations [B, k]."""
+        B, N, d = analysis.shape
+        ctx = ring_context(forecast, analysis, obs, model)
+        m, s = ctx["mean"][:, None], ctx["sd"][:, None]
+        u = (analysis - m) / s
+        e = torch.tanh(self.embed(torch.stack([u, ctx["forecast_anomaly"]], 2).reshape(B * N, 2, d)))
+        e = e.reshape(B, N, -1, d)
+        h = torch.cat([ctx["shared"], e.mean(1)], 1)  # [B, C, d]
+        for layer in self.site:
+            h = torch.tanh(layer(h))
+        out = self.site_out(h)
+        delta = self.bound * torch.tanh(out[:, 0] / self.bound)[:, None]  # [B, 1, d]
+        alpha = torch.tanh(out[:, 1])[:, None]
+        code = torch.cat([e, h[:, None].expand(B, N, -1, d)], 2).reshape(B * N, -1, d)
+        v = self.bound * torch.tanh(self.member(code).reshape(B, N, d) / self.bound)
+        return m + s * (delta + alpha.exp() * u + v - v.mean(1, keepdim=True))
+
+
+__all__ = ["RingCorrection"]
