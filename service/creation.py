@@ -104,7 +104,7 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
     smoother (:mod:`mpflow.operators.smoothing`)."""
     if lag == 0:
         return
-    if not updater.supports_smoothing:
+    if not updater.smoothing:
         raise invalid(f"smoothing_lag: {method} has no smoother; use 0, or another method")
     what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d})"
     window = functools.partial(costs.smoothing_cost, updater, n, d)

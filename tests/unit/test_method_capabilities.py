@@ -24,6 +24,8 @@ def _run(method: str, options: dict) -> tuple[list[torch.Tensor], torch.Tensor |
     """(log-weights after each step, the mean of the density the method keeps (None: it keeps none), the exact
     Kalman mean) of a 2-d lds stream after its last step."""
     params = {"A": [[0.9, 0.1], [0.0, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]], "R": [[0.5, 0.0], [0.0, 0.5]]}
+    if UPDATERS[method].unknown_params:  # a method that learns parameters runs a model with one given as a prior
+        params["R"] = {"prior": {"type": "lognormal", "mean": -0.7, "sd": 0.5}}
     model = make_model("lds", params, 2)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}, 2)
     obs = torch.tensor([[[0.8, -0.4]], [[1.1, -0.2]], [[0.9, 0.3]], [[1.4, 0.1]]])
@@ -34,6 +36,8 @@ def _run(method: str, options: dict) -> tuple[list[torch.Tensor], torch.Tensor |
         state, _ = updater.update(state, obs[m], model)
         weights.append(state.log_weights[0])
     eye = torch.eye(2, dtype=torch.float64)
+    if UPDATERS[method].unknown_params:
+        return weights, None, torch.zeros(2)
     means, _, _ = kalman_filter(torch.zeros(1, 2, dtype=torch.float64), eye[None], model, obs.transpose(0, 1))
     density = updater.density(state)
     return weights, None if density is None else density.moments()[0][0], means[0, -1]
