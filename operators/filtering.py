@@ -159,6 +159,15 @@ class FilterRun:
             self.state = self.updater.init(self.prior, self.model, self.num_particles, seed=self.seed)
         return self.state
 
+    def _moments(self, state: ParticleState) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m_t, C_t) in float64: those of the exact density where the method keeps one (``kalman``'s Gaussian:
+        :meth:`~mpflow.operators.updaters.Updater.density`), else the weighted particles' (module
+        docstring) — an exact filter is scored on its own moments, not on those of N particles drawn from them."""
+        density = self.updater.density(state)
+        if density is not None:
+            return density.to(F64).moments()
+        return gaussian.moments(state.particles.to(F64), state.log_weights)
+
     def step(self) -> FilterStep:
         """Apply observation t = :attr:`t` + 1, score it and record it."""
         state = self.start()
@@ -171,7 +180,7 @@ class FilterRun:
         mean = cov = None
         scores: dict[str, torch.Tensor] = {}
         if self.moments or self.reference is not None:
-            mean, cov = gaussian.moments(state.particles.to(F64), state.log_weights)
+            mean, cov = self._moments(state)
         if self.reference is not None:
             ref = self.reference
             mu, sigma = ref.means[:, t], ref.covs[:, t]

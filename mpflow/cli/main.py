@@ -181,21 +181,22 @@ def _info(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- filter
 def _add_filter(sub: Any) -> argparse.ArgumentParser:
-    from mpflow.operators.models import FAMILIES
-    from mpflow.operators.updaters import UPDATERS
-
+    # no choices: listing the families and methods imports torch, and --help stays fast without it (unknown names
+    # are refused naming the known ones)
     p = sub.add_parser("filter", help=COMMANDS["filter"], description=_filter.__doc__)
-    p.add_argument("--family", default="linear_gaussian", choices=sorted(FAMILIES), help="model family")
+    p.add_argument("--family", default="linear_gaussian", help="model family (mpflow info lists them)")
     p.add_argument(
-        "--method", choices=sorted(UPDATERS), help="inference method (default: gpf; mpf when --operator is given)"
+        "--method",
+        help="inference method (mpflow info lists them; default: the one the service gives a stream of this model, "
+        "its measured default, with its particle count; mpf when --operator is given)",
     )
     p.add_argument(
         "--operator",
         help="method mpf: a trained operator, by name (mpflow info lists them) or folder (default: the newest one "
         "for --family and --dim; the untrained base flow when none fits)",
     )
-    p.add_argument("--dim", type=int, default=2, help="state dimension d")
-    p.add_argument("--particles", type=int, default=256, help="particles N")
+    p.add_argument("--dim", type=int, help="state dimension d (default: the family's demonstration d, e.g. 2)")
+    p.add_argument("--particles", type=int, help="particles N (default: the method's measured N, else 256)")
     p.add_argument("--steps", type=int, default=20, help="observations to simulate and filter")
     p.add_argument("--seed", type=int, default=0, help="seed of the method (the simulation uses seed + 1)")
     p.add_argument(
@@ -207,51 +208,30 @@ def _add_filter(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def mpf_operator(name: str | None, family: str, dim: int) -> tuple[str | None, str]:
-    """(the operator ``mpflow filter --method mpf`` runs, a line saying which): the one named, else the newest
-    trained operator for (family, dim), else None — the untrained base flow."""
-    if name is not None:
-        return name, f"# mpf with the operator {name}"
-    from mpflow.operators.updaters.mpf import find_operator
-
-    record = find_operator(family, dim)
-    if record is None:
-        return None, (
-            f"# mpf: no trained operator fits {family} with d = {dim} (mpflow info lists them); "
-            "running the base flow, untrained"
-        )
-    return record.name, f"# mpf with the operator {record.name} (the newest for {family}, d = {dim})"
-
-
 def _filter(args: argparse.Namespace) -> int:
-    """Simulate --steps observations of a model family, filter them with a method and print each step: update
-    time, log-evidence and, for linear-Gaussian families, the error against the exact (Kalman) posterior."""
+    """Simulate --steps observations of a model family, filter them with a method (by default the one the service
+    would choose) and print each step: update time, log-evidence and, for linear-Gaussian families, the error
+    against the exact (Kalman) posterior."""
     import torch
 
+    from mpflow.cli.filter_method import filter_method
     from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
     from mpflow.operators.models import family as family_class
     from mpflow.operators.models import make_model
     from mpflow.operators.models.priors import prior_from_spec
     from mpflow.operators.rng import generator
-    from mpflow.operators.updaters import get_updater
 
-    d = args.dim
-    method = args.method or ("mpf" if args.operator else "gpf")
-    if args.operator and method != "mpf":
-        raise ValueError(f"--operator: only used with --method mpf, not {method}")
     cls = family_class(args.family)
+    d = args.dim or cls.example_state_dim()
     params = {**cls.example_params(d), **(args.params or {})}
     model = make_model(args.family, params, d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
-    note, options = None, {}
-    if method == "mpf":
-        options["operator"], note = mpf_operator(args.operator, args.family, d)
-    updater = get_updater(method, **options)
+    chosen = filter_method(args.method, args.operator, model, args.particles)
+    updater = chosen.updater
     updater.check_compatible(model, prior)  # before the table's header: a method that cannot run prints only the error
     _, obs = model.simulate(args.steps, torch.ones(1, d), [generator(args.seed + 1)])
     exact = ExactPosterior.kalman(torch.zeros(1, d), torch.eye(d)[None], model, obs) if model.linear_gaussian else None
-    if note:
-        print(note)
+    print(chosen.note)
     print(f"{'step':>4} {'ms':>8} {'log Z':>10} {'mean err (sd)':>14} {'var ratio':>10}")
 
     def show(step: FilterStep) -> None:
@@ -261,7 +241,7 @@ def _filter(args: argparse.Namespace) -> int:
             line += f" {err:>14.3f} {ratio:>10.3f}"
         print(line)
 
-    result = run_filter(updater, model, prior, obs, args.particles, args.seed, exact, moments=False, on_step=show)
+    result = run_filter(updater, model, prior, obs, chosen.particles, args.seed, exact, moments=False, on_step=show)
     if result.log_evidence_error is not None:
         print(f"log-evidence error vs Kalman: {float(result.log_evidence_error[0]):+.4f} nats")
     return 0

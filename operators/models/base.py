@@ -468,6 +468,12 @@ class ModelFamily:
         return None
 
     @classmethod
+    def example_state_dim(cls) -> int:
+        """The state dimension of the demonstration model (``mpflow filter`` without ``--dim``, the plugin check):
+        the fixed one, else the smallest of at least 2."""
+        return cls.fixed_state_dim or max(2, cls.min_state_dim)
+
+    @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:
         """Parameters of the demonstration model of ``mpflow filter`` (JSON form): the family's required
         parameters, where it has any (the defaults do the rest)."""
