@@ -3,13 +3,11 @@
 ``run_filter`` with the ``kalman`` updater on a linear-Gaussian model is checked against the float64 Kalman
 filter it scores against: the log-evidence increments agree to rounding (the same recursion), and it is scored on
 its own exact moments (not on the N particles drawn from them), so the mean error and the variance ratio's
-distance from 1 are rounding. A failure inside the loop ends the run with the steps before it kept; ``FilterRun`` stepped by hand
-is ``run_filter``.
+distance from 1 are rounding. A failure inside the loop ends the run with the steps before it kept; ``FilterRun``
+stepped by hand is ``run_filter``.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
