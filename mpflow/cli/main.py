@@ -116,7 +116,12 @@ def _accuracy(metrics: dict[str, Any]) -> str:
     results = (metrics.get("evaluation") or {}).get("results") or []
     mpf = [r for r in results if r.get("method") == "mpf"]
     if not mpf:
-        return "not evaluated"
+        if "val_loss_best" not in metrics:
+            return "not evaluated"
+        return (
+            f"no held-out evaluation (mpflow evaluate); validation loss {metrics['val_loss_untrained']:.4f} "
+            f"untrained → {metrics['val_loss_best']:.4f}"
+        )
     r = mpf[-1]
     summary = r["summary"]
     return (
@@ -147,17 +152,32 @@ def _info_text(families: list[dict], methods: list[str], operators: list[dict], 
         lines.append(f"  {'':<24}parameters: {params or 'none'}")
         lines.append(f"  {'':<24}methods: {', '.join(f['methods'])}")
     lines += ["", f"Methods: {', '.join(methods)} (docs/methods.md explains each)", ""]
-    lines.append("Trained operators (used by method mpf for their family and dimension):")
-    for o in operators:
-        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
-    if not operators:
-        lines.append("  none (mpf runs its untrained base flow)")
+    lines += _operator_lines(operators)
     lines += ["", "Service settings in force (environment variables MPFLOW_<NAME>):"]
     lines += [
         f"  {name:<30}{_UNSET.get(name, 'not set') if value in (None, '') else json.dumps(value)}"
         for name, value in settings.items()
     ]
     return "\n".join(lines)
+
+
+def _operator_lines(operators: list[dict]) -> list[str]:
+    """The operators as ``GET /v1/operators`` gives them, in two groups by ``auto_select``, each with why."""
+    picked = [o for o in operators if o["auto_select"]]
+    named = [o for o in operators if not o["auto_select"]]
+    lines = ["Trained operators picked by method mpf for a stream of their family and d that names none (auto_select):"]
+    for o in picked:
+        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
+        if o["auto_select_note"]:
+            lines.append(f"  {'':<30}why: {o['auto_select_note']}")
+    if not picked:
+        lines.append("  none (mpf runs its untrained base flow unless a stream names an operator)")
+    if named:
+        lines += ["", "Trained operators that serve only a stream naming them (auto_select: false):"]
+    for o in named:
+        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
+        lines.append(f"  {'':<30}why: {o['auto_select_note'] or 'its config.json says so (no note)'}")
+    return lines
 
 
 def _info(args: argparse.Namespace) -> int:
