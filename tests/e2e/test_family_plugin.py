@@ -70,6 +70,8 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 1], [4, 0]]})
             assert r.status_code == 200, r.text
             assert r.json()["step"] == 2
+            r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 2.5]]})
+            assert r.status_code == 422 and "[1]: a count is a whole number ≥ 0, got 2.5" in r.text, r.text
     text = log.read_text()
     assert "model family plugin 'wrong_score' (fake_plugins:WrongScore from fake-plugins 0.1): score gives" in text
     assert "model family plugin 'no_likelihood'" in text and "does not implement log_likelihood" in text
