@@ -26,10 +26,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
-from mpflow.operators.models import FAMILY_ERRORS
-from mpflow.service import errors, routes, ws
+from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
+from mpflow.operators.models.plugins import BUILTIN
+from mpflow.service import errors, redoc_page, routes, ws
 from mpflow.service.auth import Authenticator, redact_secrets_in_logs
-from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.catalogue import OperatorCatalogue, methods_for
 from mpflow.service.dashboard import routes as dashboard
 from mpflow.service.dashboard.events import Feeds
 from mpflow.service.embedded import EmbeddedRedis
@@ -107,6 +108,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         on_outside_domain=app.state.metrics.observe_outside_domain,
     )
     app.state.auth.warn_if_open()
+    plugins = [f"{n} ({c.__module__}:{c.__qualname__})" for n, c in FAMILIES.items() if n not in BUILTIN]
+    log.info("model family plugins loaded: %s", ", ".join(plugins) or "none")
     for problem in FAMILY_ERRORS.values():  # a plugin left out: named, and the rest is served
         log.error("%s; the family is not served", problem)
     if reachable:  # the snapshot key, read (or generated) once; an unreachable store: at the first export/import
@@ -154,9 +157,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=_lifespan,
         static_url=DOCS_ASSETS,
+        redoc_url=None,  # redoc_page's: its bundle without the one image it loads from a CDN
     )
+    redoc_page.install(app, DOCS_ASSETS)
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.metrics.zero_series({name: methods_for(cls) for name, cls in FAMILIES.items()})
     app.state.auth = Authenticator(settings.api_key_tenants)
     redact_secrets_in_logs()  # uvicorn logs WebSocket paths with their query string (?api_key=...)
     ws.quiet_denial_noise()

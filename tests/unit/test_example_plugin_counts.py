@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "plugin_family"))
-from mpflow_example_family import PoissonCounts  # noqa: E402
+from mpflow_example_family import PoissonCounts
 
 
 @pytest.mark.parametrize(("value", "message"), [([3, 2.5], r"\[1\]: .* got 2.5"), ([-1, 0], r"\[0\]: .* got -1")])
