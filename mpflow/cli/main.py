@@ -325,6 +325,7 @@ def _train(args: argparse.Namespace) -> int:
     from mpflow.operators.registry import save_operator
     from mpflow.training.meta_train import meta_train, resolve_device
     from mpflow.training.tasks import sample_tasks
+    from mpflow.training.train_summary import closing_summary, selection
 
     rank, world = _init_distributed()
     torch.set_num_threads(args.threads)
@@ -409,6 +410,7 @@ def _train(args: argparse.Namespace) -> int:
     if not improved:
         print(no_improvement_warning(result, args.require_improvement), file=sys.stderr)
         if args.require_improvement:
+            print(closing_summary(result, None), file=sys.stderr)
             return 3
     training["iterations_done"] = result["iterations"]
     training["seconds"] = round(result["seconds"], 1)
@@ -424,6 +426,7 @@ def _train(args: argparse.Namespace) -> int:
         # what the operator has seen: checked against every stream that uses it (docs/API.md "operator_domain")
         "domain": family_class(args.family).task_domain(task_kwargs),
     }
+    config = selection(config)  # auto_select false: nothing here compared it with its base at equal compute
     metrics = {
         "val_loss_best": result["val_loss_best"],
         "val_loss_untrained": result["val_loss_untrained"],
@@ -439,6 +442,7 @@ def _train(args: argparse.Namespace) -> int:
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     record = save_operator(out, None, config, state, metrics, readme)
     print(json.dumps({"saved": str(record.path), "metrics": metrics}))
+    print(closing_summary(result, str(record.path)), file=sys.stderr)
     return 0
 
 

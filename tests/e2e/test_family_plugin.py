@@ -65,7 +65,12 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
             r = c.post("/v1/streams", json=body)
             assert r.status_code == 201, r.text
             doc = r.json()
-            if method == "mpf":
+            if method == "mpf":  # a freshly trained operator serves only streams that name it (auto_select false)
+                assert doc["operator"] is None and doc["untrained"], doc
+                body["operator"] = "poisson_counts-d2-v1"
+                r = c.post("/v1/streams", json=body)
+                assert r.status_code == 201, r.text
+                doc = r.json()
                 assert doc["operator"] == "poisson_counts-d2-v1"
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 1], [4, 0]]})
             assert r.status_code == 200, r.text
