@@ -37,7 +37,8 @@ def test_train_ends_with_a_summary_and_saves_a_named_only_operator(tmp_path, cap
     assert summary[0].startswith("mpflow train: 1 iterations in ") and summary[0].endswith(
         "stopped: the time limit (--max-minutes 0.0001) after 1 of 3 iterations"
     )
-    assert summary[1].startswith("  validation loss: ") and " untrained → " in summary[1] and "at iteration" in summary[1]
+    assert summary[1].startswith("  validation loss: ") and " untrained → " in summary[1]
+    assert "best, at iteration" in summary[1]
     assert summary[2] == f"  saved: {saved} (auto_select: false — it serves only a stream that names it)"
     assert summary[3].startswith(f"  benchmark: not run; mpflow evaluate --operator {saved}")
     record = resolve(saved)
