@@ -160,12 +160,11 @@ class FilterRun:
         return self.state
 
     def _moments(self, state: ParticleState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(m_t, C_t) in float64: those of the exact density where the method keeps one (``kalman``'s Gaussian:
-        :meth:`~mpflow.operators.updaters.Updater.density`), else the weighted particles' (module
+        """(m_t, C_t) in float64: the exact Gaussian a state carries where its method keeps one (``kalman``: extras
+        ``mean`` and ``cov``, which the service's summaries report too), else the weighted particles' (module
         docstring) — an exact filter is scored on its own moments, not on those of N particles drawn from them."""
-        density = self.updater.density(state)
-        if density is not None:
-            return density.to(F64).moments()
+        if "mean" in state.extras and "cov" in state.extras:
+            return state.extras["mean"].to(F64), state.extras["cov"].to(F64)
         return gaussian.moments(state.particles.to(F64), state.log_weights)
 
     def step(self) -> FilterStep:

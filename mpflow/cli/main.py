@@ -180,22 +180,32 @@ def _operator_lines(operators: list[dict]) -> list[str]:
     return lines
 
 
-def _info(args: argparse.Namespace) -> int:
+def _catalogue(operator_dirs: list[str], max_state_dim: int) -> dict[str, Any]:
+    """Families, methods and operators as the service lists them (imports torch: :mod:`mpflow.cli.info_cache`
+    keeps the result)."""
     from mpflow.operators.updaters import UPDATERS
     from mpflow.service import catalogue
+
+    operators = catalogue.OperatorCatalogue(operator_dirs)
+    operators.load()
+    return {
+        "families": catalogue.models(max_state_dim),
+        "methods": {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()},
+        "operators": json.loads(json.dumps(operators.to_json(), default=str)),
+    }
+
+
+def _info(args: argparse.Namespace) -> int:
+    from mpflow.cli.info_cache import cached_catalogue
     from mpflow.service.settings import Settings
 
     settings = Settings()
-    operators = catalogue.OperatorCatalogue(settings.operator_dir_list)
-    operators.load()
-    families = catalogue.models(settings.max_state_dim)
-    listed = operators.to_json()
+    dirs, max_d = settings.operator_dir_list, settings.max_state_dim
+    found = cached_catalogue(dirs, max_d, lambda: _catalogue(dirs, max_d))
     if args.json:
-        methods = {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()}
-        out = {"families": families, "methods": methods, "operators": listed, "settings": _redacted(settings)}
-        print(json.dumps(out, indent=2, default=str))
+        print(json.dumps({**found, "settings": _redacted(settings)}, indent=2, default=str))
     else:
-        print(_info_text(families, sorted(UPDATERS), listed, _redacted(settings)))
+        print(_info_text(found["families"], sorted(found["methods"]), found["operators"], _redacted(settings)))
     return 0
 
 
