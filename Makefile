@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --upgrade pip "setuptools>=77"  # pyproject.toml's license (PEP 639); wheels built here
 	# CPU build of torch first: an unpinned torch would pull gigabytes of CUDA packages.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"

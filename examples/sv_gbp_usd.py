@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from pathlib import Path
 
+from track_target import run_example  # first: it says which Python to use where mpflow is missing
+
+# isort: split
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
-sys.path.insert(0, str(HERE))
+from mpflow import Client
+from mpflow.client.results import StepTable
 
-from mpflow.service.client import Client  # noqa: E402
-from mpflow.service.results import StepTable  # noqa: E402
-from track_target import run_example  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 DATA = HERE / "datasets" / "gbp_usd_daily.csv"
 PRIORS = {

@@ -10,7 +10,8 @@ each gap between fixes:
 Fixes arrive after exponential gaps (mean ``--gap``); some are lost (``None``: the filter predicts only), and for
 some only one coordinate came through (``[x, None]``). The Python client sends ``(t, fix)`` pairs; afterwards
 ``stream.forecast`` gives the 10-step predictive. Run a server (``mpflow serve``) and then
-``python examples/track_irregular.py``, or let it start one (``--serve``).
+``.venv/bin/python examples/track_irregular.py`` from the checkout (the environment ``make setup`` made), or let
+it start one (``--serve``).
 
 The plot shows each coordinate against time: the truth, the fixes, the posterior mean with its 95 % band, and the
 forecast with its band.
@@ -20,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 
+from track_target import local_server  # first: it says which Python to use where mpflow is missing
+
+# isort: split
 import numpy as np
 import scipy.linalg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from track_target import local_server
 
 from mpflow import Client
 

@@ -6,10 +6,11 @@ is observed, with noise:
     x_m = A x_{m-1} + N(0, Q),   A = [[I, dt·I], [0, I]],   Q = q·[[dt³/3·I, dt²/2·I], [dt²/2·I, dt·I]]
     o_m = B x_m + N(0, R),       B = [I 0],                  R = r²·I
 
-Run a server (``mpflow serve``) and then ``python examples/track_target.py``, or let the example start one
-itself (in a thread, with the embedded store in a temporary folder)::
+Run a server (``mpflow serve``) and then ``.venv/bin/python examples/track_target.py`` from the checkout (the
+environment ``make setup`` made; any Python with mpflow installed will do), or let the example start one itself
+(in a thread, with the embedded store in a temporary folder)::
 
-    python examples/track_target.py --serve --steps 100 --out track.png
+    .venv/bin/python examples/track_target.py --serve --steps 100 --out track.png
 
 The plot shows the true path, the observations, the posterior mean and its 95% region: on the plane
 (ellipses), and against time relative to the truth (mean ± 1.96 sd, minus the true position).
@@ -25,11 +26,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
+try:
+    import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from mpflow import Client
+    from mpflow import Client
+except ModuleNotFoundError as exc:  # a Python without mpflow's environment: say which one to use
+    raise SystemExit(
+        f"{exc}. Run the examples with the environment that `make setup` made (or any with mpflow installed): "
+        f".venv/bin/python examples/{Path(sys.argv[0]).name} ..."
+    ) from None
 
 
 def constant_velocity(dt: float, q: float, r: float) -> dict[str, list]:

@@ -159,6 +159,14 @@ class FilterRun:
             self.state = self.updater.init(self.prior, self.model, self.num_particles, seed=self.seed)
         return self.state
 
+    def _moments(self, state: ParticleState) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m_t, C_t) in float64: the exact Gaussian a state carries where its method keeps one (``kalman``: extras
+        ``mean`` and ``cov``, which the service's summaries report too), else the weighted particles' (module
+        docstring) — an exact filter is scored on its own moments, not on those of N particles drawn from them."""
+        if "mean" in state.extras and "cov" in state.extras:
+            return state.extras["mean"].to(F64), state.extras["cov"].to(F64)
+        return gaussian.moments(state.particles.to(F64), state.log_weights)
+
     def step(self) -> FilterStep:
         """Apply observation t = :attr:`t` + 1, score it and record it."""
         state = self.start()
@@ -171,7 +179,7 @@ class FilterRun:
         mean = cov = None
         scores: dict[str, torch.Tensor] = {}
         if self.moments or self.reference is not None:
-            mean, cov = gaussian.moments(state.particles.to(F64), state.log_weights)
+            mean, cov = self._moments(state)
         if self.reference is not None:
             ref = self.reference
             mu, sigma = ref.means[:, t], ref.covs[:, t]

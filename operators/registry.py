@@ -91,6 +91,18 @@ class OperatorRecord:
     def __hash__(self) -> int:  # config/metrics are dicts: hash the identity of the content instead
         return hash((self.kind, self.name, self.content_hash, str(self.path)))
 
+    @property
+    def auto_select(self) -> bool:
+        """Whether ``mpf`` picks this operator for a stream of its family and d that names none (the newest such
+        one); False — ``"auto_select": false`` in its config.json — for one measured no better than its base flow
+        at equal compute, which serves only a stream that names it."""
+        return self.config.get("auto_select", True) is not False
+
+    @property
+    def auto_select_note(self) -> str | None:
+        """Why it is (not) picked automatically, in words: the config's ``auto_select_note`` (None if it has none)."""
+        return self.config.get("auto_select_note")
+
     def to_json(self) -> dict[str, Any]:
         """The catalogue entry (docs/API.md ``GET /v1/operators``): no filesystem path, no full config."""
         return {
@@ -103,6 +115,8 @@ class OperatorRecord:
             "metrics": json.loads(json.dumps(self.metrics)),
             "created": self.created,
             "content_hash": self.content_hash,
+            "auto_select": self.auto_select,
+            "auto_select_note": self.auto_select_note,
         }
 
 

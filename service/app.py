@@ -26,11 +26,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
-from mpflow.operators.models import FAMILY_ERRORS
+from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
+from mpflow.operators.models.plugins import CATALOGUE_ORDER
 from mpflow.operators.updaters import UPDATERS
-from mpflow.service import errors, routes, ws
+from mpflow.service import errors, redoc_page, routes, ws
 from mpflow.service.auth import Authenticator, redact_secrets_in_logs
-from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.catalogue import OperatorCatalogue, methods_for
 from mpflow.service.dashboard import routes as dashboard
 from mpflow.service.dashboard.events import Feeds
 from mpflow.service.embedded import EmbeddedRedis
@@ -53,9 +54,8 @@ DOCS_ASSETS = "/docs-assets"
 METHOD_NAMES = ", ".join(f"`{m}`" for m in UPDATERS)
 DESCRIPTION = f"""Online sequential Bayesian inference. Open a *stream* (a model, a prior, a method), POST observations
 as they arrive, read posterior summaries, samples and log-evidence after each. Methods: {METHOD_NAMES} (`mpf`: a
-learned Meta Particle Flow operator; `smc2`: for a model whose parameters
-are given as priors, learned online with the state); `GET /v1/models` says what each can do. Errors: `{{"error": {{"code",
-"message"}}}}`."""
+learned Meta Particle Flow operator; `smc2`: for a model whose parameters are given as priors, learned online with
+the state); `GET /v1/models` says what each can do. Errors: `{{"error": {{"code", "message"}}}}`."""
 
 
 @asynccontextmanager
@@ -110,6 +110,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         on_outside_domain=app.state.metrics.observe_outside_domain,
     )
     app.state.auth.warn_if_open()
+    plugins = [f"{n} ({c.__module__}:{c.__qualname__})" for n, c in FAMILIES.items() if n not in CATALOGUE_ORDER]
+    log.info("model family plugins loaded: %s", ", ".join(plugins) or "none")
     for problem in FAMILY_ERRORS.values():  # a plugin left out: named, and the rest is served
         log.error("%s; the family is not served", problem)
     if reachable:  # the snapshot key, read (or generated) once; an unreachable store: at the first export/import
@@ -157,9 +159,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=_lifespan,
         static_url=DOCS_ASSETS,
+        redoc_url=None,  # redoc_page's: its bundle without the one image it loads from a CDN
     )
+    redoc_page.install(app, DOCS_ASSETS)
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.metrics.zero_series({name: methods_for(cls) for name, cls in FAMILIES.items()})
     app.state.auth = Authenticator(settings.api_key_tenants)
     redact_secrets_in_logs()  # uvicorn logs WebSocket paths with their query string (?api_key=...)
     ws.quiet_denial_noise()

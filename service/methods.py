@@ -216,7 +216,7 @@ class Methods:
         if method is None and model.unknown:
             return self._learning(model)
         if method is None:
-            return self._default(model, req.method_options)
+            return self.default(model, req.method_options)
         if method == "mpf":  # a trained operator when one fits; else the untrained (Daum–Huang) base flow
             return Choice("mpf", self._fitting_operator(model))
         return Choice(method)
@@ -237,7 +237,7 @@ class Methods:
         record = self.operators.find(model.name, model.state_dim)
         return record.name if record is not None else None
 
-    def _default(self, model: ModelFamily, requested: dict[str, Any] | None) -> Choice:
+    def default(self, model: ModelFamily, requested: dict[str, Any] | None = None) -> Choice:
         """The measured default for ``model`` (:mod:`mpflow.service.default_methods`), or ``smc`` where the default's
         options, under the ``requested`` ones, cannot run the model's parameters (measured at the benchmark's:
         lorenz96's measured flow_fraction needs a linear observation, which arctan is not)."""

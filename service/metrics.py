@@ -175,6 +175,19 @@ class Metrics:
             registry=r,
         )
 
+    def zero_series(self, runs: dict[str, list[str]]) -> None:
+        """Every series labelled by family and method alone (not the fall-backs', whose third label is open), at 0,
+        before the first update: ``runs`` maps each family to the methods that run it (``GET /v1/models``).
+        ``rate()`` and alerts see a series from the start instead of one that appears with its first sample; every
+        worker calls it (in multiprocess mode a ``labels()`` call writes the 0 to the worker's file)."""
+        methods = sorted({m for ms in runs.values() for m in ms})
+        for family, family_methods in runs.items():
+            for method in family_methods:
+                self.updates.labels(family, method)
+        for method in methods:
+            for per_method in (self.update_duration, self.ess_fraction, self.move_acceptance, self.rescues):
+                per_method.labels(method)
+
     def observe_watchdog(self, lag: float, busy: dict[str, float]) -> None:
         """The watchdog's hook: the loop's lag and each worker's seconds on its current job."""
         self.loop_lag.set(lag)

@@ -797,6 +797,11 @@ class OperatorInfo(BaseModel):
     metrics: dict[str, Any]
     created: str
     content_hash: str
+    auto_select: bool = Field(
+        description="method mpf picks it for a stream of its family and d that names no operator (the newest such); "
+        "false: measured no better than its base flow at equal compute, it serves only a stream that names it"
+    )
+    auto_select_note: str | None = Field(description="why it is (not) picked automatically, where its config says")
 
 
 class OperatorsResponse(BaseModel):

@@ -300,6 +300,23 @@ def learning_rate(lr: float, iteration: int, iterations: int, schedule: str = "c
     raise ValueError(f"lr_schedule: expected one of {list(LR_SCHEDULES)}, got {schedule!r}")
 
 
+def projected_total(iterations: int, done: int, start: int, seconds: float, max_minutes: float | None) -> int:
+    """The iterations a run will reach: ``iterations``, or under ``max_minutes`` fewer — the ones done plus those
+    the time left allows at this run's pace (``done - start`` iterations in ``seconds``). The progress bar's total,
+    so that its ETA counts down to the time limit rather than to ``iterations``."""
+    if max_minutes is None or done <= start or seconds <= 0:
+        return iterations
+    left = max(0.0, 60 * max_minutes - seconds)
+    return max(done, min(iterations, done + math.ceil(left * (done - start) / seconds)))
+
+
+def stop_reason(done: int, iterations: int, out_of_time: bool, max_minutes: float | None) -> str:
+    """Why a run stopped, in words (the closing summary of ``mpflow train``)."""
+    if out_of_time:
+        return f"the time limit (--max-minutes {max_minutes:g}) after {done} of {iterations} iterations"
+    return f"all {iterations} iterations done"
+
+
 def meta_train(
     net: MPFVelocity,
     family: str,
@@ -445,6 +462,7 @@ def meta_train(
     bar = tqdm(
         range(start, iterations), initial=start, total=iterations, disable=not (progress and lead), desc="meta-train"
     )
+    out_of_time = False
     try:
         for it in bar:
             t0 = time.perf_counter()
@@ -497,6 +515,7 @@ def meta_train(
             if log is not None:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
+            bar.total = projected_total(iterations, done, start, seconds, max_minutes)
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", best=f"{best_val:.3f}")
             if val is not None:
                 save(done)
@@ -514,6 +533,7 @@ def meta_train(
         "best_iteration": best_it,
         "final_state": final_state,
         "iterations": last,
+        "stopped": stop_reason(last, iterations, out_of_time, max_minutes),
         "seconds": seconds,
         # over every iteration, resumed runs' included (a resumed run that was already finished did none itself)
         "it_per_s": (len(history) / seconds) if seconds > 0 and history else 0.0,

@@ -117,7 +117,12 @@ def _accuracy(metrics: dict[str, Any]) -> str:
     results = (metrics.get("evaluation") or {}).get("results") or []
     mpf = [r for r in results if r.get("method") == "mpf"]
     if not mpf:
-        return "not evaluated"
+        if "val_loss_best" not in metrics:
+            return "not evaluated"
+        return (
+            f"no held-out evaluation (mpflow evaluate); validation loss {metrics['val_loss_untrained']:.4f} "
+            f"untrained → {metrics['val_loss_best']:.4f}"
+        )
     r = mpf[-1]
     summary = r["summary"]
     return (
@@ -148,11 +153,7 @@ def _info_text(families: list[dict], methods: list[str], operators: list[dict], 
         lines.append(f"  {'':<24}parameters: {params or 'none'}")
         lines.append(f"  {'':<24}methods: {', '.join(f['methods'])}")
     lines += ["", f"Methods: {', '.join(methods)} (docs/methods.md explains each)", ""]
-    lines.append("Trained operators (used by method mpf for their family and dimension):")
-    for o in operators:
-        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
-    if not operators:
-        lines.append("  none (mpf runs its untrained base flow)")
+    lines += _operator_lines(operators)
     lines += ["", "Service settings in force (environment variables MPFLOW_<NAME>):"]
     lines += [
         f"  {name:<30}{_UNSET.get(name, 'not set') if value in (None, '') else json.dumps(value)}"
@@ -161,42 +162,72 @@ def _info_text(families: list[dict], methods: list[str], operators: list[dict], 
     return "\n".join(lines)
 
 
-def _info(args: argparse.Namespace) -> int:
+def _operator_lines(operators: list[dict]) -> list[str]:
+    """The operators as ``GET /v1/operators`` gives them, in two groups by ``auto_select``, each with why."""
+    picked = [o for o in operators if o["auto_select"]]
+    named = [o for o in operators if not o["auto_select"]]
+    lines = ["Trained operators picked by method mpf for a stream of their family and d that names none (auto_select):"]
+    for o in picked:
+        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
+        if o["auto_select_note"]:
+            lines.append(f"  {'':<30}why: {o['auto_select_note']}")
+    if not picked:
+        lines.append("  none (mpf runs its untrained base flow unless a stream names an operator)")
+    if named:
+        lines += ["", "Trained operators that serve only a stream naming them (auto_select: false):"]
+    for o in named:
+        lines.append(f"  {o['name']:<30}{o['family']}, d = {o['state_dim']}: {_accuracy(o['metrics'])}")
+        lines.append(f"  {'':<30}why: {o['auto_select_note'] or 'its config.json says so (no note)'}")
+    return lines
+
+
+def _catalogue(operator_dirs: list[str], max_state_dim: int) -> dict[str, Any]:
+    """Families, methods and operators as the service lists them (imports torch: :mod:`mpflow.cli.info_cache`
+    keeps the result)."""
     from mpflow.operators.updaters import UPDATERS
     from mpflow.service import catalogue
+
+    operators = catalogue.OperatorCatalogue(operator_dirs)
+    operators.load()
+    return {
+        "families": catalogue.models(max_state_dim),
+        "methods": {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()},
+        "operators": json.loads(json.dumps(operators.to_json(), default=str)),
+    }
+
+
+def _info(args: argparse.Namespace) -> int:
+    from mpflow.cli.info_cache import cached_catalogue
     from mpflow.service.settings import Settings
 
     settings = Settings()
-    operators = catalogue.OperatorCatalogue(settings.operator_dir_list)
-    operators.load()
-    families = catalogue.models(settings.max_state_dim)
-    listed = operators.to_json()
+    dirs, max_d = settings.operator_dir_list, settings.max_state_dim
+    found = cached_catalogue(dirs, max_d, lambda: _catalogue(dirs, max_d))
     if args.json:
-        methods = {name: {"defaults": cls.defaults, "weighted": cls.weighted} for name, cls in UPDATERS.items()}
-        out = {"families": families, "methods": methods, "operators": listed, "settings": _redacted(settings)}
-        print(json.dumps(out, indent=2, default=str))
+        print(json.dumps({**found, "settings": _redacted(settings)}, indent=2, default=str))
     else:
-        print(_info_text(families, sorted(UPDATERS), listed, _redacted(settings)))
+        print(_info_text(found["families"], sorted(found["methods"]), found["operators"], _redacted(settings)))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- filter
 def _add_filter(sub: Any) -> argparse.ArgumentParser:
-    from mpflow.operators.models import FAMILIES
-    from mpflow.operators.updaters import UPDATERS
-
+    # no choices: listing the families and methods imports torch, and --help stays fast without it (unknown names
+    # are refused naming the known ones)
     p = sub.add_parser("filter", help=COMMANDS["filter"], description=_filter.__doc__)
-    p.add_argument("--family", default="linear_gaussian", choices=sorted(FAMILIES), help="model family")
+    p.add_argument("--family", default="linear_gaussian", help="model family (mpflow info lists them)")
     p.add_argument(
-        "--method", choices=sorted(UPDATERS), help="inference method (default: gpf; mpf when --operator is given)"
+        "--method",
+        help="inference method (mpflow info lists them; default: the one the service gives a stream of this model, "
+        "its measured default, with its particle count; mpf when --operator is given)",
     )
     p.add_argument(
         "--operator",
         help="method mpf: a trained operator, by name (mpflow info lists them) or folder (default: the newest one "
         "for --family and --dim; the untrained base flow when none fits)",
     )
-    p.add_argument("--dim", type=int, default=2, help="state dimension d")
-    p.add_argument("--particles", type=int, default=256, help="particles N")
+    p.add_argument("--dim", type=int, help="state dimension d (default: the family's demonstration d, e.g. 2)")
+    p.add_argument("--particles", type=int, help="particles N (default: the method's measured N, else 256)")
     p.add_argument("--steps", type=int, default=20, help="observations to simulate and filter")
     p.add_argument("--seed", type=int, default=0, help="seed of the method (the simulation uses seed + 1)")
     p.add_argument(
@@ -211,56 +242,35 @@ def _add_filter(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def mpf_operator(name: str | None, family: str, dim: int) -> tuple[str | None, str]:
-    """(the operator ``mpflow filter --method mpf`` runs, a line saying which): the one named, else the newest
-    trained operator for (family, dim), else None — the untrained base flow."""
-    if name is not None:
-        return name, f"# mpf with the operator {name}"
-    from mpflow.operators.updaters.mpf import find_operator
-
-    record = find_operator(family, dim)
-    if record is None:
-        return None, (
-            f"# mpf: no trained operator fits {family} with d = {dim} (mpflow info lists them); "
-            "running the base flow, untrained"
-        )
-    return record.name, f"# mpf with the operator {record.name} (the newest for {family}, d = {dim})"
-
-
 def _filter(args: argparse.Namespace) -> int:
-    """Simulate --steps observations of a model family, filter them with a method and print each step: update
-    time, log-evidence and, for linear-Gaussian families, the error against the exact (Kalman) posterior. With
-    --data FILE --model model.json: filter a CSV or Parquet file instead (mpflow.cli.filter_data)."""
+    """Simulate --steps observations of a model family, filter them with a method (by default the one the service
+    would choose) and print each step: update time, log-evidence and, for linear-Gaussian families, the error
+    against the exact (Kalman) posterior. With --data FILE --model model.json: filter a CSV or Parquet file instead
+    (mpflow.cli.filter_data)."""
     if args.data is not None:
         from mpflow.cli import filter_data
 
         return filter_data.run(args)
     import torch
 
+    from mpflow.cli.filter_method import filter_method
     from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
     from mpflow.operators.models import family as family_class
     from mpflow.operators.models import make_model
     from mpflow.operators.models.priors import prior_from_spec
     from mpflow.operators.rng import generator
-    from mpflow.operators.updaters import get_updater
 
-    d = args.dim
-    method = args.method or ("mpf" if args.operator else "gpf")
-    if args.operator and method != "mpf":
-        raise ValueError(f"--operator: only used with --method mpf, not {method}")
     cls = family_class(args.family)
+    d = args.dim or cls.example_state_dim()
     params = {**cls.example_params(d), **(args.params or {})}
     model = make_model(args.family, params, d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
-    note, options = None, {}
-    if method == "mpf":
-        options["operator"], note = mpf_operator(args.operator, args.family, d)
-    updater = get_updater(method, **options)
+    chosen = filter_method(args.method, args.operator, model, args.particles)
+    updater = chosen.updater
     updater.check_compatible(model, prior)  # before the table's header: a method that cannot run prints only the error
     _, obs = model.simulate(args.steps, torch.ones(1, d), [generator(args.seed + 1)])
     exact = ExactPosterior.kalman(torch.zeros(1, d), torch.eye(d)[None], model, obs) if model.linear_gaussian else None
-    if note:
-        print(note)
+    print(chosen.note)
     print(f"{'step':>4} {'ms':>8} {'log Z':>10} {'mean err (sd)':>14} {'var ratio':>10}")
 
     def show(step: FilterStep) -> None:
@@ -270,7 +280,7 @@ def _filter(args: argparse.Namespace) -> int:
             line += f" {err:>14.3f} {ratio:>10.3f}"
         print(line)
 
-    result = run_filter(updater, model, prior, obs, args.particles, args.seed, exact, moments=False, on_step=show)
+    result = run_filter(updater, model, prior, obs, chosen.particles, args.seed, exact, moments=False, on_step=show)
     if result.log_evidence_error is not None:
         print(f"log-evidence error vs Kalman: {float(result.log_evidence_error[0]):+.4f} nats")
     return 0
@@ -334,6 +344,7 @@ def _train(args: argparse.Namespace) -> int:
     from mpflow.operators.registry import save_operator
     from mpflow.training.meta_train import meta_train, resolve_device
     from mpflow.training.tasks import sample_tasks
+    from mpflow.training.train_summary import closing_summary, selection
 
     rank, world = _init_distributed()
     torch.set_num_threads(args.threads)
@@ -418,6 +429,7 @@ def _train(args: argparse.Namespace) -> int:
     if not improved:
         print(no_improvement_warning(result, args.require_improvement), file=sys.stderr)
         if args.require_improvement:
+            print(closing_summary(result, None), file=sys.stderr)
             return 3
     training["iterations_done"] = result["iterations"]
     training["seconds"] = round(result["seconds"], 1)
@@ -433,6 +445,7 @@ def _train(args: argparse.Namespace) -> int:
         # what the operator has seen: checked against every stream that uses it (docs/API.md "operator_domain")
         "domain": family_class(args.family).task_domain(task_kwargs),
     }
+    config = selection(config)  # auto_select false: nothing here compared it with its base at equal compute
     metrics = {
         "val_loss_best": result["val_loss_best"],
         "val_loss_untrained": result["val_loss_untrained"],
@@ -448,6 +461,7 @@ def _train(args: argparse.Namespace) -> int:
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     record = save_operator(out, None, config, state, metrics, readme)
     print(json.dumps({"saved": str(record.path), "metrics": metrics}))
+    print(closing_summary(result, str(record.path)), file=sys.stderr)
     return 0
 
 

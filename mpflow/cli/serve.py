@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -106,14 +107,23 @@ def log_config(level: str) -> dict[str, Any]:
     }
 
 
+#: ``mpflow serve``'s own settings (read from the environment by the command, not by ``Settings``): name → default
+#: as docs/API.md "Limits" gives it (``tests/unit/test_docs_drift.py`` checks the two agree)
+SERVE_SETTINGS = {
+    "MPFLOW_HOST": "127.0.0.1",
+    "MPFLOW_PORT": 8000,
+    "MPFLOW_WORKERS": f"one per CPU core, at most {MAX_DEFAULT_WORKERS}",
+}
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=os.environ.get("MPFLOW_HOST", "127.0.0.1"), help="bind address (127.0.0.1)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("MPFLOW_PORT", "8000")), help="port (8000)")
+    host, port, workers = SERVE_SETTINGS.values()
+    p.add_argument("--host", default=os.environ.get("MPFLOW_HOST", host), help=f"bind address (MPFLOW_HOST; {host})")
     p.add_argument(
-        "--workers",
-        type=_positive_workers,
-        default=None,
-        help=f"worker processes (MPFLOW_WORKERS; default: one per CPU core, at most {MAX_DEFAULT_WORKERS})",
+        "--port", type=int, default=int(os.environ.get("MPFLOW_PORT", str(port))), help=f"port (MPFLOW_PORT; {port})"
+    )
+    p.add_argument(
+        "--workers", type=_positive_workers, default=None, help=f"worker processes (MPFLOW_WORKERS; default: {workers})"
     )
     p.add_argument("--redis-url", default=None, help="state store URL (default: embedded Redis under ./data)")
     p.add_argument("--log-level", default=None, help="CRITICAL/ERROR/WARNING/INFO/DEBUG (MPFLOW_LOG_LEVEL)")
@@ -152,6 +162,23 @@ def shared_metrics_dir(workers: int) -> Iterator[str | None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """SystemExit with a hint when ``host:port`` cannot be bound (another server holds it): which port, and how to
+    pick another — instead of uvicorn's bare ``[Errno 98] Address already in use``. Bound as uvicorn binds it
+    (``SO_REUSEADDR``: a port in TIME_WAIT is free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(
+                f"mpflow serve: cannot listen on {host}:{port} ({exc.strerror}): another server (an earlier "
+                f"mpflow serve?) holds port {port}. Stop it, or pick another port: mpflow serve --port {port + 1} "
+                f"(or MPFLOW_PORT={port + 1})"
+            ) from None
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run uvicorn until it stops (``mpflow.service.app:create_app`` in ``args.workers`` processes); 0."""
     import uvicorn
@@ -167,6 +194,7 @@ def serve(args: argparse.Namespace) -> int:
         workers = args.workers or default_workers()
     except argparse.ArgumentTypeError as e:
         raise SystemExit(f"MPFLOW_WORKERS: {e}") from None
+    check_port_free(args.host, args.port)
     with shared_metrics_dir(workers):
         uvicorn.run(
             "mpflow.service.app:create_app",

@@ -543,6 +543,12 @@ class ModelFamily:
         return None
 
     @classmethod
+    def example_state_dim(cls) -> int:
+        """The state dimension of the demonstration model (``mpflow filter`` without ``--dim``, the plugin check):
+        the fixed one, else the smallest of at least 2."""
+        return cls.fixed_state_dim or max(2, cls.min_state_dim)
+
+    @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:
         """Parameters of the demonstration model of ``mpflow filter`` (JSON form): the family's required
         parameters, where it has any (the defaults do the rest)."""
@@ -647,7 +653,8 @@ def param_kind(parse: Callable[..., torch.Tensor]) -> str:
 
 
 def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None) -> str | None:
-    """The default of a parameter in words, read off the family's default at d = 2 (c·I, or a value)."""
+    """The default of a parameter in words, read off the family's default at d = 2 (c·I, or a value; a vector
+    whose length does not follow d, as ``range_bearing``'s ``sensor``, as the vector: ``[0, 0]``)."""
     if default is None:
         return None
     t = default(2, torch.float64)
@@ -655,8 +662,11 @@ def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None)
         return None
     if t.dim() == 2 and torch.equal(t, t[0, 0] * torch.eye(2, dtype=t.dtype)):
         return f"{t[0, 0].item():g}·I"
-    if t.dim() == 1 and bool((t == t[0]).all()):
+    follows_d = t.dim() == 1 and default(3, torch.float64).shape != t.shape
+    if follows_d and bool((t == t[0]).all()):
         return f"{t[0].item():g}"
+    if t.dim() == 1:
+        return "[" + ", ".join(f"{v:g}" for v in t.tolist()) + "]"
     if t.dim() == 0:
         return f"{t.item():g}"
     return str(t.tolist())

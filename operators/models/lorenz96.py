@@ -259,6 +259,11 @@ class Lorenz96(DiagonalGaussianObservation):
         }
 
     @classmethod
+    def example_state_dim(cls) -> int:
+        """d = 10: the smallest d ``benchmarks.lorenz96`` measured (and the shipped ``lorenz96-d10-v1``'s)."""
+        return 10
+
+    @classmethod
     def example_params(cls, d: int) -> dict[str, Any]:
         """The defaults (DAPPER sakov2008)."""
         return {}

@@ -111,7 +111,7 @@ def family_problem(name: str, cls: object) -> str | None:
         missing.append("transition_affine (or transition)")
     if missing:
         return f"does not implement {', '.join(missing)}"
-    d = cls.fixed_state_dim or max(2, cls.min_state_dim)
+    d = cls.example_state_dim()
     try:
         return _shape_problem(cls, d)
     except Exception as exc:  # whatever a broken plugin raises is its problem, reported as such

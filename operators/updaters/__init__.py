@@ -6,8 +6,9 @@ it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf
 unscented Kalman filters, the baselines of families with an explicit observation function and additive Gaussian
 noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
 (``Updater.nonlinear_transition``). What each method can do (weighted cloud, exact, forecasts, controls, ...) is
-declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`). ``smc2`` learns unknown static model
-parameters with the state (a model whose parameters are given as priors, ``Updater.unknown_params``).
+declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`).
+``smc2`` learns unknown static model parameters with the state (a model whose parameters are given as priors,
+``Updater.unknown_params``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def find_operator(
         if r.kind == "operator"
         and r.family == family
         and r.state_dim in (state_dim, 1)
-        and (include_named_only or r.config.get("auto_select", True) is not False)
+        and (include_named_only or r.auto_select)
     ]
     exact = [r for r in found if r.state_dim == state_dim]
     if not exact and family in FAMILIES and FAMILIES[family].factorised:

@@ -14,14 +14,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from mpflow.service.app import DOCS_ASSETS
+from mpflow.service.redoc_page import CDN_LOGO, REDOC_JS
 
 from tests.e2e.test_dashboard import WAIT_MS, PageLog, _sync, browser  # noqa: F401  (fixture)
 from tests.harness.server import drop_prefix, serve_in_thread
 from tests.integration.conftest import redis_url  # noqa: F401  (the real-Redis fixture)
 from tests.integration.test_api_streams import settings
 
-#: the one request of ReDoc's bundle beyond this server (test_redoc_renders_the_operations_offline)
-REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
 #: operations every page must show (their summaries)
 OPERATIONS = ("Create a stream", "Apply observations (seq: exactly once)", "The stream document", "Delete a stream")
 
@@ -57,7 +56,7 @@ def test_the_assets_are_served_from_the_package(url: str) -> None:
     html = httpx.get(f"{url}/docs").text
     assert f"{DOCS_ASSETS}/swagger-ui-bundle.js" in html and "cdn." not in html
     redoc = httpx.get(f"{url}/redoc").text
-    assert f"{DOCS_ASSETS}/redoc.standalone.js" in redoc and "cdn." not in redoc
+    assert f"{DOCS_ASSETS}/favicon.png" in redoc and "cdn." not in redoc  # its bundle: the next test
     for name in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js"):
         r = httpx.get(f"{url}{DOCS_ASSETS}/{name}")
         assert r.status_code == 200 and len(r.content) > 100_000, name
@@ -86,7 +85,15 @@ def test_redoc_renders_the_operations_offline(url: str, browser) -> None:  # noq
     for op in OPERATIONS:
         assert page.get_by_role("heading", name=op).count() >= 1, op
     page.close()
-    # ReDoc's bundle asks for one thing of its own: the vendor's logo beside "API docs by Redocly", an image it
-    # hides when it does not load; everything the page shows comes from this server
-    assert set(page.refused) <= {REDOC_LOGO}, f"the page reached beyond its origin: {page.refused}"
+    # ReDoc's bundle asked for one thing beyond the server, the vendor's logo; the served copy does not (redoc_page)
+    assert not page.refused, f"the page reached beyond its origin: {page.refused}"
     assert not [e for e in log.errors if "ERR_INTERNET_DISCONNECTED" not in e], log.errors
+
+
+def test_the_served_redoc_bundle_names_no_address_beyond_the_server(url: str) -> None:
+    """Without a browser: the page loads the served bundle, which has no CDN logo left (the package's copy has)."""
+    page = httpx.get(f"{url}/redoc", timeout=30).text
+    assert REDOC_JS in page and "cdn." not in page and "fonts.googleapis" not in page
+    bundle = httpx.get(f"{url}{REDOC_JS}", timeout=30)
+    assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("application/javascript")
+    assert CDN_LOGO not in bundle.text and "cdn.redoc.ly" not in bundle.text and "API docs by Redocly" in bundle.text

@@ -43,7 +43,7 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
         "MPFLOW_DATA_DIR": str(tmp_path / "data"),
         "MPFLOW_OPERATOR_DIRS": str(ops),
         "MPFLOW_WORKERS": "1",
-        "MPFLOW_LOG_LEVEL": "WARNING",
+        "MPFLOW_LOG_LEVEL": "INFO",  # the start-up line naming the plugins loaded
     }
     log = tmp_path / "server.log"
     with serve_as_user(server_env, log, start_timeout=90) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
@@ -65,12 +65,20 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
             r = c.post("/v1/streams", json=body)
             assert r.status_code == 201, r.text
             doc = r.json()
-            if method == "mpf":
+            if method == "mpf":  # a freshly trained operator serves only streams that name it (auto_select false)
+                assert doc["operator"] is None and doc["untrained"], doc
+                body["operator"] = "poisson_counts-d2-v1"
+                r = c.post("/v1/streams", json=body)
+                assert r.status_code == 201, r.text
+                doc = r.json()
                 assert doc["operator"] == "poisson_counts-d2-v1"
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 1], [4, 0]]})
             assert r.status_code == 200, r.text
             assert r.json()["step"] == 2
+            r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 2.5]]})
+            assert r.status_code == 422 and "[1]: a count is a whole number ≥ 0, got 2.5" in r.text, r.text
     text = log.read_text()
+    assert "model family plugins loaded: counts (fake_plugins:Counts), poisson_counts (mpflow_example_family:" in text
     assert "model family plugin 'wrong_score' (fake_plugins:WrongScore from fake-plugins 0.1): score gives" in text
     assert "model family plugin 'no_likelihood'" in text and "does not implement log_likelihood" in text
 

@@ -11,6 +11,7 @@ server stops, its metrics directory is gone.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -105,9 +106,37 @@ def two_workers(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         asyncio.run(drop_prefix(redis_url, prefix))
 
 
+def zero_series_of_each_worker(metrics_dir: Path) -> dict[str, set[tuple[str, str]]]:
+    """pid → the (family, method) pairs whose ``mpflow_updates_total`` series its file holds at 0."""
+    out = {}
+    for f in sorted(metrics_dir.glob("counter_*.db")):
+        samples = [s for m in MultiProcessCollector.merge([str(f)]) for s in m.samples]
+        out[f.stem.removeprefix("counter_")] = {
+            (s.labels["family"], s.labels["method"])
+            for s in samples
+            if s.name == "mpflow_updates_total" and s.value == 0
+        }
+    return out
+
+
 def test_metrics_sum_over_two_workers_on_every_scrape(two_workers: tuple[UserServer, Path]) -> None:
     srv, tmp = two_workers
     (metrics_dir,) = tmp.glob("mpflow-metrics-*")  # the server's own directory, one
+
+    # before any update, every worker holds every (family, method) series at 0, and a scrape shows them (issue 38)
+    runs = {
+        (f["family"], m) for f in httpx.get(f"{srv.url}/v1/models", timeout=30).json()["families"] for m in f["methods"]
+    }
+    deadline = time.monotonic() + 60  # both workers have built their app (each writes its own file)
+    while len(zeroed := zero_series_of_each_worker(metrics_dir)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(zeroed) == 2 and all(pairs == runs for pairs in zeroed.values()), (zeroed, runs)
+    first = scrape(srv.url)
+    shown = {(s.labels["family"], s.labels["method"]) for s in first if s.name == "mpflow_updates_total"}
+    assert shown == runs and total(first, "mpflow_updates_total") == 0
+    assert {s.labels["method"] for s in first if s.name == "mpflow_update_duration_seconds_count"} == {
+        m for _, m in runs
+    }
     stream_ids = []
     for _ in range(STREAMS):
         r = httpx.post(f"{srv.url}/v1/streams", json=STREAM, timeout=60)
@@ -137,7 +166,7 @@ def test_metrics_sum_over_two_workers_on_every_scrape(two_workers: tuple[UserSer
         assert total(samples, "mpflow_update_duration_seconds_sum") > 0
         assert total(samples, "mpflow_streams") == STREAMS
     scrapes = per_worker(metrics_dir, "mpflow_http_requests_total", lambda s: s.labels.get("route") == "/metrics")
-    assert sum(scrapes.values()) == SCRAPES, scrapes
+    assert sum(scrapes.values()) == SCRAPES + 1, scrapes
 
     srv.stop()
     assert srv.proc.returncode == 0, srv.log_path.read_text()[-3000:]

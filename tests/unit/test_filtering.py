@@ -1,15 +1,13 @@
 """The one filtering loop (operators/filtering.py) and its command-line face, ``mpflow filter``.
 
 ``run_filter`` with the ``kalman`` updater on a linear-Gaussian model is checked against the float64 Kalman
-filter it scores against: the log-evidence increments agree to rounding (the same recursion), and the particles
-are N iid draws of the exact posterior, so the mean error is ~ 1/√N posterior sd and the variance ratio
-~ 1 ± √(2/N). A failure inside the loop ends the run with the steps before it kept; ``FilterRun`` stepped by hand
-is ``run_filter``.
+filter it scores against: the log-evidence increments agree to rounding (the same recursion), and it is scored on
+its own exact moments (not on the N particles drawn from them), so the mean error and the variance ratio's
+distance from 1 are rounding. A failure inside the loop ends the run with the steps before it kept; ``FilterRun``
+stepped by hand is ``run_filter``.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -46,8 +44,8 @@ def test_kalman_scores_against_the_exact_posterior():
     assert float(run.values["logz_increment_error"].max()) < 1e-8
     assert float(run.log_evidence_error.abs().max()) < 1e-8
     torch.testing.assert_close(run.log_evidence, exact.log_z.sum(-1))
-    assert float(run.values["mean_error_sd"].mean()) < 5 / math.sqrt(N)
-    assert float((run.values["var_ratio"] - 1).abs().max()) < 5 * math.sqrt(2 / N)
+    assert float(run.values["mean_error_sd"].max()) < 1e-6  # its exact moments (drawn particles: ~ 1/√N)
+    assert float((run.values["var_ratio"] - 1).abs().max()) < 1e-6
     # the scores are the module docstring's formulas of the recorded moments
     sd = torch.diagonal(exact.covs, dim1=-2, dim2=-1).sqrt().transpose(0, 1)  # [T, B, d]
     z = (run.means - exact.means.transpose(0, 1)) / sd
@@ -97,12 +95,13 @@ def rows(text: str) -> list[list[str]]:
 
 
 def test_cli_filter_prints_the_error_against_kalman(capsys):
-    assert main(["filter", "--family", "lds", "--method", "kalman", "--steps", "5", "--particles", "400"]) == 0
+    assert main(["filter", "--family", "lds", "--method", "kalman", "--steps", "5", "--particles", "16"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["step", "ms", "log", "Z", "mean", "err", "(sd)", "var", "ratio"]
+    assert out.splitlines()[0] == "# kalman"
+    assert out.splitlines()[1].split() == ["step", "ms", "log", "Z", "mean", "err", "(sd)", "var", "ratio"]
     table = rows(out)
     assert [r[0] for r in table] == ["1", "2", "3", "4", "5"] and all(len(r) == 5 for r in table)
-    assert all(float(r[3]) < 0.25 and abs(float(r[4]) - 1) < 0.3 for r in table)  # iid draws of the exact posterior
+    assert all(float(r[3]) == 0 and float(r[4]) == 1 for r in table)  # scored on its exact moments, not its draws
     last = out.splitlines()[-1]
     assert last.startswith("log-evidence error vs Kalman: ") and abs(float(last.split()[-2])) < 1e-3
 

@@ -22,6 +22,15 @@ class PoissonCounts(ModelFamily):
     def obs_shape(self) -> tuple[int, ...]:
         return (self.state_dim,)
 
+    def parse_observation(self, value, field: str = "observation", dtype=torch.float32) -> torch.Tensor:
+        """d counts: whole numbers ≥ 0 (the service answers 422 naming the entry for anything else, e.g. 2.5)."""
+        t = super().parse_observation(value, field, dtype)
+        bad = ((t < 0) | (t != torch.round(t))).nonzero()
+        if len(bad):
+            j = int(bad[0, 0])
+            raise ValueError(f"{field}[{j}]: a count is a whole number ≥ 0, got {float(t[j]):g}")
+        return t
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         eta = x + self.params["offset"][:, None].to(x.dtype)
         o = obs[:, None].to(x.dtype)
