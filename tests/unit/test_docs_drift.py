@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from mpflow.operators.models import FAMILIES
-from mpflow.operators.models.plugins import BUILTIN
+from mpflow.operators.models.plugins import CATALOGUE_ORDER as BUILTIN
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service.settings import Settings
 
