@@ -21,8 +21,10 @@ filtered by (:func:`benchmarks.equal_compute.run_method`, one thread, both compu
 
 * ``mpf`` with the energy-score operator at N = 256 (``energy op``);
 * its untrained base flow — the same architecture's base (its ``linearisation``), no residual — at N = 256, 512
-  and 1024 (``base``), so that the base gets the operator's compute too (its least error among the rows that cost
-  at most the operator's ms, :func:`best_within`);
+  and 1024 (``base``), and at N = 256 served as an operator is (a low-ESS step re-run in up to
+  ``ON_DEMAND_STAGES`` stages: an operator's default ``max_substeps``, the base flow's is 1), so that the base gets
+  the operator's compute and serving too (its least error among the rows that cost at most the operator's ms,
+  :func:`best_within`);
 * the shipped KL-trained operator of the family where there is one (``gmm-d2-v4``, ``range_bearing-d4-v1``): the
   two objectives on one benchmark;
 * ``smc`` on the ladder ``equal_compute.SMC_LADDER``, its error interpolated at each method's compute.
@@ -53,6 +55,7 @@ from mpflow.operators.metrics import variance_ratio
 from mpflow.operators.models import make_model
 from mpflow.operators.registry import resolve
 from mpflow.operators.rng import generator
+from mpflow.operators.updaters.mpf import ON_DEMAND_STAGES
 from tqdm import tqdm
 
 from benchmarks import equal_compute, range_bearing, report
@@ -70,6 +73,7 @@ from benchmarks.equal_compute import (
     run_method,
     simulate_truth,
 )
+from benchmarks.objectives import curve, operator_dir
 
 F64 = torch.float64
 #: the base flow's particle ladder (N = 256 is the operator's own N)
@@ -180,6 +184,11 @@ def run_case(case: Case, operator: str, streams: int, quick: bool, reference_par
 
     op = run("energy op", "mpf", MPF_PARTICLES, operator=str(record.path))
     base = [run(f"base ({linearisation})", "mpf", n, linearisation=linearisation) for n in BASE_LADDER]
+    # as the operator is served: a low-ESS step re-run in up to ON_DEMAND_STAGES stages (an operator's default)
+    base.append(
+        run(f"base ({linearisation}), ≤{ON_DEMAND_STAGES} stages on demand", "mpf", MPF_PARTICLES,
+            linearisation=linearisation, substeps=1, max_substeps=ON_DEMAND_STAGES)
+    )  # fmt: skip
     kl_name = KL_OPERATORS.get(case.family)
     kl = [run(f"KL op {kl_name}", "mpf", MPF_PARTICLES, operator=kl_name)] if kl_name else []
     smc = [run("smc", "smc", n) for n in (SMC_LADDER[:2] if quick else SMC_LADDER)]
@@ -263,6 +272,11 @@ def verdict_table(results: list[dict[str, Any]]) -> str:
     return report.markdown_table(header, body, "lrrrrrrl")
 
 
+def _ladder_base(label: str) -> bool:
+    """A row of the base flow's particle ladder (not its on-demand-stages row)."""
+    return label.startswith("base") and "on demand" not in label
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     """Row 1: error against compute (batched) per family; row 2: the variance ratio per step."""
     n = len(results)
@@ -274,10 +288,10 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                 pts = sorted(
                     (r["ms_batched"], r["mean_err"], r["particles"])
                     for r in ok
-                    if (r["label"] == label if label else r["label"].startswith("base"))
+                    if (r["label"] == label if label else _ladder_base(r["label"]))
                 )
                 if pts:
-                    name = label or next(r["label"] for r in ok if r["label"].startswith("base"))
+                    name = label or next(r["label"] for r in ok if _ladder_base(r["label"]))
                     ns = sorted(n_ for *_, n_ in pts)
                     ax.plot(
                         [p[0] for p in pts],
@@ -293,6 +307,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                     ax.plot([r["ms_batched"]], [r["mean_err"]], "*", color="C3", ms=12, label="energy op, N 256")
                 elif r["label"].startswith("KL op"):
                     ax.plot([r["ms_batched"]], [r["mean_err"]], "P", color="C1", ms=9, label=r["label"] + ", N 256")
+                elif "on demand" in r["label"]:
+                    ax.plot([r["ms_batched"]], [r["mean_err"]], "D", color="C2", mfc="none", ms=8, label=r["label"])
             ref, floor = res["reference"], min(r["mean_err"] for r in ok) / 5
             if ref["error_sd"] >= floor:  # a grid's 1e-11 would only stretch the axis
                 ax.axhline(ref["error_sd"], color="k", lw=0.7, ls=":", label="reference's own error")
@@ -309,7 +325,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
                 if curve:
                     ax.plot(range(1, len(curve) + 1), curve, label=label)
             ax.axhline(1.0, color="k", lw=0.7)
-            ax.set(xlabel="step", ylabel="variance ratio (to the reference)")
+            ax.set(xlabel="step", ylabel="variance ratio (to the reference)", yscale="log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         fig.tight_layout()
@@ -320,6 +336,20 @@ def print_tables(results: list[dict[str, Any]]) -> None:
     equal = [{"scenario": {"name": r["scenario"]["name"]}, "equal_compute": r["equal_compute"]} for r in results]
     print(equal_compute.equal_compute_table(equal) + "\n")
     print(verdict_table(results))
+
+
+def plot_curves(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Each run's validation energy score relative to its untrained network's (per cent), by iteration."""
+    with report.figure(path, 1, 1, figsize=(7, 4)) as (_, ax):
+        for label, r in runs.items():
+            base, c = r["val_loss_untrained"], r["curve"]
+            its = [0] + [row["iteration"] for row in c if row["val_loss"] is not None]
+            vals = [0.0] + [100 * (row["val_loss"] - base) / abs(base) for row in c if row["val_loss"] is not None]
+            ax.plot(its, vals, ".-", label=f"{label} (untrained {base:.4g}, best at {r['best_iteration']})")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set(xlabel="iteration", ylabel="validation energy score, % from untrained", title="--loss energy")
+        ax.set_ylim(-25, 25)
+        ax.legend(fontsize=7)
 
 
 def parse_operators(values: list[str]) -> dict[str, str]:
@@ -347,7 +377,25 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="only join the JSON of earlier runs (one family each, say) into one table, JSON and PNG",
     )
+    p.add_argument(
+        "--curves",
+        nargs="+",
+        default=None,
+        metavar="LABEL=DIR",
+        help="only draw the validation curves of these mpflow train --out folders (one operator each)",
+    )
     args = p.parse_args(argv)
+    if args.curves:
+        runs = {}
+        for item in args.curves:
+            label, _, where = item.partition("=")
+            run_dir = Path(where)
+            metrics = json.loads((operator_dir(run_dir) / "metrics.json").read_text())
+            runs[label] = {"curve": curve(run_dir), **metrics}
+        stem = report.out_stem(args, "scoring_families")
+        stem = stem.with_name(stem.name + "-curves")
+        report.write_outputs({"training": runs}, stem, lambda path: plot_curves(runs, path), indent=1)
+        return 0
     if args.merge:
         runs = [json.loads(path.read_text()) for path in args.merge]
         results = [r for run in runs for r in run["results"]]

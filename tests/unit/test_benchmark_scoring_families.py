@@ -41,7 +41,7 @@ def test_scoring_families_benchmark_tiny(tmp_path):
     assert results["lorenz96"]["reference"]["kind"].startswith("bootstrap SMC, M = 2,000")
     for res in results.values():
         labels = [r["label"] for r in res["rows"]]
-        assert labels[0] == "energy op" and sum(lab.startswith("base") for lab in labels) == 3
+        assert labels[0] == "energy op" and sum(lab.startswith("base") for lab in labels) == 4
         assert [r["particles"] for r in res["rows"] if r["method"] == "smc"] == [256, 1024]
         for r in res["rows"]:
             assert r["failed"] is None, r
