@@ -51,6 +51,12 @@ def test_scoring_families_benchmark_tiny(tmp_path):
         assert v["wins"] == (v["op_err"] < v["base_err_at_op_compute"] and v["op_err"] < v["smc_err_at_op_compute"])
         assert all(len(c) == 3 for c in res["variance_ratio_per_step"].values())
     assert any(r["label"] == "KL op gmm-d2-v4" for r in results["gmm"]["rows"])
+    # --merge joins runs (one family each) into one table, JSON and PNG
+    merged = tmp_path / "merged"
+    done = _run("--merge", str(out.with_suffix(".json")), str(out.with_suffix(".json")), "--out", str(merged))
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(merged.with_suffix(".json").read_text())["results"]) == 4
+    assert merged.with_suffix(".png").stat().st_size > 0
 
 
 def test_scoring_families_refuses_an_unknown_family():
