@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from mpflow.operators import gaussian, metrics
+from mpflow.operators.models import FAMILIES
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
 from mpflow.operators.mpf.network import MPFVelocity
@@ -235,6 +236,24 @@ def score_loss(
     return total / tasks.length
 
 
+def check_score_truth(family: str, loss: str, task_kwargs: dict[str, Any]) -> None:
+    """ValueError when a scoring-rule loss would rate a static family's clouds against one fixed point: E S(Q, x) is
+    minimised by the posterior p(x | o) only when the truth x is drawn from the task's prior (then (x, o) ~
+    π(x) p(o | x)); against a fixed x (``true_x`` "paper" — the default where the family has a paper point — or a
+    point) the minimiser is a cloud collapsed on that point, not the posterior. Dynamic families draw x_0 ~ π and
+    move it, so they need nothing."""
+    if loss == "kl" or FAMILIES[family].dynamic:
+        return
+    cls = FAMILIES[family]
+    true_x = task_kwargs.get("true_x", "paper" if cls.paper_true_x is not None else "prior")
+    if true_x != "prior":
+        raise ValueError(
+            f"loss {loss!r} on the static family {family}: the truth must be drawn from the prior (a proper score "
+            f"against a fixed true_x {true_x!r} is minimised by a point, not the posterior); "
+            '--task-options \'{"true_x": "prior"}\''
+        )
+
+
 def validation_loss(
     net: MPFVelocity,
     family: str,
@@ -363,7 +382,9 @@ def meta_train(
     fraction of the run over which the training sequence length grows from 1 to T
     (:func:`curriculum_length`; validation always uses T); ``adjoint``: adjoint-method gradients.
     An iteration whose loss is non-finite, above ``skip_above`` or raises on a degenerate particle cloud is
-    skipped (no update; counted in the log as ``skipped``); more than max(10, iterations/10) skips abort.
+    skipped (no update; counted in the log as ``skipped``); more than max(10, iterations/10) skips abort. A
+    validation that raises on a degenerate cloud (a θ that collapses a held-out task's cloud) logs ``val_loss`` null
+    and counts in ``val_failed``; that θ is never the best.
     ``min_improvement``: a validation loss replaces the best only when lower by this fraction of it — so an
     operator whose base flow is already exact (linear-Gaussian families) keeps θ₀ rather than a θ that only
     won on validation noise. ``max_minutes`` stops after that much training time (validating first); the
@@ -394,6 +415,7 @@ def meta_train(
     rank, world = _world()
     if loss not in LOSSES:
         raise ValueError(f"loss: expected one of {list(LOSSES)}, got {loss!r}")
+    check_score_truth(family, loss, task_kwargs or {})
     loss_kw = dict(steps=steps, segment=segment, segment_prior=segment_prior, predicted_prior=predicted_prior)
     if loss != "kl":  # (not in the KL run's key: a checkpoint of an earlier version resumes under the same loss)
         loss_kw.update(loss=loss, tbptt=tbptt)
@@ -406,7 +428,7 @@ def meta_train(
     val_kw = dict(seed=seed, val_tasks=val_tasks, T=T, N=N, device=dev, task_kwargs=task_kwargs, **loss_kw)
     lead = rank == 0
     ckpt = Path(checkpoint) if checkpoint is not None else None
-    start, seconds, history, skipped = 0, 0.0, [], 0
+    start, seconds, history, skipped, val_failed = 0, 0.0, [], 0, 0
     if resume and ckpt is not None and ckpt.exists():
         # weights_only: tensors, numbers, strings, lists and dicts only — a checkpoint that holds any other object
         # (a pickle that would run code) is refused, whoever put it at that path
@@ -500,14 +522,18 @@ def meta_train(
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 out_of_time = bool(flag.item() > 0)
             if lead and (done % val_every == 0 or done == iterations or out_of_time):
-                val = validation_loss(net, family, dim, **val_kw)
-                if val < best_val - min_improvement * abs(best_val):
+                try:
+                    val = validation_loss(net, family, dim, **val_kw)
+                except ValueError:  # a degenerate validation cloud (covariance not PD) under this θ: not a best
+                    val, val_failed = None, val_failed + 1
+                if val is not None and val < best_val - min_improvement * abs(best_val):
                     best_val, best_state, best_it = val, copy.deepcopy(net.state_dict()), done
             row = {
                 "iteration": done,
                 "T": T_it,
                 "train_loss": float(loss.detach()),
                 "val_loss": val,
+                "val_failed": val_failed,
                 "skipped": skipped,
                 "seconds": round(seconds, 4),
             }

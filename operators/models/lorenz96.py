@@ -118,6 +118,8 @@ class Lorenz96(DiagonalGaussianObservation):
     benchmark_model = "DAPPER sakov2008: F = 8, Δ = 0.05, every variable observed, R = 1"
     latency_benchmark = False
     eval_steps = 100
+    #: meta-training task options (:meth:`Lorenz96.sample_task_models`)
+    task_options = ("R_range", "arctan", "Q")
     substep_params = ("delta", "rk4_step")
     #: the most RK4 sub-steps :meth:`Lorenz96.transition_mean` runs in one call, whoever asks (ValueError beyond):
     #: its loop is bounded by construction. The service refuses far fewer up front (MPFLOW_MAX_INTEGRATION_SUBSTEPS)
@@ -222,11 +224,14 @@ class Lorenz96(DiagonalGaussianObservation):
         cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
     ) -> tuple[ModelFamily, GaussianMixture]:
         """The defaults (F = 8, Δ = 0.05, every variable observed: one observation shape for the batch) with R ~
-        U[0.5, 2] per task; the prior N(c + ξ, Σ) is centred near the attractor — c is F + N(0, I) carried by
-        ``TASK_SPIN_UP`` noise-free steps, ξ ~ N(0, I) as in a twin experiment — with Σ of eigenvalues in
-        ``scale_range`` (:func:`~mpflow.operators.models.task_priors.gaussian_prior`)."""
-        R = uniform(gens, [1], *TASK_R_RANGE, torch.float64)[:, 0]
-        model = cls._stack_params([{"R": float(r)} for r in R], d, dtype)
+        U[``R_range``] per task (default ``TASK_R_RANGE``), the sensor ``arctan`` (0 or 1, default 0) and the model
+        noise ``Q`` (default 0) of every task; the prior N(c + ξ, Σ) is centred near the attractor — c is
+        F + N(0, I) carried by ``TASK_SPIN_UP`` noise-free steps, ξ ~ N(0, I) as in a twin experiment — with Σ of
+        eigenvalues in ``scale_range`` (:func:`~mpflow.operators.models.task_priors.gaussian_prior`)."""
+        lo, hi = options.get("R_range", TASK_R_RANGE)
+        R = uniform(gens, [1], float(lo), float(hi), torch.float64)[:, 0]
+        fixed = {"arctan": float(options.get("arctan", 0)), "Q": float(options.get("Q", 0.0))}
+        model = cls._stack_params([{"R": float(r), **fixed} for r in R], d, dtype)
         x = 8.0 + randn(gens, [1, d], torch.float64)
         spin = model.to(torch.float64)
         for _ in range(TASK_SPIN_UP):
@@ -237,16 +242,17 @@ class Lorenz96(DiagonalGaussianObservation):
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
-        """F = 8 and Δ = 0.05 as trained, every variable observed (obs_every 1) without arctan, R in
-        ``TASK_R_RANGE``, a prior mean within the attractor's range (``ATTRACTOR_RANGE``, widened by the offset ξ),
-        its variances in ``scale_range``."""
+        """F = 8 and Δ = 0.05 as trained, every variable observed (obs_every 1), ``arctan`` as trained, R in
+        ``R_range``, a prior mean within the attractor's range (``ATTRACTOR_RANGE``, widened by the offset ξ), its
+        variances in ``scale_range``."""
         lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
+        arctan = float(options.get("arctan", 0))
         return {
             "F": [8.0, 8.0],
             "delta": [0.05, 0.05],
             "obs_every": [1.0, 1.0],
-            "arctan": [0.0, 0.0],
-            "R": list(TASK_R_RANGE),
+            "arctan": [arctan, arctan],
+            "R": [float(r) for r in options.get("R_range", TASK_R_RANGE)],
             "prior mean": list(ATTRACTOR_RANGE),
             "prior variance": [float(lo), float(hi)],
         }

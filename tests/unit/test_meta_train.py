@@ -304,3 +304,24 @@ def test_training_on_cuda_draws_what_the_cpu_draws():
     gpu = meta_train(_net(), "stochastic_volatility", 2, device="cuda", **kw)
     assert gpu["val_loss_untrained"] == pytest.approx(cpu["val_loss_untrained"], rel=1e-4)
     assert gpu["val_loss_best"] == pytest.approx(cpu["val_loss_best"], rel=1e-3)
+
+
+def test_a_validation_that_fails_on_a_degenerate_cloud_is_logged_and_never_the_best(monkeypatch):
+    """A θ that collapses a held-out cloud (the validation raises ValueError: covariance not PD) no longer kills the
+    run: its row logs ``val_loss`` null and counts in ``val_failed``, the best stays the last finite validation."""
+    import mpflow.training.meta_train as mt
+
+    values = iter([1.0, "fail", 0.5, "fail"])  # untrained, then iterations 2, 4, 6
+
+    def fake_validation(*args, **kwargs):
+        v = next(values)
+        if v == "fail":
+            raise ValueError("covariance is not positive definite even with jitter")
+        return v
+
+    monkeypatch.setattr(mt, "validation_loss", fake_validation)
+    result = meta_train(_net(), "gmm", 2, iterations=6, val_every=2, progress=False, device="cpu", **SMALL)
+    rows = {r["iteration"]: r for r in result["history"]}
+    assert rows[2]["val_loss"] is None and rows[2]["val_failed"] == 1
+    assert rows[4]["val_loss"] == 0.5 and rows[6]["val_failed"] == 2
+    assert result["val_loss_best"] == 0.5 and result["best_iteration"] == 4

@@ -89,3 +89,17 @@ def test_energy_training_lowers_the_validation_score() -> None:
     assert out["val_loss_best"] < out["val_loss_untrained"], out
     with pytest.raises(ValueError, match="loss"):
         meta_train(net, "lorenz96", 8, iterations=1, batch=1, T=1, N=8, progress=False, loss="nll")
+
+
+def test_a_score_on_a_static_family_needs_the_truth_drawn_from_the_prior() -> None:
+    """gmm's tasks default to the paper's fixed truth (1, −2): against a fixed point a proper score is minimised by a
+    cloud collapsed on it, so ``--loss energy`` there is refused before any work unless ``true_x`` is "prior"; KL
+    and dynamic families are unaffected."""
+    net = MPFVelocity(2, hidden=8, layers=1, embed=8)
+    kw = dict(iterations=1, batch=1, T=1, N=8, progress=False, device="cpu", val_tasks=1)
+    with pytest.raises(ValueError, match="true_x"):
+        meta_train(net, "gmm", 2, loss="energy", **kw)
+    with pytest.raises(ValueError, match="true_x"):
+        meta_train(net, "gmm", 2, loss="crps", task_kwargs={"true_x": [1.0, -2.0]}, **kw)
+    out = meta_train(net, "gmm", 2, loss="energy", task_kwargs={"true_x": "prior"}, **kw)
+    assert out["iterations"] == 1

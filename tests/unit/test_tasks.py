@@ -73,6 +73,30 @@ def test_lorenz96_tasks_start_near_the_attractor_inside_their_domain():
         assert one.outside_domain(domain, mean[b], cov[b]) == []
 
 
+def test_lorenz96_arctan_tasks_observe_through_the_bounded_sensor_and_say_so_in_their_domain():
+    """``arctan``, ``R_range`` and ``Q`` set every task's sensor, noise range and model noise; the domain recorded for
+    the operator says arctan 1 (so an arctan stream is inside it, a linear one outside), and the default draw is
+    unchanged by the new options (``lorenz96-d10-v1``'s command still reproduces it)."""
+    from mpflow.operators.models import make_model
+    from mpflow.operators.models.lorenz96 import Lorenz96
+
+    options = {"arctan": 1, "R_range": [0.02, 0.1], "Q": 0.05}
+    tasks = sample_tasks("lorenz96", 10, 5, 3, generator(4), **options)
+    p = tasks.model.params
+    assert p["arctan"].tolist() == [1.0] * 5 and torch.allclose(p["Q"], torch.full((5,), 0.05))
+    assert bool(((p["R"] >= 0.02) & (p["R"] <= 0.1)).all())
+    assert float(tasks.obs.abs().max()) < torch.pi / 2 + 5 * 0.1**0.5  # arctan's range plus the noise
+    domain = Lorenz96.task_domain(options)
+    assert domain["arctan"] == [1.0, 1.0] and domain["R"] == [0.02, 0.1]
+    mean, cov = tasks.prior.moments()
+    assert tasks.model.select(torch.tensor([0])).outside_domain(domain, mean[0], cov[0]) == []
+    linear = make_model("lorenz96", {"R": 0.05}, 10)
+    assert any("arctan" in why for why in linear.outside_domain(domain, mean[0], cov[0]))
+    assert sample_tasks("lorenz96", 10, 5, 3, generator(4), Q=0.0, arctan=0).obs.allclose(
+        sample_tasks("lorenz96", 10, 5, 3, generator(4)).obs
+    )
+
+
 def test_stochastic_volatility_tasks_cover_the_ranges_asked_for():
     """``mu_range``, ``phi_range``, ``sigma_range`` (σ log-uniform: a range over decades) set the task distribution and
     the domain recorded for the operator; without them the draw is the one ``stochastic_volatility-d2-v1`` saw (its
