@@ -85,7 +85,8 @@ def main() -> None:
     OUT.write_text(json.dumps(result) + "\n")
     worst = int(np.argmax(inc.std(0, ddof=1)))
     print(
-        f"log-evidence {totals.mean():.3f} (sd {totals.std(ddof=1):.3f} over {args.runs} runs of N = {args.particles}); "
+        f"log-evidence {totals.mean():.3f} (sd {totals.std(ddof=1):.3f} over {args.runs} runs of "
+        f"N = {args.particles}); "
         f"largest per-step sd {inc.std(0, ddof=1)[worst]:.4f} at t = {worst}; wrote {OUT.relative_to(ROOT)}"
     )
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpflow.operators.models import FAMILIES
+from mpflow.service import pit
 
 #: the metadata fields of an entry of ``GET /v1/streams``
 LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
@@ -49,7 +50,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "seed": meta["seed"],
         "ttl_seconds": meta["ttl_seconds"],
         "step": meta["step"],
-        "summary": summary,
+        "summary": {**summary, **pit.view(meta)},
         "created_at": meta["created_at"],
         "updated_at": meta["updated_at"],
     }

@@ -51,9 +51,17 @@ def state_names(document: dict[str, Any], dim: int) -> list[str]:
     return [f"x{i}" for i in range(dim)]
 
 
+def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
+    """The steps' predictive p-values [n, k] (NaN where an entry was not observed or a step has none)."""
+    k = max((len(s.get("pit") or []) for s in per_step), default=0)
+    rows = [[np.nan if u is None else u for u in (s.get("pit") or [])] for s in per_step]
+    return np.array([r + [np.nan] * (k - len(r)) for r in rows], dtype=np.float64).reshape(len(per_step), k)
+
+
 class StepTable:
     """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n],
-    ``log_evidence_increment`` [n] (NaN where a step did not report one), and ``names`` of the d dimensions."""
+    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``pit`` [n, k] (each observed entry's
+    predictive p-value, NaN where not observed), and ``names`` of the d dimensions."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
         dim = len(per_step[0]["mean"]) if per_step else len(names or [])
@@ -64,6 +72,7 @@ class StepTable:
         self.ess = np.array([s.get("ess", np.nan) for s in per_step], dtype=np.float64)
         increments = [s.get("log_evidence_increment", np.nan) for s in per_step]
         self.log_evidence_increment = np.array(increments, dtype=np.float64)
+        self.pit = pit_array(per_step)
 
     @classmethod
     def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
@@ -81,7 +90,7 @@ class StepTable:
 
     def to_pandas(self) -> Any:
         """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess`` and
-        ``log_evidence_increment`` (needs pandas)."""
+        ``log_evidence_increment``, ``pit_<j>`` per observed entry (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
         for i, name in enumerate(self.names):
@@ -89,6 +98,8 @@ class StepTable:
             columns[f"std_{name}"] = self.std[:, i]
         columns["ess"] = self.ess
         columns["log_evidence_increment"] = self.log_evidence_increment
+        for j in range(self.pit.shape[1]):
+            columns[f"pit_{j}"] = self.pit[:, j]
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
@@ -189,6 +200,16 @@ class Posterior(dict):
     @property
     def log_evidence(self) -> float:
         return float(self["summary"]["log_evidence"])
+
+    @property
+    def pit(self) -> np.ndarray:
+        """The latest observed step's predictive p-values [k] (NaN where not observed; empty before any)."""
+        return np.array([np.nan if u is None else u for u in self["summary"].get("pit") or []], dtype=np.float64)
+
+    @property
+    def pit_flagged(self) -> bool:
+        """Whether the latest p-values are beyond the stream's ``pit_alert`` (two-sided)."""
+        return bool(self["summary"].get("pit_flagged", False))
 
     @property
     def samples(self) -> np.ndarray | None:

@@ -146,7 +146,9 @@ def summary(state: ParticleState) -> dict:
 
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
-    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess,
+    """A ``per_step`` entry for the state just after a step: step, mean, std, log_evidence_increment, ess, ``pit``
+    (the step's predictive p-value of each observed entry, null where not observed; absent for a family without an
+    observation CDF),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
@@ -160,6 +162,9 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": float(info.ess[row]),
     }
+    pit = info.extras.get("pit")
+    if pit is not None:
+        entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
     acceptance = info.extras.get("acceptance")
     if acceptance is not None:
         entry["acceptance"] = float(acceptance[row])
