@@ -4,6 +4,7 @@ quadrature of a Gaussian predictive."""
 
 import math
 
+import pytest
 import torch
 from mpflow.operators import evidence
 from mpflow.operators.models import make_model
@@ -70,12 +71,13 @@ def test_logistic_pit_is_randomised_and_uniform_under_the_model():
     assert (counts - 100).abs().max() < 35
 
 
-def test_flow_evidence_is_the_kalman_increment_at_an_outlier():
+@pytest.mark.parametrize("options", [{}, {"correct": True}])
+def test_flow_evidence_is_the_kalman_increment_at_an_outlier(options):
     model = make_model("lds", LDS, 2)
     prior = _prior([0.0, 0.5], 1.0)
     obs = torch.tensor([[[0.3, 0.1], [0.5, -0.2], [9.0, 0.3], [0.2, 0.0]]])  # step 3: a ~10 sd outlier
     _, _, logz = kalman_filter(prior.means[:, 0], prior.covs[:, 0], model, obs.double())
-    up = get_updater("mpf")
+    up = get_updater("mpf", **options)
     state = up.init(prior, model, 256, 0)
     for t in range(obs.shape[1]):
         state, info = up.update(state, obs[:, t], model)
