@@ -17,7 +17,7 @@ from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.mpf import operator_domain
-from mpflow.service import costs
+from mpflow.service import costs, pit
 from mpflow.service import summary as summaries
 from mpflow.service.documents import now
 from mpflow.service.errors import invalid, too_large
@@ -173,6 +173,7 @@ def prepare(
         "state_names": names,
         "seed": seed,
         "smoothing_lag": req.smoothing_lag,
+        "pit_alert": req.pit_alert if req.pit_alert is not None else pit.DEFAULT_PIT_ALERT,
         "ttl_seconds": req.ttl_seconds or settings.default_ttl_seconds,
         "step": 0,
         "log_evidence": 0.0,

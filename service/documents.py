@@ -8,6 +8,7 @@ from typing import Any
 
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.updaters import UPDATERS
+from mpflow.service import pit
 
 #: the metadata fields of an entry of ``GET /v1/streams``
 LIST_FIELDS = ("stream_id", "model", "method", "operator", "step", "created_at", "updated_at")
@@ -60,7 +61,7 @@ def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> d
         "ttl_seconds": meta["ttl_seconds"],
         "step": meta["step"],
         "smoothing_lag": meta.get("smoothing_lag") or 0,
-        "summary": summary,
+        "summary": {**summary, **pit.view(meta)},
         "created_at": meta["created_at"],
         "updated_at": meta["updated_at"],
     }

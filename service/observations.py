@@ -12,7 +12,7 @@ from typing import Any
 
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import Updater
-from mpflow.service import costs, history, views
+from mpflow.service import costs, history, pit, views
 from mpflow.service.dashboard.publish import update_event
 from mpflow.service.documents import now, observation_document
 from mpflow.service.engine import UpdateEngine
@@ -128,6 +128,7 @@ class Observations:
             "step": step + n,
             "log_evidence": float(applied.last.state.log_evidence[0]),
             "updated_at": now(),
+            **pit.latest(applied.per_step),
         }
         doc = observation_document(
             stream_id, {**meta, **new_meta}, applied.summary, applied.per_step, applied.samples, duplicate=False

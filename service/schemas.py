@@ -316,6 +316,13 @@ class CreateStreamRequest(_Request):
         "with; else 256",
     )
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED, description="default: drawn at random")
+    pit_alert: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="two-sided level α at which the summary flags a predictive p-value (pit): |pit − 0.5| > "
+        "0.5 − α/2; default 0.01 (1 % of the readings of a stream that follows its model)",
+    )
     ttl_seconds: int | None = Field(
         default=None, ge=1, le=MAX_TTL_SECONDS, description="idle time after which the stream expires"
     )
@@ -422,6 +429,15 @@ class Summary(BaseModel):
     ess: float = Field(description="effective sample size of the current particles")
     log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
     params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
+    pit: list[float | None] | None = Field(
+        default=None, description="the latest observed step's predictive p-values (per_step's pit); absent before"
+    )
+    pit_step: int | None = Field(default=None, description="the step pit belongs to")
+    pit_alert: float | None = Field(default=None, description="the stream's two-sided level α (creation's pit_alert)")
+    pit_flagged: bool | None = Field(
+        default=None, description="true when some entry of pit has |pit − 0.5| > 0.5 − pit_alert/2"
+    )
+    pit_flags: list[bool] | None = Field(default=None, description="per entry of pit: whether it is flagged")
 
 
 class StepSummary(BaseModel):
@@ -436,6 +452,12 @@ class StepSummary(BaseModel):
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float
     params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
+    pit: list[float | None] | None = Field(
+        default=None,
+        description="predictive p-value of each observed entry: P(O_j <= o_j | o_1..o_{m-1}) under the method's "
+        "predictive (randomised for discrete observations), uniform on (0, 1) when the stream follows its model; "
+        "null where the entry was not observed; absent for a family without an observation CDF",
+    )
     acceptance: float | None = Field(
         default=None,
         description="present when the step ran posterior moves (mpf on a static family, method_options.moves): the "

@@ -64,10 +64,18 @@ def _param_arrays(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, np.n
     }
 
 
+def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
+    """The steps' predictive p-values [n, k] (NaN where an entry was not observed or a step has none)."""
+    k = max((len(s.get("pit") or []) for s in per_step), default=0)
+    rows = [[np.nan if u is None else u for u in (s.get("pit") or [])] for s in per_step]
+    return np.array([r + [np.nan] * (k - len(r)) for r in rows], dtype=np.float64).reshape(len(per_step), k)
+
+
 class StepTable:
     """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n],
-    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``names`` of the d dimensions, and
-    ``params`` — ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
+    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``pit`` [n, k] (each observed entry's
+    predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
+    ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
         dim = len(per_step[0]["mean"]) if per_step else len(names or [])
@@ -79,6 +87,7 @@ class StepTable:
         increments = [s.get("log_evidence_increment", np.nan) for s in per_step]
         self.log_evidence_increment = np.array(increments, dtype=np.float64)
         self.params = _param_arrays(per_step)
+        self.pit = pit_array(per_step)
 
     @classmethod
     def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
@@ -96,7 +105,8 @@ class StepTable:
 
     def to_pandas(self) -> Any:
         """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess`` and
-        ``log_evidence_increment``, and ``param_<name>_<stat>`` per learned parameter (needs pandas)."""
+        ``log_evidence_increment``, ``pit_<j>`` per observed entry, and ``param_<name>_<stat>`` per learned parameter
+        (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
         for i, name in enumerate(self.names):
@@ -106,6 +116,8 @@ class StepTable:
         columns["log_evidence_increment"] = self.log_evidence_increment
         for name, stats in self.params.items():
             columns |= {f"param_{name}_{s}": v for s, v in stats.items()}
+        for j in range(self.pit.shape[1]):
+            columns[f"pit_{j}"] = self.pit[:, j]
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
@@ -255,6 +267,16 @@ class Posterior(dict):
         frame = _pandas().DataFrame([params[n] for n in params], index=list(params), columns=list(PARAM_STATS))
         frame.index.name = "parameter"
         return frame
+
+    @property
+    def pit(self) -> np.ndarray:
+        """The latest observed step's predictive p-values [k] (NaN where not observed; empty before any)."""
+        return np.array([np.nan if u is None else u for u in self["summary"].get("pit") or []], dtype=np.float64)
+
+    @property
+    def pit_flagged(self) -> bool:
+        """Whether the latest p-values are beyond the stream's ``pit_alert`` (two-sided)."""
+        return bool(self["summary"].get("pit_flagged", False))
 
     @property
     def samples(self) -> np.ndarray | None:

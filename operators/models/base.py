@@ -442,6 +442,19 @@ class ModelFamily:
         formed, so that families with angles wrap it (range_bearing: the bearing's into [−π, π))."""
         return obs[:, None] - y
 
+    def observation_cdf(self, obs: torch.Tensor, x: torch.Tensor, gens: Generators) -> torch.Tensor | None:
+        """F_j(o_j | x_i) = P(O_j ≤ o_j | x_i) for each observed entry j of obs [B, *obs_shape] and state x [B, N, d]
+        → [B, N, k] (float64): the conditional CDF that a predictive p-value averages over the predicted cloud
+        (:func:`mpflow.operators.evidence.particle_pit`). For a discrete O_j it is randomised,
+        P(O_j < o_j) + v_j P(O_j = o_j) with v_j ~ U(0, 1) from ``gens`` (Brockwell 2007), so that it is uniform under
+        the model. The default, for o = h(x) + N(0, R): Φ((o − h(x))_j / √R_jj) (the residual as
+        :meth:`observation_residual` forms it); None for a family without either (no p-value)."""
+        if not self.gaussian_observation:
+            return None
+        resid = self.observation_residual(obs.to(torch.float64), self.observation_function(x.to(torch.float64)))
+        sd = self.observation_noise().to(torch.float64).diagonal(dim1=-2, dim2=-1).sqrt()
+        return torch.special.ndtr(resid / sd[:, None])
+
     def localisation_distances(self) -> torch.Tensor | None:
         """[B, d, k]: the distance between each state variable and each observed entry, for families where
         covariance localisation has a meaning (lorenz96: the distance around the ring); None (the default)."""

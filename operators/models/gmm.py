@@ -76,6 +76,13 @@ class GMM(ModelFamily):
             t = t[None]
         return validation.check_shape(field, t, [1])
 
+    def observation_cdf(self, obs: torch.Tensor, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """P(O ≤ o | x) = ½ Φ((o − x₁)/s) + ½ Φ((o − x₁ − x₂)/s) → [B, N, 1]."""
+        s = self.params["s"].to(torch.float64)[:, None]
+        o, x = obs[:, :1].to(torch.float64), x.to(torch.float64)
+        m1, m2 = x[..., 0], x[..., 0] + x[..., 1]
+        return (0.5 * torch.special.ndtr((o - m1) / s) + 0.5 * torch.special.ndtr((o - m2) / s))[..., None]
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         s = self.params["s"][:, None]  # [B, 1]
         o = obs[:, :1]  # [B, 1]

@@ -86,6 +86,15 @@ class Logistic(ModelFamily):
         k = self.observation_size() if k is None else k
         return 4.0 * k + 20.0 * k / (self.state_dim + 1)
 
+    def observation_cdf(self, obs: torch.Tensor, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """Each label y_j is Bernoulli(p_j), p_j = σ(wᵀa_j): the randomised CDF P(Y < y_j) + v_j P(Y = y_j),
+        v_j ~ U(0, 1) (one per label, shared by the particles) → [B, N, M]: v_j (1 − p_j) for y_j = 0 and
+        (1 − p_j) + v_j p_j for y_j = 1."""
+        a, y = self._split(obs.to(torch.float64))
+        p = torch.sigmoid(x.to(torch.float64) @ a.transpose(-1, -2))  # [B, N, M]
+        v = rand(gens, [y.shape[-1]], torch.float64)[:, None]  # [B, 1, M]
+        return torch.where(y[:, None] > 0.5, (1 - p) + v * p, v * (1 - p))
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         a, y = self._split(obs)  # [B, M, d], [B, M]
         logits = x @ a.transpose(-1, -2)  # [B, N, M]

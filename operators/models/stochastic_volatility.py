@@ -188,6 +188,10 @@ class StochasticVolatility(ModelFamily):
     def score(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self._masked(-0.5 + 0.5 * (obs**2)[:, None, :] * torch.exp(-x))
 
+    def observation_cdf(self, obs: torch.Tensor, x: torch.Tensor, gens: Generators) -> torch.Tensor:
+        """P(O_j ≤ o_j | x) = Φ(o_j e^{−x_j/2}) (o_j ~ N(0, e^{x_j}))."""
+        return torch.special.ndtr(obs.to(torch.float64)[:, None, :] * torch.exp(-0.5 * x.to(torch.float64)))
+
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """o_i = e^{x_i / 2} ⊙ ξ_i."""
         return torch.exp(0.5 * x) * torch.randn(x.shape, generator=gen, dtype=x.dtype)

@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from mpflow.operators import gaussian, smoothing
+from mpflow.operators import evidence, gaussian, smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
 from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
@@ -312,6 +312,7 @@ class Updater:
         gens = generators_from_state(state.rng)
         obs = obs.to(state.particles.dtype)
         absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
+        pit = None if bool(absent.all()) else self.pit(state, obs, model)
         if not bool(absent.any()):
             new, info = self._observed_update(state, obs, model, gens)
         elif bool(absent.all()):
@@ -338,12 +339,42 @@ class Updater:
         )
         if not bool(finite):
             raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
+        if pit is not None:
+            info.extras["pit"] = pit
         new = new.replace(
             step=state.step + 1,
             log_evidence=state.log_evidence + info.log_evidence_increment.to(torch.float64),
             rng=generators_state(gens),
         )
         return new, info
+
+    def pit(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor | None:
+        """The step's predictive p-values [B, k] (:mod:`mpflow.operators.evidence`): for each entry j of the
+        observation, P(O_j ≤ o_j | o_<m) under this method's own predictive — the predicted cloud of
+        :meth:`_predict` drawn with a copy of each stream's generator, so the very draws the update itself makes
+        (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced:
+        Σ_i w_i F_j(o_j | x_i) with the family's conditional CDF F_j
+        (:meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`); for an exact Gaussian belief of a
+        linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj). NaN where o_j was not observed;
+        None for a family without an observation CDF."""
+        gens = generators_from_state(state.rng)
+        predicted, _ = self._predict(state, model, gens)
+        missing = torch.isnan(obs).flatten(1)
+        filled_obs = obs.nan_to_num(0.0)
+        if model.linear_gaussian and "mean" in predicted.extras and "cov" in predicted.extras:
+            H, R = (t.to(torch.float64) for t in model.observation_affine())
+            m, P = predicted.extras["mean"].to(torch.float64), predicted.extras["cov"].to(torch.float64)
+            S = H @ P @ H.transpose(-1, -2) + R
+            pit = evidence.gaussian_pit(filled_obs, torch.einsum("bkd,bd->bk", H, m), S)
+        else:
+            cdf = model.observation_cdf(filled_obs, predicted.particles, gens)
+            if cdf is None:
+                return None
+            pit = evidence.particle_pit(cdf, predicted.log_weights)
+        # an entry not observed has no p-value (a family whose entries are not its observation's, as logistic's
+        # labels, only knows whether the whole step was observed)
+        unseen = missing if missing.shape == pit.shape else missing.all(1, keepdim=True).expand_as(pit)
+        return pit.masked_fill(unseen, math.nan)
 
     def _observed_update(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators

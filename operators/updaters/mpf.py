@@ -450,7 +450,7 @@ class MPFUpdater(Updater):
         if log_q is None and track:
             log_q = state.log_density
         with torch.no_grad():
-            inc = evidence.predictive(model.log_likelihood(obs, x))
+            inc = self.step_evidence(model, obs, x)
             net = self.network(d, model)
             # the cloud the step starts from, whitened once: the flow's first stage and the health check read it
             white = white if white is not None else gaussian.whiten(x.detach().double())
@@ -474,6 +474,24 @@ class MPFUpdater(Updater):
                 return state.replace(particles=x1), StepInfo(inc, n_eff)
             x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
         return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+
+    @staticmethod
+    def step_evidence(
+        model: ModelFamily, obs: torch.Tensor, x: torch.Tensor, moments: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """log p(o_m | o_<m) [B] for the predicted cloud x [B, N, d]: the flow treats its predictive as the Gaussian
+        of the cloud's moments (step 1 maps the cloud onto them), so the step's evidence is that Gaussian's,
+        without Monte Carlo noise where it has a closed form or a quadrature (a linear observation; a factorised
+        likelihood: :func:`~mpflow.operators.evidence.gaussian_fit`), else the particle average
+        log mean_i p(o | x_i). On the GBP/USD returns (``benchmarks.evidence``) the particle average of N = 256 was
+        up to 0.58 nat low at the largest outlier, the Gaussian's at most 0.15. ``moments``: the predictive's
+        (mean, cov) where the step knows them exactly (the corrected flow's pushed moments), else the cloud's."""
+        if moments is not None or x.shape[1] > x.shape[2]:
+            mean, cov = moments if moments is not None else gaussian.moments(x.to(torch.float64))
+            fit = evidence.gaussian_fit(model, obs, mean, cov)
+            if fit is not None:
+                return fit
+        return evidence.predictive(model.log_likelihood(obs, x))
 
     def _staged_flow(self, net, model, obs, x, log_q, white, track: bool, corrected: bool = False):
         """The flow of one Bayes step in ``substeps`` stages and its health ESS; the streams whose ESS is low run it
@@ -546,7 +564,7 @@ class MPFUpdater(Updater):
         if model.dynamic:
             x, mean, cov = model.propagate(x_prev, gens)
             predictive = [mean, cov * float(self.options["inflation"]) ** 2]
-        inc = evidence.predictive(model.log_likelihood(obs, x))
+        inc = self.step_evidence(model, obs, x, predictive)
         if self.options["flow_fraction"] < 1:
             rho = float(self.options["inflation"])
             if predictive is None:

@@ -287,10 +287,21 @@ function onUpdate(ev) {
   onStep(view.doc);
 }
 
+// The latest predictive p-values, those beyond the stream's pit_alert marked (the summary's pit_flags).
+function showPit(summary) {
+  const cell = $("pit");
+  const pit = summary.pit || [];
+  const flags = summary.pit_flags || [];
+  cell.textContent = pit.length ? pit.map((u, j) => (u === null ? "–" : u.toFixed(3) + (flags[j] ? " ⚠" : ""))).join(", ") : "–";
+  cell.classList.toggle("flagged", Boolean(summary.pit_flagged));
+  cell.title = `P(reading ≤ observed | before), per observed entry; flagged beyond the two-sided level ${summary.pit_alert}`;
+}
+
 function onStep(doc) {
   $("step").textContent = String(doc.step);
   $("updated").textContent = doc.updated_at;
   $("log-evidence").textContent = doc.summary.log_evidence.toFixed(3);
+  showPit(doc.summary);
   showCounts();
   refreshCloud();
   refreshHistory();

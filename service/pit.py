@@ -1,0 +1,46 @@
+"""The stream's latest predictive p-values and their flag (docs/API.md "Predictive p-values").
+
+Each ``per_step`` entry carries ``pit``: for each observed entry j, u_j = P(O_j ≤ o_j | o_<m) under the method's
+predictive (:meth:`mpflow.operators.updaters.base.Updater.pit`). Under the model u_j ~ U(0, 1), so a reading is
+flagged at the two-sided level α — the stream's ``pit_alert``, set at creation, default :data:`DEFAULT_PIT_ALERT` —
+when |u_j − ½| > ½ − α/2, i.e. u_j < α/2 or u_j > 1 − α/2: a fraction α of the steps of a stream that follows its
+model are flagged, for each entry. The last step's values are kept in the stream's metadata and shown in the stream
+document's ``summary`` (``pit``, ``pit_step``, ``pit_alert``, ``pit_flagged``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the two-sided level α of a stream that sets none: 1 % of a well-specified stream's readings are flagged
+DEFAULT_PIT_ALERT = 0.01
+
+
+def flagged(pit: list[float | None], alert: float) -> list[bool]:
+    """Per entry: |u − ½| > ½ − α/2 (False where the entry was not observed)."""
+    return [u is not None and abs(u - 0.5) > 0.5 - alert / 2 for u in pit]
+
+
+def latest(per_step: list[dict[str, Any]]) -> dict[str, Any]:
+    """The metadata fields that keep the request's last step's p-values (none when it has no ``pit``)."""
+    last = per_step[-1] if per_step else {}
+    if "pit" not in last:
+        return {}
+    return {"pit": last["pit"], "pit_step": last["step"]}
+
+
+def view(meta: dict[str, Any]) -> dict[str, Any]:
+    """The ``summary`` fields of the stream document: the latest p-values, the step they belong to, the stream's
+    level α and which entries it flags (empty before the first observed step)."""
+    alert = float(meta.get("pit_alert") or DEFAULT_PIT_ALERT)
+    pit = meta.get("pit")
+    if pit is None:
+        return {"pit_alert": alert}
+    marks = flagged(pit, alert)
+    return {
+        "pit": pit,
+        "pit_step": meta.get("pit_step"),
+        "pit_alert": alert,
+        "pit_flagged": any(marks),
+        "pit_flags": marks,
+    }
