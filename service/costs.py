@@ -155,14 +155,15 @@ def observations_cost(
     lag: int = 0,
 ) -> Cost:
     """Applying ``steps`` — (dt, entries observed) each — to n particles: each step's work
-    (:meth:`Updater.step_work`), its smoothing window's (``lag`` steps kept: :func:`window_step_cost`) and summary,
+    (:meth:`Updater.step_work`) and its predictive p-values' (:meth:`Updater.pit_work`), its smoothing window's
+    (``lag`` steps kept: :func:`window_step_cost`) and summary,
     its ``per_step`` entry in the answer, and ``samples`` draws."""
     d = model.state_dim
     total = Cost(0.0, 0.0)
     window = window_step_cost(updater, n, d, lag)
     for dt, k in steps:
-        step = updater.step_work(model, n, dt, k)
-        step_cost = Cost(step.flops + window.flops, step.bytes + window.bytes)
+        step, pit = updater.step_work(model, n, dt, k), updater.pit_work(model, n, dt, k)
+        step_cost = Cost(step.flops + pit.flops + window.flops, max(step.bytes, pit.bytes) + window.bytes)
         total = total.then(step_cost).then(summary_cost(n, d))
     answer = len(steps) * ((2 + len(QUANTILES)) * d + 8)  # per_step: mean, sd and quantiles, and a few scalars
     total = Cost(total.flops + JSON_FLOPS_PER_NUMBER * answer, total.bytes)

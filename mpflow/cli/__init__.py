@@ -20,6 +20,7 @@ FULL_ONLY = frozenset(
         "tqdm",
         "matplotlib",
         "redis",
+        "pydantic",
         "pydantic_settings",
         "fastapi",
         "fastapi_offline",

@@ -431,6 +431,16 @@ class Updater:
         flops = n * (model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d) + 10.0 * d**3
         return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
+    def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """:meth:`pit` of one observed step: a second predict of the ``n`` particles (every particle's transition,
+        all its sub-steps, and its n d draws) and the family's conditional CDF of each of the ``k`` entries per
+        particle (about a likelihood's work, :meth:`ModelFamily.particle_flops`); the predicted cloud and its
+        [n, k] CDF values in float64."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        flops = n * (model.particle_flops(dt, k) + RANDN_FLOPS * d) + model.step_fixed_flops(dt)
+        return StepWork(flops, 8.0 * n * (2 * d + k))
+
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """:meth:`forecast` by propagation: per horizon every particle's transition (all its sub-steps) and one
         draw of its observation (2 d k + 2 k²), the weighted moments (2 (d² + k²)) and quantiles (a sort); every

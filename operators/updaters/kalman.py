@@ -80,6 +80,11 @@ class KalmanUpdater(Updater):
         flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * (3 * n * d + 20 * (d + k) ** 2))
 
+    def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """The closed-form p-values: a second Kalman predict (the particles it redraws included), as
+        :meth:`step_work`."""
+        return self.step_work(model, n, dt, k)
+
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """The exact predictive: per horizon a Kalman predict and the observation's moments (d × d and k × k
         algebra, no particles)."""

@@ -233,8 +233,9 @@ def test_dockerfile_builds_from_the_repository(name: str) -> None:
             assert not _dockerignored(source), f"{name}: COPY {source}, but .dockerignore excludes it"
     runs = [args for op, args in steps if op == "RUN"]
     torch_at = next(i for i, r in enumerate(runs) if "torch==2.13.0" in r)
-    package_at = next(i for i, r in enumerate(runs) if "pip install ." in r)
-    assert torch_at < package_at, "torch must be pinned before `pip install .` pulls an unpinned one"
+    package_at = next(i for i, r in enumerate(runs) if 'pip install ".[full]"' in r)
+    assert torch_at < package_at, 'torch must be pinned before `pip install ".[full]"` pulls an unpinned one'
+
     if name == "Dockerfile":
         assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch_at]
         assert "python:3.11-slim" in dict(steps)["ARG"]

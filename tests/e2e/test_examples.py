@@ -57,7 +57,8 @@ def test_example_imports_the_installed_mpflow_not_the_checkouts_folder(script: s
     shutil.copytree(ROOT / "mpflow", checkout / "mpflow", ignore=shutil.ignore_patterns("__pycache__"))
     (installed / "mpflow").mkdir(parents=True)
     shutil.copy(ROOT / "mpflow" / "__init__.py", installed / "mpflow")
-    for name, source in {"cli": "mpflow/cli", "service": "service", "operators": "operators"}.items():
+    links = {"cli": "mpflow/cli", "client": "mpflow/client", "service": "service", "operators": "operators"}
+    for name, source in links.items():
         (installed / "mpflow" / name).symlink_to(ROOT / source)
     path = str(checkout / "examples" / script)
     code = _AS_INSTALLED.format(examples=str(checkout / "examples"), installed=str(installed), script=path)
