@@ -120,9 +120,12 @@ def test_micro_batching_across_streams_keeps_answers(redis_url):
             async with serve_in_process(s) as (app, c):
                 for i in range(12):
                     await c.post("/v1/streams", json={**spec, "stream_id": f"b{i}"})
-                rs = await asyncio.gather(
-                    *(c.post(f"/v1/streams/b{i}/observations", json={"observations": obs}) for i in range(12))
-                )
+                # one observation per request: a request of several runs its steps as one job of its own (a run,
+                # service/engine.py), and only a request's last step joins the cross-stream batches
+                for o in obs:
+                    rs = await asyncio.gather(
+                        *(c.post(f"/v1/streams/b{i}/observations", json={"observations": [o]}) for i in range(12))
+                    )
                 batched = [r.json() for r in rs]
                 sizes = app.state.metrics.batch_size.collect()[0].samples
                 count = next(x.value for x in sizes if x.name.endswith("_count"))

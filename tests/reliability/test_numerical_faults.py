@@ -23,7 +23,7 @@ import torch
 from fastapi import FastAPI
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
-from mpflow.operators.updaters import UPDATERS, NonFiniteError, get_updater
+from mpflow.operators.updaters import UPDATERS, get_updater
 
 from tests.harness.numerics import all_finite, fallback_counts
 from tests.harness.server import drop_prefix, serve_in_process
@@ -192,10 +192,13 @@ def test_degenerate_priors_stay_finite_and_unusable_ones_are_422(redis_url, fami
 
 
 # ---------------------------------------------------------------------------------------------- the fall-back path
-def test_a_real_operator_failure_falls_back_and_is_counted(redis_url):
-    """No injection: the shipped MPF operator for linear_gaussian d=2 really yields non-finite particles on an
-    observation of 1e30 (checked on the operator itself, from the same prior and seed); through the API that
-    step is computed by a fall-back, the answer says so and the metric counts it."""
+def test_an_extreme_observation_is_answered_finitely_by_the_operator(redis_url):
+    """No injection: an observation of 1e30 to an mpf stream on linear_gaussian d=2 (the shipped operator). Its
+    evidence is the predicted Gaussian's, in float64 (docs/methods.md "Anomaly scores"), so the step stays finite
+    where the particle average of p(o | x) once underflowed to a non-finite state and a fall-back: checked on the
+    operator itself, from the same prior and seed, and through the API — no fall-back, every number finite, an
+    evidence increment that says how surprising the reading was. (Fall-backs of a failing operator: the injected
+    faults below.)"""
     spec = stream_spec("linear_gaussian", "mpf", n=32)
     extreme = {"observations": [[1e30, -1e30]]}
 
@@ -203,28 +206,22 @@ def test_a_real_operator_failure_falls_back_and_is_counted(redis_url):
         r = await c.post("/v1/streams", json=spec)
         assert r.status_code == 201, r.text
         doc = r.json()
-        # the precondition, on the operator the stream uses: it fails on this observation
         model = make_model("linear_gaussian", {}, 2)
         updater = get_updater("mpf", operator=doc["operator"]) if doc["operator"] else get_updater("mpf")
         state = updater.init(prior_from_spec(GAUSS2), model, 32, doc["seed"])
-        with pytest.raises(NonFiniteError):
-            updater.update(state, torch.tensor([[1e30, -1e30]]), model)
+        new, info = updater.update(state, torch.tensor([[1e30, -1e30]]), model)
+        assert bool(torch.isfinite(new.particles).all()) and float(info.log_evidence_increment[0]) < -1e50
 
         before = fallback_counts((await c.get("/metrics")).text)
         r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json=extreme)
         assert r.status_code == 200, r.text
         answer = r.json()
-        assert (
-            answer["fallback"] in ("gpf", "kalman", "smc") and answer["per_step"][0]["fallback"] == answer["fallback"]
-        )
-        assert answer["method"] == "mpf" and answer["step"] == 1 and all_finite(answer)
+        assert answer.get("fallback") is None and answer["method"] == "mpf" and answer["step"] == 1
+        assert all_finite(answer) and answer["per_step"][0]["log_evidence_increment"] < -1e50
         await stored_is_finite(c, doc["stream_id"])
-        after = fallback_counts((await c.get("/metrics")).text)
-        key = ("linear_gaussian", "mpf", answer["fallback"])
-        assert after.get(key, 0) == before.get(key, 0) + 1, (before, after)
+        assert fallback_counts((await c.get("/metrics")).text) == before
 
     run(redis_url, body)
-
 
 def _nan_after(cls: type) -> type:
     """A subclass of the updater ``cls`` whose every update returns NaN particles (a faulty operator)."""

@@ -55,6 +55,7 @@ PUBLIC = {
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",
+    "/redoc/redoc.standalone.js",  # the ReDoc bundle /redoc loads, served without its CDN logo
     "/docs-assets",  # the Swagger UI and ReDoc files of /docs and /redoc (a static mount)
     "/",  # the dashboard's pages: HTML only, every datum they show comes from /v1 with the user's key
     "/streams/{stream_id}",
