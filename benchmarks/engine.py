@@ -23,9 +23,9 @@ posterior, so its row is the Monte-Carlo floor of N particles), and compared wit
 
 * **ms/update**: median wall time of ``updater.update`` (one stream, ``torch.set_num_threads(1)``) over
   all steps and seeds; also as a ratio to ``smc``'s median in the same (family, d, N);
-* **mean err**: sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²) (:func:`mpflow.operators.metrics.mean_error_sd`),
+* **mean err**: sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²) (:func:`mpflow.operators.accuracy.mean_error_sd`),
   averaged over steps and seeds;
-* **var ratio**: mean_d C_q,dd / Σ_t,dd (:func:`mpflow.operators.metrics.variance_ratio`), averaged over steps and
+* **var ratio**: mean_d C_q,dd / Σ_t,dd (:func:`mpflow.operators.accuracy.variance_ratio`), averaged over steps and
   seeds, and at the last step (averaged over seeds);
 * **logZ err**: |log Ẑ_T − Σ_t log p(o_t | o_<t)| at the last step (``state.log_evidence``), mean over
   seeds; and the mean per-step increment error |log Ẑ_t/Ẑ_{t−1} − log p(o_t | o_<t)|.

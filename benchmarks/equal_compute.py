@@ -13,7 +13,7 @@ x₀ ~ prior, and filtered by
   also without them and with windows of 1 and 3) in one stage and, for non-linear likelihoods, in K = 4 tempered
   stages (``substeps``,
   :mod:`mpflow.operators.models.tempered`), with Stein's fit at the prior in place of the default posterior
-  linearisation (``linearisation="stein"``, :mod:`mpflow.operators.mpf.gaussian_flow`; labelled ``stein``) in
+  linearisation (``linearisation="stein"``, :mod:`mpflow.operators.mpf.daum_huang`; labelled ``stein``) in
   K = 1 and 16 stages (1 with ``--quick``), and importance-corrected (``correct``,
   :mod:`mpflow.operators.mpf.correction`; ``CORRECTED``: K = 1 at N = 256 and 512, K = 4 at N = 256);
 * ``smc`` (bootstrap PF) on a ladder of N (256 … 16384);
@@ -62,8 +62,8 @@ from typing import Any
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.accuracy import mean_error_sd, variance_ratio
 from mpflow.operators.filtering import FilterStep, run_filter
-from mpflow.operators.metrics import mean_error_sd, variance_ratio
 from mpflow.operators.models import ModelFamily, make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.references import kalman_filter

@@ -16,7 +16,7 @@ Two short streams (T = 200 by default), each with S simulated data sets (seeds 0
 
 Contenders per stream, at the same θ-particle count M unless named: ``jitter h`` (``smc2``'s nested-filter jitter
 u' = u + h M^{−1/2} s_u ξ, h ∈ {0.5, 1, 2}), ``liu_west`` (the Liu–West kernel, a = 0.98, instead of the jitter),
-``pmmh`` (the unbounded SMC², :func:`mpflow.operators.references.smc2.smc2_pmmh`) and ``jitter 1, 4M`` (four times
+``pmmh`` (the unbounded SMC², :func:`mpflow.operators.references.smc2_pmmh.smc2_pmmh`) and ``jitter 1, 4M`` (four times
 the θ-particles, about the unbounded one's time on these short streams). Scores at the checkpoints
 t ∈ {50, 100, 200}: |posterior mean − grid mean| / grid sd and posterior sd / grid sd per parameter, averaged over
 seeds; wall time, and the cost of the last tenth of the steps over the first tenth (bounded: ≈ 1; unbounded: grows
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.references.smc2 import smc2_pmmh
+from mpflow.operators.references.smc2_pmmh import smc2_pmmh
 from mpflow.operators.updaters import get_updater
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from mpflow.operators.accuracy import mean_error_sd
 from mpflow.operators.filtering import run_filter
-from mpflow.operators.metrics import mean_error_sd
 from mpflow.operators.models import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.updaters import get_updater

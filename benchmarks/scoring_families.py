@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mpflow.operators.accuracy import variance_ratio
 from mpflow.operators.filtering import run_filter
-from mpflow.operators.metrics import variance_ratio
 from mpflow.operators.models import make_model
 from mpflow.operators.registry import resolve
 from mpflow.operators.rng import generator

@@ -16,7 +16,7 @@ With a reference posterior p_t = p(x_t | o_1..t) — its moments μ_t, Σ_t and 
 Kalman filter (:meth:`ExactPosterior.kalman`) — each step is scored (each [B], per stream):
 
 * ``mean_error_sd``         sqrt(mean_d ((m_t,d − μ_t,d) / σ_t,d)²), σ_t,d² = Σ_t,dd
-  (:func:`mpflow.operators.metrics.mean_error_sd`);
+  (:func:`mpflow.operators.accuracy.mean_error_sd`);
 * ``var_ratio_per_dim``     C_t,dd / Σ_t,dd ([B, d]) and ``var_ratio``, its mean over d;
 * ``logz_increment_error``  |log Ẑ_t − log Ẑ_{t−1} − log p(o_t | o_<t)|, log Ẑ_t − log Ẑ_{t−1} the updater's
   estimate of the evidence increment (``info.log_evidence_increment``);
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from mpflow.operators import gaussian, metrics
+from mpflow.operators import accuracy, gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior
 from mpflow.operators.references import kalman_filter
@@ -183,9 +183,9 @@ class FilterRun:
         if self.reference is not None:
             ref = self.reference
             mu, sigma = ref.means[:, t], ref.covs[:, t]
-            ratio = metrics.variance_ratio(cov, sigma)
+            ratio = accuracy.variance_ratio(cov, sigma)
             scores = {
-                "mean_error_sd": metrics.mean_error_sd(mean, mu, sigma),
+                "mean_error_sd": accuracy.mean_error_sd(mean, mu, sigma),
                 "var_ratio": ratio.mean(-1),
                 "var_ratio_per_dim": ratio,
                 "logz_increment_error": (info.log_evidence_increment.to(F64) - ref.log_z[:, t]).abs(),

@@ -25,7 +25,7 @@
    stream per task, ``Updater.init(prior, model, N, seed=[...])``) at each particle count N, through
    :func:`mpflow.operators.filtering.run_filter`. After every update, with m_q, C_q the (weighted) particle
    moments (float64):
-   * ``mean_error_sd``  sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²)  (:func:`mpflow.operators.metrics.mean_error_sd`);
+   * ``mean_error_sd``  sqrt(mean_d ((m_q,d − μ_t,d) / σ_t,d)²)  (:func:`mpflow.operators.accuracy.mean_error_sd`);
    * ``var_ratio``      C_q,dd / Σ_t,dd per dimension (``var_ratio`` is its mean over d);
    * ``mmd2``           unbiased MMD² of the particles against the reference samples (App. C.1);
    * ``cross_entropy``  H(p_t, q̂) = −mean_m log q̂(y_m), y_m ~ p_t, q̂ the KDE of the particles (eq. 30;
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mpflow.operators import gaussian, metrics
+from mpflow.operators import accuracy, gaussian
 from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.models import family as family_class
@@ -239,8 +239,8 @@ def sample_metrics(x: torch.Tensor, log_weights: torch.Tensor, ref: Reference, t
     lw = log_weights.to(torch.float64)
     samples = ref.samples[:, t]
     return {
-        "mmd2": metrics.mmd2(x, samples, x_log_weights=lw),
-        "cross_entropy": metrics.cross_entropy(samples, x, q_log_weights=lw),
+        "mmd2": accuracy.mmd2(x, samples, x_log_weights=lw),
+        "cross_entropy": accuracy.cross_entropy(samples, x, q_log_weights=lw),
     }
 
 

@@ -24,7 +24,7 @@ from it with ``"prior": {"type": "sampler", "name": "<name>"}`` once OUT is in `
 
 metrics.json — held-out accuracy against the exact prior, ``EVAL_SAMPLES`` draws each, fresh seeds:
 
-* ``mmd2.generator``     MMD² (:func:`mpflow.operators.metrics.mmd2`, unbiased, 5 RBF kernels) of generator draws vs
+* ``mmd2.generator``     MMD² (:func:`mpflow.operators.accuracy.mmd2`, unbiased, 5 RBF kernels) of generator draws vs
                          exact prior draws;
 * ``mmd2.noise_floor``   the same for a second, independent exact sample: what a perfect sampler scores;
 * ``mmd2.moment_matched_gaussian``  the same for N(m, C): what ignoring the prior's shape scores;
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mpflow.operators import gaussian, metrics, registry, rng
+from mpflow.operators import accuracy, gaussian, registry, rng
 from mpflow.operators.models.priors import GaussianMixture, prior_from_spec
 from mpflow.operators.registry import NAME_RE, SAMPLERS_DIR, OperatorRecord
 from mpflow.operators.samplers.cached import MOMENTS_KEY, CachedSampler, score_in_whitened
@@ -104,22 +104,22 @@ def sampler_metrics(sampler: CachedSampler, prior: GaussianMixture, n: int = EVA
 
     def moment_errors(x: torch.Tensor) -> dict[str, Any]:
         m, c = gaussian.moments(x[None])
-        dm, dc = metrics.mean_cov_errors(m[0], c[0], mean, cov)
+        dm, dc = accuracy.mean_cov_errors(m[0], c[0], mean, cov)
         return {
-            "mean_error_sd": float(metrics.mean_error_sd(m[0], mean, cov)),
+            "mean_error_sd": float(accuracy.mean_error_sd(m[0], mean, cov)),
             "mean_error": float(dm),
             "cov_error_fro": float(dc),
             "cov_error_rel": float(dc / torch.linalg.matrix_norm(cov)),
-            "variance_ratio": metrics.variance_ratio(c[0], cov).tolist(),
+            "variance_ratio": accuracy.variance_ratio(c[0], cov).tolist(),
         }
 
     return {
         "samples": n,
         "seeds": seeds,
         "mmd2": {
-            "generator": float(metrics.mmd2(draws, exact)),
-            "noise_floor": float(metrics.mmd2(exact2, exact)),
-            "moment_matched_gaussian": float(metrics.mmd2(matched, exact)),
+            "generator": float(accuracy.mmd2(draws, exact)),
+            "noise_floor": float(accuracy.mmd2(exact2, exact)),
+            "moment_matched_gaussian": float(accuracy.mmd2(matched, exact)),
             "kernel": "sum of 5 RBF kernels, median heuristic x (0.25, 0.5, 1, 2, 4); unbiased U-statistic",
         },
         "moments": moment_errors(draws),

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mpflow.operators import gaussian, metrics
+from mpflow.operators import accuracy, gaussian
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
@@ -84,15 +84,15 @@ def _density(kind: str, particles: torch.Tensor) -> Callable[[torch.Tensor], tor
     clouds)."""
     X = particles.detach()
     if kind == "kde":
-        return lambda x: metrics.kde_log_density(x, X).to(x.dtype)
+        return lambda x: accuracy.kde_log_density(x, X).to(x.dtype)
     if kind == "kde-shrunk":  # Liu & West (1999): centres shrunk towards the mean keep the covariance
         X64 = X.double()
-        h = metrics.silverman_bandwidth(X64)  # [B, d] = c·σ_d with the same c in every dimension
+        h = accuracy.silverman_bandwidth(X64)  # [B, d] = c·σ_d with the same c in every dimension
         mean, cov = gaussian.moments(X64)
         sd = torch.diagonal(cov, dim1=-2, dim2=-1).sqrt()
         a = torch.sqrt((1 - (h / sd) ** 2).clamp_min(0.0))  # a² σ² + h² = σ²
         centres = mean[:, None] + a[:, None] * (X64 - mean[:, None])
-        return lambda x: metrics.kde_log_density(x, centres, bandwidth=h).to(x.dtype)
+        return lambda x: accuracy.kde_log_density(x, centres, bandwidth=h).to(x.dtype)
     if kind == "gaussian":
         mean, cov = gaussian.moments(X.double())
         chol = gaussian.cholesky(cov)

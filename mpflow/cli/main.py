@@ -486,7 +486,7 @@ LOSS_DESCRIPTIONS = {
 
 
 def _add_train(sub: Any) -> argparse.ArgumentParser:
-    from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS
+    from mpflow.operators.mpf.daum_huang import LINEARISATIONS
     from mpflow.operators.mpf.network import RESIDUAL_GATES
     from mpflow.training.meta_train import LR_SCHEDULES
     from mpflow.training.tasks import TASK_FAMILIES

@@ -7,7 +7,7 @@ dx = (F x + C u) dt + dW, Cov[dW] = Qc dt (Qc = I by default), discretised exact
 (:func:`mpflow.operators.models.continuous_time.van_loan`: A = e^{FΔ}, Q = ∫₀^Δ e^{Fs} Qc e^{Fᵀs} ds, and the input
 enters through Γ C u, Γ = ∫₀^Δ e^{Fs} ds). A discrete transition has no Δ but 1. The optional input matrix C
 [d, m] takes each step's inputs u ∈ R^m (0 when a step gives none). Exact filtering: the Kalman filter
-(:mod:`mpflow.operators.references.kalman`).
+(:mod:`mpflow.operators.references.exact_kalman`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 to p(x | o_1..m+1) along a neural ODE dx/dt = f (eq. 4) while tracking their log-density,
 log q_{m+1}(x_{m+1}) = log q_m(x_m) − ∫ ∇ₓ·f dt (eq. 8).
 
-- :mod:`mpflow.operators.mpf.gaussian_flow` — the exact Daum–Huang flow (the base velocity) and the statistical
+- :mod:`mpflow.operators.mpf.daum_huang` — the exact Daum–Huang flow (the base velocity) and the statistical
   linearisation of a likelihood from particle scores;
 - :mod:`mpflow.operators.mpf.network` — f_θ (eq. 16–18): DeepSet context, gated time-conditioned layers, score
   input, a zero-initialised residual on the base flow;

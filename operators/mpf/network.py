@@ -5,7 +5,7 @@ step's particles — the normalised inputs):
 
     f_z(z, λ) = DH_z(z, λ) + U Φ(λ) Uᵀ g h_θ( ctx, z, asinh(Lᵀ ∇x log p(o | x)), λ ),   f_x = L f_z,   λ ∈ [0, 1].
 
-* DH_z is the exact Daum–Huang flow (:mod:`mpflow.operators.mpf.gaussian_flow`) of the whitened prior N(0, I)
+* DH_z is the exact Daum–Huang flow (:mod:`mpflow.operators.mpf.daum_huang`) of the whitened prior N(0, I)
   under the whitened, linearised likelihood (Λ_z, η_z) = (Lᵀ Λ L, Lᵀ (η − Λ m)), fitted to a non-Gaussian
   likelihood by Stein's identity (``linearisation="stein"``, Λ_z ⪰ 0; ``"posterior"``: re-fitted at the
   posterior it gives, Λ_z ⪰ 0) or to the cloud's moments after reweighting by the likelihood (``"importance"``,
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 from mpflow.operators import gaussian
-from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood, whitened_likelihood
+from mpflow.operators.mpf.daum_huang import LINEARISATIONS, DaumHuangFlow, GaussianLikelihood, whitened_likelihood
 from torch import nn
 
 

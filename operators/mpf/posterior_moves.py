@@ -2,7 +2,7 @@
 posterior itself, with the likelihoods of all but the last ``window`` observations replaced by Gaussian sites.
 
 A static family's posterior after m observations is p(x | o_≤m) ∝ π(x) Π_{s≤m} p(o_s | x). The flow moves the
-particles onto a Gaussian-likelihood update of the previous cloud (:mod:`mpflow.operators.mpf.gaussian_flow`), so
+particles onto a Gaussian-likelihood update of the previous cloud (:mod:`mpflow.operators.mpf.daum_huang`), so
 its error is that of a Gaussian belief, and it accumulates: on ``logistic`` d = 30 the flow reaches 0.17 posterior
 sd. A Markov kernel that leaves the posterior invariant removes that error, but it needs the posterior's density,
 i.e. every past observation. The stream keeps instead
@@ -12,7 +12,7 @@ i.e. every past observation. The stream keeps instead
 the exact likelihoods of the last W observations (``window``) and, for each older one, a Gaussian site
 exp(−½ xᵀ Λ_s x + η_sᵀ x) folded into the canonical Gaussian (P_m, h_m) = (P₀ + Σ Λ_s, P₀ m₀ + Σ η_s), which
 starts as the prior's. A site is fitted when its observation leaves the window, by Stein's identity at the flow's
-cloud of that step (:func:`~mpflow.operators.mpf.gaussian_flow.statistical_linearisation`): the cloud then already
+cloud of that step (:func:`~mpflow.operators.mpf.daum_huang.statistical_linearisation`): the cloud then already
 holds W later observations, so the fit reads the likelihood where the posterior is (the sites of expectation
 propagation, fitted once; Minka 2001, "Expectation propagation for approximate Bayesian inference", UAI, §3). On
 ``logistic`` d = 30 (``benchmarks.equal_compute``: 64 held-out sequences, N = 256, 5 moves, HMC reference) the mean
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.mpf.gaussian_flow import statistical_linearisation
+from mpflow.operators.mpf.daum_huang import statistical_linearisation
 from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.state import ParticleState
 

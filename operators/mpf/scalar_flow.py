@@ -5,11 +5,11 @@ eigenbasis, the co-moving frame, Cholesky solves) — the per-dimension correcte
 
 One stage with the cloud's moments (m, c) and the likelihood p(o | x)^β:
 
-* Stein's fit of the likelihood (:func:`~mpflow.operators.mpf.gaussian_flow.statistical_linearisation`): with
+* Stein's fit of the likelihood (:func:`~mpflow.operators.mpf.daum_huang.statistical_linearisation`): with
   sᵢ = β ∂ₓ log p(o | xᵢ), λ = max(0, −mean(s (x − m)) / c) and η = mean(s) + λ m;
 * the Gaussian update c₁ = c / (1 + λ c), m₁ = c₁ (m / c + η);
 * with ``iterations`` > 0 (``linearisation="posterior"``,
-  :func:`~mpflow.operators.mpf.gaussian_flow.posterior_linearisation`) the fit is repeated that many times at the
+  :func:`~mpflow.operators.mpf.daum_huang.posterior_linearisation`) the fit is repeated that many times at the
   points x₁ below, with their moments (m₁, c₁) in place of (m, c), and each stream keeps the fit whose x₁ has the
   larger ESS of the weights p(o | x₁)^β N(x₁; m, c) / N(x; m, c), Stein's or the last. The map is affine, so
   N(x; m, c) = |∂x₁/∂x| N(x₁; m₁, c₁) with a slope shared by the cloud: in one stage (β = 1) these are the step's

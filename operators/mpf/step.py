@@ -8,7 +8,7 @@ Given the particles x [B, N, d] of p(x | o_<m) and their log-density log q:
    the previous cloud so the moments carry no Monte Carlo noise; their log-density becomes that
    Gaussian's at the predicted particles (exact for linear-Gaussian models);
 2. :func:`flow_step`: linearise the likelihood of o_m
-(:func:`mpflow.operators.mpf.gaussian_flow.linearised_likelihood`),
+(:func:`mpflow.operators.mpf.daum_huang.linearised_likelihood`),
    build the network's context from the detached cloud (eq. 16), whiten z = L⁻¹ (x − m) and integrate
    dz/dλ = f_z(X_m, o_m, z(λ), λ) with d log q/dλ = −∇_z·f_z over λ ∈ [0, 1] (eq. 4, 8; the divergence is
    invariant under the affine map), then map back x = m + L z. The likelihood score enters f along the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.mpf.gaussian_flow import linearised_likelihood
+from mpflow.operators.mpf.daum_huang import linearised_likelihood
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.ode import integrate
 from mpflow.operators.rng import Generators

@@ -3,7 +3,7 @@ and the GPVI generator (Ratzlaff et al.), trainable for any log-density; GPVI sa
 load with :func:`load_sampler`."""
 
 from mpflow.operators.samplers.cached import CachedSampler, load_sampler
-from mpflow.operators.samplers.gaussian_flow import GaussianFlowResampler
+from mpflow.operators.samplers.gpf_resampler import GaussianFlowResampler
 from mpflow.operators.samplers.gpvi import GPVIGenerator
 
 __all__ = ["CachedSampler", "GPVIGenerator", "GaussianFlowResampler", "load_sampler"]

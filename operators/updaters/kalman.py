@@ -14,7 +14,7 @@ from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.references.conjugate import conjugate_update
-from mpflow.operators.references.kalman import kalman_predict
+from mpflow.operators.references.exact_kalman import kalman_predict
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater

@@ -6,7 +6,7 @@ Per step, for each stream (:mod:`mpflow.operators.mpf.step`, shared with meta-tr
                moments of the previous cloud (MPF §5 LDS: "predict with the transition, then apply F");
   2. linearise the likelihood: exactly (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) for linear-Gaussian families, else by Stein's
                identity from the scores at the particles, for the base flow re-fitted at the Gaussian posterior it
-               gives (``linearisation="posterior"``, the default; :mod:`mpflow.operators.mpf.gaussian_flow`); a
+               gives (``linearisation="posterior"``, the default; :mod:`mpflow.operators.mpf.daum_huang`); a
                factorised family (``ModelFamily.per_dimension``) runs the base flow one dimension at a time;
   3. flow      integrate dx/dλ = f_θ(X_m, o, x(λ), λ) over λ ∈ [0, 1] with ``solver`` (RK4 with ``steps``
                equal steps by default: the reference used one); with ``substeps`` K > 1 the update runs as K
@@ -48,7 +48,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
 from mpflow.operators.mpf import consistency, correction, posterior_moves
-from mpflow.operators.mpf.gaussian_flow import LINEARISATIONS, POSTERIOR_ITERATIONS, posterior_fit
+from mpflow.operators.mpf.daum_huang import LINEARISATIONS, POSTERIOR_ITERATIONS, posterior_fit
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.kalman_particle import adaptive_kalman_particle_step, kalman_particle_step
 from mpflow.operators.mpf.network import MPFVelocity
@@ -542,7 +542,7 @@ class MPFUpdater(Updater):
 
     def _fitted_in_closed_form(self, model: ModelFamily, x: torch.Tensor) -> bool:
         """Whether a one-stage base flow of ``model`` from the cloud x [B, N, d] is the map of
-        :func:`~mpflow.operators.mpf.gaussian_flow.posterior_fit` (the posterior linearisation of a nonlinear
+        :func:`~mpflow.operators.mpf.daum_huang.posterior_fit` (the posterior linearisation of a nonlinear
         observation in d > 1; d = 1 runs :mod:`~mpflow.operators.mpf.scalar_flow`), which also gives the corrected
         flow's weights: then the step takes both from it instead of mapping and weighting the cloud again."""
         linear = model.linear_observation()

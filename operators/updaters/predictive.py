@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.references.kalman import kalman_predict
+from mpflow.operators.references.exact_kalman import kalman_predict
 
 
 @dataclass

@@ -20,8 +20,9 @@ in the unconstrained coordinate u of θ's support (:mod:`mpflow.operators.models
 of u and h the ``jitter`` option (0.5: the best of h ∈ {0.5, 1, 2} and Liu–West's kernel measured by
 ``benchmarks/params.py``); the filter of θ stays as it was (the approximation of Crisan & Míguez, whose error
 vanishes as the kernel's scale ∝ M^{−1/2}). A move costs O(M) whatever the step: rejuvenation does not
-re-run any filter from the first observation (which SMC²'s PMMH kernel does: :mod:`mpflow.operators.references.smc2`
-is that unbounded reference, measured against this one in ``benchmarks/params.py``).
+re-run any filter from the first observation (which SMC²'s PMMH kernel does:
+:mod:`mpflow.operators.references.smc2_pmmh` is that unbounded reference, measured against this one in
+``benchmarks/params.py``).
 
 The filtered state integrates over θ: its particles are the N = M·N_x pairs (θ_j, x_{j,i}) with weights ω_j w_{j,i}
 (Kalman: N_x draws of N(m_j, P_j) per θ_j, weight ω_j / N_x), so every summary is of p(x_m | o_≤m) (eq. P6).
@@ -43,7 +44,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.param_priors import from_unconstrained, to_unconstrained
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.references.conjugate import conjugate_update
-from mpflow.operators.references.kalman import kalman_predict
+from mpflow.operators.references.exact_kalman import kalman_predict
 from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater

@@ -1,7 +1,7 @@
 """Exactly-once, checked against an independent computation.
 
 The fault scenarios use ``kalman`` streams (deterministic), so the float64 Kalman filter of
-:mod:`mpflow.operators.references.kalman` run offline on the acknowledged observations must reproduce the stored
+:mod:`mpflow.operators.references.exact_kalman` run offline on the acknowledged observations must reproduce the stored
 posterior mean, covariance and log-evidence, and every acknowledged answer's per-step mean — a step applied twice,
 skipped or applied out of order shows as a mismatch (**reference mismatches**). The stored state itself is read
 back from Redis and decoded (``ParticleState.from_bytes``); finally each stream takes one more update
@@ -29,7 +29,7 @@ def kalman_reference(model_spec: dict, obs: np.ndarray) -> tuple[np.ndarray, np.
     """Float64 Kalman filter of the observations from the prior: means [T, d], covs [T, d, d], log Z [T]."""
     from mpflow.operators.models import make_model
     from mpflow.operators.models.priors import prior_from_spec
-    from mpflow.operators.references.kalman import kalman_filter
+    from mpflow.operators.references.exact_kalman import kalman_filter
 
     model = make_model(model_spec["family"], model_spec.get("params") or {}, STATE_DIM)
     mean, cov = prior_from_spec(PRIOR).moments()

@@ -21,7 +21,7 @@ import warnings
 
 import pytest
 import torch
-from mpflow.operators import metrics, rng
+from mpflow.operators import accuracy, rng
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture, SamplerPrior, prior_from_spec
 from mpflow.operators.registry import RegistryWarning, list_operators, load_record
@@ -88,7 +88,7 @@ def test_generator_beats_the_moment_matched_gaussian(fitted):
     draws = sampler.sample(N_EVAL, rng.generator(102), torch.float64)
     mean, cov = exact.moments()
     gauss = GaussianMixture.gaussian(mean, cov).sample(N_EVAL, [rng.generator(103)])[0]
-    mmd_gen, mmd_gauss = float(metrics.mmd2(draws, ref)), float(metrics.mmd2(gauss, ref))
+    mmd_gen, mmd_gauss = float(accuracy.mmd2(draws, ref)), float(accuracy.mmd2(gauss, ref))
     assert mmd_gen < 0.6 * mmd_gauss, (mmd_gen, mmd_gauss)
     # unlimited and reproducible: any n, the same draws from the same generator state
     assert torch.equal(sampler.sample(5, rng.generator(7)), sampler.sample(5, rng.generator(7)))

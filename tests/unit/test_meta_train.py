@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 import torch
-from mpflow.operators.mpf.gaussian_flow import statistical_linearisation
+from mpflow.operators.mpf.daum_huang import statistical_linearisation
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.registry import load_record, load_weights

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mpflow.operators.accuracy import mean_error_sd
 from mpflow.operators.filtering import run_filter
-from mpflow.operators.metrics import mean_error_sd
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf.correction import from_dimensions, tempered_to_ess, to_dimensions

@@ -2,7 +2,7 @@
 residual (an untrained operator is exactly the Daum–Huang base flow)."""
 
 import torch
-from mpflow.operators.mpf.gaussian_flow import statistical_linearisation
+from mpflow.operators.mpf.daum_huang import statistical_linearisation
 from mpflow.operators.mpf.network import MPFVelocity
 
 
@@ -88,7 +88,7 @@ def test_flow_step_integrates_the_forward_field():
     f(x, λ) = forward(...) itself (integrated here in x coordinates with many RK4 steps), for a linear and a
     non-linear likelihood — particles and tracked log-density alike."""
     from mpflow.operators.models import make_model
-    from mpflow.operators.mpf.gaussian_flow import linearised_likelihood
+    from mpflow.operators.mpf.daum_huang import linearised_likelihood
     from mpflow.operators.mpf.ode import integrate
     from mpflow.operators.mpf.step import flow_step
 
@@ -145,7 +145,7 @@ def test_gated_residual_is_the_ungated_one_times_the_gate():
     got = gated.residual(feats, lam, ctx_g, eigenbasis=True)
     assert torch.allclose(got, gate[:, None, None] * (h @ ctx.eigvec), atol=1e-5)
     # a step that carries no information (Λ = 0, η = 0) leaves the trained field at the base flow, which is 0
-    from mpflow.operators.mpf.gaussian_flow import GaussianLikelihood
+    from mpflow.operators.mpf.daum_huang import GaussianLikelihood
 
     flat = GaussianLikelihood(torch.zeros(2, 3, 3), torch.zeros(2, 3))
     assert torch.equal(gated(x, lam, torch.zeros_like(x), gated.context(x, flat)), torch.zeros_like(x))

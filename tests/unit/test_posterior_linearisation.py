@@ -1,4 +1,4 @@
-"""The posterior linearisation of a non-Gaussian likelihood (mpflow.operators.mpf.gaussian_flow): Stein's fit re-fitted
+"""The posterior linearisation of a non-Gaussian likelihood (mpflow.operators.mpf.daum_huang): Stein's fit re-fitted
 at the Gaussian posterior it gives — exact where the likelihood is Gaussian, at the Gaussian variational fixed point
 otherwise, the same in the element-wise one-dimensional flow as in the general one, and the base flow's default."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from mpflow.operators import gaussian, state
+from mpflow.operators.accuracy import mean_error_sd
 from mpflow.operators.filtering import run_filter
-from mpflow.operators.metrics import mean_error_sd
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import correction
-from mpflow.operators.mpf.gaussian_flow import (
+from mpflow.operators.mpf.daum_huang import (
     gaussian_posterior_points,
     linear_gaussian_likelihood,
     posterior_linearisation,
@@ -146,7 +146,7 @@ def test_linearisation_is_a_checked_stream_option() -> None:
 def test_the_fit_gives_the_base_flows_points_and_the_corrected_flows_weights() -> None:
     """The corrected step takes its one-stage points and weights from ``posterior_fit`` (it computes both to choose
     the fit): they are the base flow's map of the cloud and the correction's weights at it, to float32 rounding."""
-    from mpflow.operators.mpf.gaussian_flow import POSTERIOR_ITERATIONS, posterior_fit
+    from mpflow.operators.mpf.daum_huang import POSTERIOR_ITERATIONS, posterior_fit
 
     model = make_model("range_bearing", {"range_sd": 0.2, "bearing_sd": 0.2}, 4)
     batch = type(model).stack([model] * 3)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mpflow.operators import gaussian
-from mpflow.operators.metrics import mean_error_sd
+from mpflow.operators.accuracy import mean_error_sd
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf.posterior_moves import Sites, mala

@@ -3,7 +3,7 @@
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models import make_model
-from mpflow.operators.mpf.gaussian_flow import DaumHuangFlow, linear_gaussian_likelihood, statistical_linearisation
+from mpflow.operators.mpf.daum_huang import DaumHuangFlow, linear_gaussian_likelihood, statistical_linearisation
 from mpflow.operators.references import conjugate_update
 from torchdiffeq import odeint
 
@@ -100,7 +100,7 @@ def moved_moments(x, lik):
 
 
 def test_mode_split_separates_modes_and_not_a_gaussian():
-    from mpflow.operators.mpf.gaussian_flow import mode_split
+    from mpflow.operators.mpf.daum_huang import mode_split
 
     g = torch.Generator().manual_seed(0)
     labels, eta = mode_split(gaussian.whiten(torch.randn(1, 4000, 2, generator=g, dtype=F64)))
@@ -115,7 +115,7 @@ def test_mode_split_separates_modes_and_not_a_gaussian():
 def test_importance_linearisation_moves_the_cloud_onto_the_reweighted_moments():
     """On a unimodal cloud the importance fit's base flow moves the cloud's Gaussian onto the mean and
     covariance of the cloud reweighted by the likelihood, exactly."""
-    from mpflow.operators.mpf.gaussian_flow import importance_linearisation
+    from mpflow.operators.mpf.daum_huang import importance_linearisation
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, 500, 2, generator=g, dtype=F64) @ torch.tensor([[1.0, 0.5], [0.0, 0.7]], dtype=F64)
@@ -131,7 +131,7 @@ def test_importance_linearisation_holds_separated_modes():
     its own reweighted moments and keeps the modes' shares (an affine map cannot move particles from one
     mode to the other: following the plain weights would translate both). Stein's global fit instead reads
     the between-mode spread as curvature and pulls the modes together."""
-    from mpflow.operators.mpf.gaussian_flow import importance_linearisation
+    from mpflow.operators.mpf.daum_huang import importance_linearisation
 
     x = two_modes()
     x1_obs = make_model("linear_gaussian", {"H": [[1.0, 0.0]], "R": [[1.0]]}, 2, dtype=F64)
@@ -156,7 +156,7 @@ def test_importance_linearisation_holds_separated_modes():
 def test_importance_linearisation_agrees_with_the_exact_likelihood_on_a_gaussian_problem():
     """Gaussian cloud, linear-Gaussian likelihood: the reweighted moments are the conjugate posterior's up to
     Monte Carlo error, so the fit is (Hᵀ R⁻¹ H, Hᵀ R⁻¹ o) up to that error."""
-    from mpflow.operators.mpf.gaussian_flow import importance_linearisation
+    from mpflow.operators.mpf.daum_huang import importance_linearisation
 
     m, P, H, R, o, g = setup(d=2, k=2, B=1)
     R = 4.0 * R  # a weak observation: the weights stay even, so 20 000 particles estimate the moments well
@@ -171,7 +171,7 @@ def test_importance_linearisation_agrees_with_the_exact_likelihood_on_a_gaussian
 
 def test_unknown_linearisation_is_refused():
     import pytest
-    from mpflow.operators.mpf.gaussian_flow import linearised_likelihood
+    from mpflow.operators.mpf.daum_huang import linearised_likelihood
 
     model = make_model("gmm", {}, 2)
     with pytest.raises(ValueError, match="linearisation"):
@@ -181,7 +181,7 @@ def test_unknown_linearisation_is_refused():
 def test_importance_linearisation_hands_over_to_stein_when_few_particles_carry_the_weight():
     """An observation far outside the cloud leaves ~1 effective particle: the fit is then Stein's (which
     extrapolates from the scores) and finite; between 2(d+1) and 4(d+1) effective particles it is the blend."""
-    from mpflow.operators.mpf.gaussian_flow import FALLBACK_ESS, importance_linearisation
+    from mpflow.operators.mpf.daum_huang import FALLBACK_ESS, importance_linearisation
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1, 256, 2, generator=g, dtype=F64)
