@@ -70,8 +70,8 @@ from mpflow.operators.references import kalman_filter
 from mpflow.operators.references.grid import diagonal_grid_filter, grid_error, static_grid_posterior
 from mpflow.operators.references.hmc import hmc_reference
 from mpflow.operators.rng import generator
+from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import NonFiniteError, get_updater
-from mpflow.operators.updaters.mpf import find_operator
 from tqdm import tqdm
 
 from benchmarks import report

@@ -70,8 +70,8 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf.ring import RingLETKF
 from mpflow.operators.rng import generator
+from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import UPDATERS, get_updater
-from mpflow.operators.updaters.mpf import find_operator
 from mpflow.service.default_methods import REGIME_KEYS
 from mpflow.training.ring_train import load_flow
 

@@ -9,7 +9,7 @@ simulated observations (truth x_0 ~ N(0, I); the model of the family's ``benchma
 A, B as in ``benchmarks.engine``); every ``updater.update`` is timed with ``time.perf_counter`` (by
 :class:`mpflow.operators.filtering.FilterRun`, without moments) under ``torch.set_num_threads(1)`` after W warm-up
 updates. ``mpf`` uses the newest
-shipped operator of the family (:func:`mpflow.operators.updaters.mpf.find_operator`), its solver settings (RK4,
+shipped operator of the family (:func:`mpflow.operators.trained_operators.find_operator`), its solver settings (RK4,
 one step) and no density tracking (as served); a family without a shipped operator runs the untrained base
 flow and says so. The methods alternate update by update (mpf, smc, mpf, …), so a load spike on this shared
 machine hits both alike; the table reports medians, 90th percentiles and the ratio of medians to ``smc``.
@@ -40,8 +40,8 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.mpf.step import flow_step
 from mpflow.operators.rng import generator
+from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import get_updater
-from mpflow.operators.updaters.mpf import find_operator
 
 from benchmarks import report
 from benchmarks.engine import single_thread

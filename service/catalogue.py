@@ -1,19 +1,19 @@
 """What the service can run: model families (``GET /v1/models``) and trained operators (``GET /v1/operators``).
 
-Operators are listed once at start from ``mpflow.operators.registry.default_dirs()`` plus ``MPFLOW_OPERATOR_DIRS``
-(:meth:`OperatorCatalogue.load`); problems with single folders are logged and the folder skipped. The operator
-chosen for a new ``mpf`` stream is :func:`mpflow.operators.updaters.mpf.find_operator` over the same dirs (the newest
-version for the family and state dimension), memoised per (family, d) until the next :meth:`load`.
+Operators are listed once at start from :func:`mpflow.operators.trained_operators.operator_dirs` (the registry's
+defaults plus ``MPFLOW_OPERATOR_DIRS``; :meth:`OperatorCatalogue.load`); problems with single folders are logged and
+the folder skipped. The operator chosen for a new ``mpf`` stream is
+:func:`mpflow.operators.trained_operators.find_operator` over the same dirs (the newest version for the family and
+state dimension), memoised per (family, d) until the next :meth:`load`.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
-from mpflow.operators import registry
+from mpflow.operators import registry, trained_operators
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import UPDATERS
@@ -46,12 +46,7 @@ class OperatorCatalogue:
     """Trained operators found on disk (module docstring)."""
 
     def __init__(self, extra_dirs: list[str] | None = None):
-        dirs: list[Path] = []
-        for d in [*registry.default_dirs(), *map(Path, extra_dirs or [])]:
-            d = d.expanduser()
-            if d.resolve() not in {x.resolve() for x in dirs}:
-                dirs.append(d)
-        self.dirs = dirs
+        self.dirs = trained_operators.operator_dirs(extra_dirs)
         self.records: list[registry.OperatorRecord] = []
         self.loaded = False
         self._found: dict[tuple[str, int], registry.OperatorRecord | None] = {}
@@ -72,11 +67,9 @@ class OperatorCatalogue:
         """The newest operator for (family, d), or None."""
         key = (family, state_dim)
         if key not in self._found:
-            from mpflow.operators.updaters.mpf import find_operator
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", registry.RegistryWarning)  # reported by load()
-                self._found[key] = find_operator(family, state_dim, dirs=self.dirs)
+                self._found[key] = trained_operators.find_operator(family, state_dim, dirs=self.dirs)
         return self._found[key]
 
     def by_name(self, name: str) -> registry.OperatorRecord | None:

@@ -15,8 +15,8 @@ from typing import Any
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
+from mpflow.operators.trained_operators import operator_domain, outside_domain
 from mpflow.operators.updaters import Updater
-from mpflow.operators.updaters.mpf import operator_domain
 from mpflow.service import costs, pit
 from mpflow.service import summary as summaries
 from mpflow.service.documents import now
@@ -114,13 +114,13 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
 def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:
     """``{"inside": bool, "outside": [what lies outside, …]}`` for a stream run by a trained operator: its
     model and prior against the region the operator was trained on
-    (:func:`~mpflow.operators.updaters.mpf.operator_domain`); None without an operator. The mean and covariance of
+    (:func:`~mpflow.operators.trained_operators.operator_domain`); None without an operator. The mean and covariance of
     the prior are what is compared (a mixture's or a particle set's overall moments)."""
     record = methods.operators.by_name(choice.operator) if choice.operator else None
     if record is None:
         return None
     mean, cov = prior.moments()
-    outside = model.outside_domain(operator_domain(record), mean[0], cov[0])
+    outside = outside_domain(model, operator_domain(record), mean[0], cov[0])
     return {"inside": not outside, "outside": outside}
 
 

@@ -93,7 +93,7 @@ _STREAM_METHODS, _STREAM_REF_PARTICLES, _STREAM_REF_SAMPLES, _STREAM_PLOTS = 1, 
 # operator and tasks
 
 
-def load_operator(record_or_dir: OperatorRecord | str | Path) -> OperatorRecord:
+def operator_record(record_or_dir: OperatorRecord | str | Path) -> OperatorRecord:
     """An :class:`OperatorRecord` as is, else :func:`mpflow.operators.registry.resolve` (a name or a folder)."""
     return record_or_dir if isinstance(record_or_dir, OperatorRecord) else resolve(record_or_dir)
 
@@ -374,7 +374,7 @@ def evaluate(
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
-    record = load_operator(record_or_dir)
+    record = operator_record(record_or_dir)
     family = record.family
     unknown = sorted(set(methods) - {"mpf-base", *get_methods()})
     if unknown or not methods:
@@ -538,7 +538,7 @@ def _int_list(text: str) -> list[int]:
 
 def _run_cli(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    record = load_operator(args.operator)
+    record = operator_record(args.operator)
     result = evaluate(
         record,
         quick=args.quick,

@@ -71,7 +71,7 @@ def mpf_operator(name: str | None, family: str, dim: int) -> tuple[str | None, s
     flow."""
     if name is not None:
         return name, f"# mpf with the operator {name}"
-    from mpflow.operators.updaters.mpf import find_operator
+    from mpflow.operators.trained_operators import find_operator
 
     record = find_operator(family, dim)
     if record is None:

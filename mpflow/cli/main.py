@@ -311,7 +311,7 @@ def _init_network(name_or_dir: str, family: str, dim: int):
     import copy
 
     from mpflow.operators.registry import resolve
-    from mpflow.operators.updaters.mpf import network_from_record
+    from mpflow.operators.trained_operators import network_from_record
 
     try:
         record = resolve(name_or_dir)

@@ -513,8 +513,8 @@ class ModelFamily:
         """The region :meth:`sample_task_models` covers under the task ``options``, as a range [lo, hi] per named
         quantity of a stream (:meth:`domain_measures`): what an operator trained on it has seen. It is recorded
         in the operator's config.json (``domain``) and checked when a stream is created
-        (:meth:`outside_domain`). Default — the Gaussian task prior N(μ, Σ): μ_i ~ N(0, 1), so |μ_i| ≤ 3 (3 sd),
-        and Σ's eigenvalues in ``scale_range``; families add their parameters."""
+        (:func:`mpflow.operators.trained_operators.outside_domain`). Default — the Gaussian task prior N(μ, Σ):
+        μ_i ~ N(0, 1), so |μ_i| ≤ 3 (3 sd), and Σ's eigenvalues in ``scale_range``; families add their parameters."""
         lo, hi = options.get("scale_range", DEFAULT_SCALE_RANGE)
         return {"prior mean": [-PRIOR_MEAN_BOUND, PRIOR_MEAN_BOUND], "prior variance": [float(lo), float(hi)]}
 
@@ -525,23 +525,6 @@ class ModelFamily:
             "prior mean": span(prior_mean),
             "prior variance": span(torch.linalg.eigvalsh(prior_cov.to(torch.float64))),
         }
-
-    def outside_domain(
-        self, domain: dict[str, list[float]], prior_mean: torch.Tensor, prior_cov: torch.Tensor
-    ) -> list[str]:
-        """What of this stream lies outside an operator's ``domain`` (:meth:`task_domain`), one phrase per
-        quantity; empty when the stream is inside. Bounds are compared with a relative slack of 1e-6."""
-        measures = self.domain_measures(prior_mean, prior_cov)
-        outside = []
-        for name, (lo, hi) in domain.items():
-            if name not in measures:
-                continue
-            low, high = measures[name]
-            slack = 1e-6 * max(abs(lo), abs(hi), 1.0)
-            if low < lo - slack or high > hi + slack:
-                value = f"{low:.4g}" if low == high else f"{low:.4g} … {high:.4g}"
-                outside.append(f"{name} {value} outside the trained [{lo:.4g}, {hi:.4g}]")
-        return outside
 
     @classmethod
     def _stack_params(cls, params: list[dict[str, Any]], d: int, dtype: torch.dtype) -> ModelFamily:

@@ -1,10 +1,10 @@
 """Updaters by name: the registry the service and benchmarks use (cf. torchdiffeq's ``SOLVERS``).
 
 A new method is one module here plus one line in ``UPDATERS``. ``mpf`` takes a trained operator
-(``get_updater("mpf", operator="lds-d2-v1")``, see :func:`mpflow.operators.updaters.mpf.find_operator`); without one
-it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf`` and ``ukf`` are the ensemble and
-unscented Kalman filters, the baselines of families with an explicit observation function and additive Gaussian
-noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
+(``get_updater("mpf", operator="lds-d2-v1")``, see :func:`mpflow.operators.trained_operators.find_operator`);
+without one it is the exact Daum–Huang filter (the operator's untrained base flow). ``enkf`` and ``ukf`` are the
+ensemble and unscented Kalman filters, the baselines of families with an explicit observation function and additive
+Gaussian noise (``ModelFamily.gaussian_observation``); ``smc``, ``enkf`` and ``ukf`` also run nonlinear transitions
 (``Updater.nonlinear_transition``). What each method can do (weighted cloud, exact, forecasts, controls, ...) is
 declared on its class and published from there (:data:`CAPABILITIES`, :meth:`Updater.capabilities_with`).
 ``smc2`` learns unknown static model parameters with the state (a model whose parameters are given as priors,

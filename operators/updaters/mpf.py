@@ -38,12 +38,9 @@ and N > d the particles are mapped onto the prior's exact mean and covariance.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from pathlib import Path
 
 import torch
-from mpflow.operators import evidence, gaussian, registry
-from mpflow.operators.models import FAMILIES, family
+from mpflow.operators import evidence, gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
@@ -57,61 +54,10 @@ from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
+from mpflow.operators.trained_operators import load_operator, serves_dimension
 from mpflow.operators.updaters.base import StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
-
-
-def find_operator(
-    family: str, state_dim: int, dirs=None, *, include_named_only: bool = False
-) -> registry.OperatorRecord | None:
-    """The newest trained operator for (family, state_dim) in ``dirs`` (default: the registry's default dirs,
-    i.e. ``operators/pretrained/`` and ``$MPFLOW_OPERATOR_DIRS``), or None; for a factorised family
-    (:attr:`~mpflow.operators.models.base.ModelFamily.factorised`) without one of that d, the newest of d = 1, which
-    serves every d one dimension at a time. An operator whose ``config.json`` has ``"auto_select": false``
-    (shipped, but measured no better than its base flow at more cost) serves only a stream that names it, so it
-    is skipped here unless ``include_named_only``."""
-    found = [
-        r
-        for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
-        if r.kind == "operator"
-        and r.family == family
-        and r.state_dim in (state_dim, 1)
-        and (include_named_only or r.auto_select)
-    ]
-    exact = [r for r in found if r.state_dim == state_dim]
-    if not exact and family in FAMILIES and FAMILIES[family].factorised:
-        exact = found
-    return max(exact, key=lambda r: r.version, default=None)
-
-
-def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
-    """Whether an operator trained at d = ``operator_dim`` serves ``model``: its own d, or d = 1 on a factorised
-    family (one dimension at a time)."""
-    return operator_dim == model.state_dim or (operator_dim == 1 and model.factorised)
-
-
-def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
-    """Build the MPFVelocity described by ``config.json`` and load its weights (eval mode)."""
-    arch = record.config["architecture"]
-    if not isinstance(arch, dict):
-        raise ValueError(f"operator: {record.name} is not an MPF operator (architecture {arch!r})")
-    net = MPFVelocity(record.state_dim, **arch)
-    try:
-        net.load_state_dict(registry.load_weights(record))
-    except RuntimeError as exc:
-        raise ValueError(f"operator: weights of {record.name} do not fit its architecture ({exc})") from None
-    return net.eval()
-
-
-def operator_domain(record: registry.OperatorRecord) -> dict[str, list[float]]:
-    """The region (family parameters, prior) an operator was trained on, as ranges of named quantities
-    (:meth:`~mpflow.operators.models.base.ModelFamily.task_domain`): its config.json's ``domain``, written by
-    ``mpflow train``, or else the family's task domain under the operator's recorded task options."""
-    if "domain" in record.config:
-        return record.config["domain"]
-    task_options = (record.config.get("training") or {}).get("task_kwargs") or {}
-    return family(record.family).task_domain(task_options)
 
 
 def check_moves(options: dict) -> None:
@@ -149,17 +95,6 @@ def check_flow_fraction(options: dict) -> None:
 def _mixture(prior: Prior | None) -> bool:
     """Whether ``prior`` is a Gaussian mixture of several components (no Gaussian density for the moves' target)."""
     return isinstance(prior, GaussianMixture) and prior.weights.shape[1] > 1
-
-
-@lru_cache(maxsize=64)
-def _load(path: str, content_hash: str) -> MPFVelocity:
-    return network_from_record(registry.load_record(path, "operator"))
-
-
-def load_operator(name_or_dir: str | Path, dirs=None) -> tuple[registry.OperatorRecord, MPFVelocity]:
-    """(record, network) of a registered operator; networks are cached per folder and content hash."""
-    rec = registry.resolve(name_or_dir, dirs)
-    return rec, _load(str(rec.path), rec.content_hash)
 
 
 #: a trained operator re-runs a step whose health ESS is low in up to this many times its stages (``max_substeps``'s

@@ -73,8 +73,8 @@ def test_an_operator_marked_not_auto_select_serves_only_when_named(tmp_path):
     none); named, it still loads; the shipped ``lorenz96-d40-v1`` is such an operator."""
     import json
 
+    from mpflow.operators.trained_operators import find_operator
     from mpflow.operators.updaters import get_updater
-    from mpflow.operators.updaters.mpf import find_operator
 
     first, _ = _save_operator(tmp_path)
     second, _ = _save_operator(tmp_path, seed=1)
@@ -102,8 +102,8 @@ def test_a_trained_operator_restages_low_ess_steps_by_default(tmp_path):
 
 
 def test_registered_operator_is_found_loaded_and_checked(tmp_path):
+    from mpflow.operators.trained_operators import find_operator
     from mpflow.operators.updaters import get_updater
-    from mpflow.operators.updaters.mpf import find_operator
 
     first, _ = _save_operator(tmp_path)
     second, net = _save_operator(tmp_path, seed=1)
@@ -128,8 +128,8 @@ def test_a_one_dimensional_operator_serves_a_factorised_family_one_dimension_at_
     when there is no operator of that d (not for a family that does not factorise), run on the 3·B one-dimensional
     streams — so an observation moves only its own dimension, which a joint flow would not keep — and refused with
     a tracked density, which the split flow does not carry."""
+    from mpflow.operators.trained_operators import find_operator
     from mpflow.operators.updaters import get_updater
-    from mpflow.operators.updaters.mpf import find_operator
 
     record, _ = _save_operator(tmp_path, family="stochastic_volatility", dim=1)
     assert find_operator("stochastic_volatility", 3, [tmp_path]).name == record.name

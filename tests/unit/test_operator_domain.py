@@ -10,14 +10,14 @@ import pytest
 import torch
 from mpflow.operators.models import FAMILIES, make_model
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.updaters.mpf import find_operator, operator_domain
+from mpflow.operators.trained_operators import find_operator, operator_domain, outside_domain
 
 
 def _outside(family: str, d: int, params: dict, prior_var: float = 1.0, prior_mean: float = 0.0) -> list[str]:
     model = make_model(family, params, d)
     record = find_operator(family, d, include_named_only=True)  # shipped, whether auto-selected or named only
     assert record is not None
-    return model.outside_domain(operator_domain(record), torch.full((d,), prior_mean), prior_var * torch.eye(d))
+    return outside_domain(model, operator_domain(record), torch.full((d,), prior_mean), prior_var * torch.eye(d))
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_a_recorded_domain_is_used_as_written() -> None:
     assert operator_domain(record) == FAMILIES["gmm"].task_domain({})  # derived from its task options
     widened = dataclasses.replace(record, config={**record.config, "domain": {"s": [0.25, 4.0]}})
     model = make_model("gmm", {"s": 0.5}, 2)
-    assert model.outside_domain(operator_domain(widened), torch.zeros(2), 4 * torch.eye(2)) == []
+    assert outside_domain(model, operator_domain(widened), torch.zeros(2), 4 * torch.eye(2)) == []
 
 
 def test_every_family_describes_its_domain_with_measures_it_computes() -> None:

@@ -5,7 +5,7 @@ every one of 100 steps (float32 rounding only; the residual alone used to add 0.
 ratios stay in [0.8, 1.25]. The full evaluation, with MMD², cross-entropy and the baselines, is ``mpflow evaluate``
 (tables in the README)."""
 
-from mpflow.operators.updaters.mpf import find_operator
+from mpflow.operators.trained_operators import find_operator
 from mpflow.training.evaluate import (
     _STREAM_METHODS,
     EVAL_SEED,
