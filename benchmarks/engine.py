@@ -5,8 +5,9 @@
 
 For each family with an exact reference (the linear-Gaussian ones: {linear_gaussian, lds}), method ∈
 {kalman, smc, gpf, svgd}, state dimension d and particle count N, S held-out sequences of T steps are simulated
-(seed s: the family's :meth:`ModelFamily.benchmark_params` and :meth:`ModelFamily.simulate` with a generator
-seeded from ``DATA_SEED_BASE + s``; the truth x_0 ~ N(0, I), the prior of every method):
+(seed s: the ``benchmark_params`` of the family's task distribution, :mod:`mpflow.training.task_distribution`,
+and :meth:`ModelFamily.simulate` with a generator seeded from ``DATA_SEED_BASE + s``; the truth x_0 ~ N(0, I), the
+prior of every method):
 
 * ``linear_gaussian``: o_t ~ N(H x, R), x static, H = I, R = 3I (the family's defaults; MPF §5.1);
 * ``lds``: x_t = A x_{t−1} + N(0, Q), o_t = B x_t + N(0, R) with Q = R = I and, per seed,
@@ -61,6 +62,7 @@ from mpflow.operators.models.lds import EXAMPLE_A_SCALE
 from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import NonFiniteError, get_updater
+from mpflow.training.task_distribution import task_distribution
 
 from benchmarks import report
 
@@ -110,14 +112,14 @@ class Problem:
 
 
 def lds_params(d: int, gen: torch.Generator) -> dict[str, Any]:
-    """The lds family's benchmark parameters (:meth:`LDS.benchmark_params`; kept for older callers)."""
-    return family_class("lds").benchmark_params(d, gen)
+    """The lds family's benchmark parameters (its task distribution's ``benchmark_params``; kept for older callers)."""
+    return task_distribution("lds").benchmark_params(d, gen)
 
 
 def make_problem(family: str, d: int, T: int, seed: int) -> Problem:
     """Simulate seed ``seed``'s sequence of T observations and filter it exactly."""
     gen = generator(DATA_SEED_BASE + seed)
-    model = make_model(family, family_class(family).benchmark_params(d, gen), d)
+    model = make_model(family, task_distribution(family).benchmark_params(d, gen), d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
     x0 = prior.sample(1, [gen])[:, 0]  # the truth's initial state ~ the prior
     _, obs = model.simulate(T, x0, [gen])
@@ -306,7 +308,7 @@ def metadata(families, methods, dims, particles, steps, seeds, wall_s: float) ->
         "data_seeds": [DATA_SEED_BASE + s for s in range(seeds)],
         "updater_seeds": list(range(seeds)),
         "prior": "N(0, I)",
-        "models": {name: family_class(name).benchmark_model for name in families},
+        "models": {name: task_distribution(name).benchmark_model for name in families},
         "posterior": "particle moments (float64, log_weights) vs kalman_filter (float64)",
         "wall_s": round(wall_s, 2),
     }

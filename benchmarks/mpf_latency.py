@@ -3,8 +3,9 @@ same run (issue 3: median ≤ 2 ms at N = 256 and ≤ 5 ms at N = 1024, d = 2).
 
 ``python -m benchmarks.mpf_latency [--quick] [--repeats R] [--families F,…] [--out STEM]``
 
-For each family (those with ``ModelFamily.latency_benchmark``: ``linear_gaussian``, ``lds``, ``gmm``,
-``stochastic_volatility``; d = 2) and N ∈ {256, 1024}: one stream (B = 1) is initialised from N(0, I) and fed R
+For each family (those whose task distribution, :mod:`mpflow.training.task_distribution`, has
+``latency_benchmark``: ``linear_gaussian``, ``lds``, ``gmm``, ``stochastic_volatility``; d = 2) and
+N ∈ {256, 1024}: one stream (B = 1) is initialised from N(0, I) and fed R
 simulated observations (truth x_0 ~ N(0, I); the model of the family's ``benchmark_params``, for ``lds`` a random
 A, B as in ``benchmarks.engine``); every ``updater.update`` is timed with ``time.perf_counter`` (by
 :class:`mpflow.operators.filtering.FilterRun`, without moments) under ``torch.set_num_threads(1)`` after W warm-up
@@ -42,19 +43,20 @@ from mpflow.operators.mpf.step import flow_step
 from mpflow.operators.rng import generator
 from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import get_updater
+from mpflow.training.task_distribution import task_distribution
 
 from benchmarks import report
 from benchmarks.engine import single_thread
 
 NAME = "mpf_latency"
-FAMILIES = tuple(name for name, cls in ALL_FAMILIES.items() if cls.latency_benchmark)
+FAMILIES = tuple(name for name in ALL_FAMILIES if task_distribution(name).latency_benchmark)
 PARTICLES = (256, 1024)
 TARGET_MS = {256: 2.0, 1024: 5.0}
 
 
 def _problem(family: str, d: int, steps: int, seed: int):
     gen = generator(10_000 + seed)
-    model = make_model(family, ALL_FAMILIES[family].benchmark_params(d, gen), d)
+    model = make_model(family, task_distribution(family).benchmark_params(d, gen), d)
     prior = prior_from_spec({"type": "gaussian", "mean": [0.0] * d, "cov": torch.eye(d).tolist()}, d)
     _, obs = model.simulate(steps, prior.sample(1, [gen])[:, 0], [gen])
     return model, prior, obs

@@ -90,7 +90,8 @@ FAMILIES = ("gmm", "range_bearing", "lorenz96")
 
 def lorenz96_prior_mean(d: int = L96_DIM, seed: int = L96_CENTRE_SEED, spin_up: int = 200) -> tuple[float, ...]:
     """A state on the Lorenz-96 attractor (F = 8): F + N(0, I) carried by ``spin_up`` noise-free steps of Δ = 0.05,
-    as the family's meta-training tasks centre their priors (:meth:`Lorenz96.sample_task_models`)."""
+    as the family's meta-training tasks centre their priors
+    (:class:`~mpflow.training.family_tasks.lorenz96.Lorenz96Tasks`)."""
     model = make_model("lorenz96", {}, d, F64)
     x = 8.0 + torch.randn(1, 1, d, generator=generator(seed), dtype=F64)
     for _ in range(spin_up):

@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 from mpflow.operators import registry, trained_operators
-from mpflow.operators.models import FAMILIES
+from mpflow.operators.models import FAMILIES, spec
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import UPDATERS
 
@@ -28,10 +28,10 @@ def methods_for(family: type[ModelFamily]) -> list[str]:
 
 
 def models(max_state_dim: int) -> list[dict[str, Any]]:
-    """The ``GET /v1/models`` entries: each family's own :meth:`ModelFamily.catalogue_entry` (description,
-    observation format, parameters with their kinds and defaults) and the methods that run it."""
+    """The ``GET /v1/models`` entries: each family's spec (:func:`mpflow.operators.models.spec.catalogue_entry`:
+    description, observation format, parameters with their kinds and defaults) and the methods that run it."""
     return [
-        {**FAMILIES[name].catalogue_entry(max_state_dim), "methods": methods_for(FAMILIES[name])}
+        {**spec.catalogue_entry(FAMILIES[name], max_state_dim), "methods": methods_for(FAMILIES[name])}
         for name in sorted(FAMILIES)
     ]
 

@@ -7,8 +7,8 @@
    (``config["training"]["task_kwargs"]``), drawn from ``torch.Generator().manual_seed(seed)``; the default
    ``EVAL_SEED = 2**41 + 17`` cannot coincide with meta-training's seeds (``s·1_000_003 + 2i + 1``) or its
    validation seed (``s·1_000_003``) for any training seed s < 2**20, so the tasks (for ``lds`` their A, B
-   too) are unseen. T and the particle counts default to the family's (``ModelFamily.eval_steps``, the paper's
-   sequence lengths, and ``ModelFamily.eval_particles``).
+   too) are unseen. T and the particle counts default to the family's (``eval_steps`` of its task distribution,
+   :mod:`mpflow.training.task_distribution`: the paper's sequence lengths, and ``eval_particles``).
 2. **Reference** posterior p_t = p(x_t | o_1..t) at every step t:
    * linear-Gaussian families (``linear_gaussian``, ``lds``) with a Gaussian prior: the exact Kalman filter in float64
      (:func:`mpflow.operators.references.kalman_filter`; for static families its predict step is the identity, so
@@ -60,7 +60,6 @@ import torch
 from mpflow.operators import accuracy, gaussian
 from mpflow.operators.filtering import ExactPosterior, FilterStep, run_filter
 from mpflow.operators.models import FAMILIES
-from mpflow.operators.models import family as family_class
 from mpflow.operators.models.gmm import GMM
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.registry import METRICS_FILE, OperatorRecord, resolve
@@ -68,12 +67,13 @@ from mpflow.operators.rng import generator
 from mpflow.operators.updaters import NonFiniteError, Updater, get_updater
 from mpflow.training import eval_plots
 from mpflow.training.eval_types import MethodRun, Reference, slice_model, slice_prior
+from mpflow.training.task_distribution import task_distribution
 from mpflow.training.tasks import Tasks, sample_tasks
 
 EVAL_SEED = 2**41 + 17
-#: family → default T and particle counts (read from the families: ``eval_steps``, ``eval_particles``)
-DEFAULT_STEPS = {name: cls.eval_steps for name, cls in FAMILIES.items()}
-DEFAULT_PARTICLES: dict[str, tuple[int, ...]] = {name: cls.eval_particles for name, cls in FAMILIES.items()}
+#: family → default T and particle counts (read from the task distributions: ``eval_steps``, ``eval_particles``)
+DEFAULT_STEPS = {name: task_distribution(name).eval_steps for name in FAMILIES}
+DEFAULT_PARTICLES: dict[str, tuple[int, ...]] = {name: task_distribution(name).eval_particles for name in FAMILIES}
 #: "mpf-base" is the operator's untrained base flow (the Daum–Huang flow alone, zero residual): the
 #: difference to "mpf" is what meta-training added
 DEFAULT_METHODS = ("mpf", "mpf-base", "smc", "gpf")
@@ -380,10 +380,10 @@ def evaluate(
     if unknown or not methods:
         raise ValueError(f"methods: unknown method(s) {unknown}; choose from {['mpf-base', *get_methods()]}")
     n_tasks = tasks if tasks is not None else (QUICK_TASKS if quick else DEFAULT_TASKS)
-    T = steps if steps is not None else family_class(family).eval_steps
+    T = steps if steps is not None else task_distribution(family).eval_steps
     if quick:
         T = min(T, QUICK_MAX_STEPS)
-    Ns = tuple(particles) if particles else family_class(family).eval_particles
+    Ns = tuple(particles) if particles else task_distribution(family).eval_particles
     for name, value in (("tasks", n_tasks), ("steps", T), *(("particles", n) for n in Ns)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")

@@ -51,6 +51,7 @@ from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import generator
 from mpflow.training.scores import SCORES, score
+from mpflow.training.task_distribution import task_distribution
 from mpflow.training.tasks import Tasks, sample_tasks
 from torch import nn
 from tqdm.auto import tqdm
@@ -244,8 +245,7 @@ def check_score_truth(family: str, loss: str, task_kwargs: dict[str, Any]) -> No
     move it, so they need nothing."""
     if loss == "kl" or FAMILIES[family].dynamic:
         return
-    cls = FAMILIES[family]
-    true_x = task_kwargs.get("true_x", "paper" if cls.paper_true_x is not None else "prior")
+    true_x = task_kwargs.get("true_x", "paper" if task_distribution(family).paper_true_x is not None else "prior")
     if true_x != "prior":
         raise ValueError(
             f"loss {loss!r} on the static family {family}: the truth must be drawn from the prior (a proper score "

@@ -43,6 +43,7 @@ from mpflow.operators.mpf.ring import RingFlow
 from mpflow.operators.mpf.ring_correction import RingCorrection
 from mpflow.operators.updaters.enkf import EnKFUpdater
 from mpflow.training.scores import energy_score
+from mpflow.training.task_distribution import stack_params
 
 F_RANGE = (7.0, 9.0)
 DELTA_RANGE = (0.05, 0.5)
@@ -103,7 +104,7 @@ def spun_up(model: Lorenz96, gen: torch.Generator, device) -> torch.Tensor:
 
 
 def new_pool(params: list[dict[str, Any]], d: int, N: int, gen: torch.Generator, device) -> Pool:
-    model = Lorenz96._stack_params(params, d, torch.float64)
+    model = stack_params(Lorenz96, params, d, torch.float64)
     model = type(model)({k: v.to(device) for k, v in model.params.items()}, d)
     truth = spun_up(model, gen, device)
     members = truth[:, None] + torch.randn(len(params), N, d, generator=gen, dtype=torch.float64).to(device)

@@ -6,9 +6,9 @@ tasks at once, each from its own torch.Generator (:mod:`mpflow.operators.rng`), 
 batch around it. Posteriors after k observations come in through sequence segmentation (eq. 21,
 :mod:`mpflow.training.meta_train`).
 
-Each family owns its task distribution: :meth:`ModelFamily.sample_task_models
-<mpflow.operators.models.base.ModelFamily.sample_task_models>` draws the B task models and priors (the
-per-family distributions are documented there — ``linear_gaussian`` MPF §5.1, ``lds`` §5 LDS with a random
+Each family has a task distribution (:func:`mpflow.training.task_distribution.task_distribution`): its
+``sample_task_models`` draws the B task models and priors (the built-ins' are :mod:`mpflow.training.family_tasks`,
+documented there — ``linear_gaussian`` MPF §5.1, ``lds`` §5 LDS with a random
 (A, B) per task, ``gmm`` §5.2, ``logistic`` §5.4, ``stochastic_volatility``), from the diverse priors of
 :mod:`mpflow.operators.models.task_priors` (random Gaussians, or Dirichlet-process Gaussian mixtures with
 ``prior="dpgmm"``). This module adds what every family shares: the true state x_0 (drawn from the prior, or
@@ -26,14 +26,17 @@ from mpflow.operators.models import FAMILIES, ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.task_priors import SHARED_TASK_OPTIONS, dp_mixture_prior, random_covariance
 from mpflow.operators.rng import generator
+from mpflow.training.task_distribution import task_distribution
 
-#: the families with a task distribution (:meth:`ModelFamily.sample_task_models`): every family mpf runs, those with
+#: the families with a task distribution (:func:`task_distribution`): every family mpf runs, those with
 #: a nonlinear transition (lorenz96: its predictive is fitted by ``predicted_moments``) and plugins included
 TASK_FAMILIES = tuple(FAMILIES)
 #: every task option: the shared prior options, then each family's own (accepted for every family, read by some)
-TASK_OPTIONS = tuple(dict.fromkeys([*SHARED_TASK_OPTIONS, *(o for cls in FAMILIES.values() for o in cls.task_options)]))
+TASK_OPTIONS = tuple(
+    dict.fromkeys([*SHARED_TASK_OPTIONS, *(o for name in FAMILIES for o in task_distribution(name).task_options)])
+)
 #: family → its task-model sampler ``(gens, d, dtype, options) -> (model, prior)`` (kept for older callers)
-BUILDERS = {name: cls.sample_task_models for name, cls in FAMILIES.items()}
+BUILDERS = {name: task_distribution(name).sample_task_models for name in FAMILIES}
 
 
 @dataclass
@@ -82,14 +85,15 @@ def sample_tasks(
         raise ValueError(f"dim: the {family} family has a {cls.fixed_state_dim}-dimensional state, got {dim}")
     seeds = torch.randint(0, 2**62, (batch,), generator=gen).tolist()
     gens = [generator(s) for s in seeds]
-    model, prior = cls.sample_task_models(gens, dim, dtype, options)
-    true_x = options.get("true_x", "paper" if cls.paper_true_x is not None else "prior")
+    tasks = task_distribution(family)
+    model, prior = tasks.sample_task_models(gens, dim, dtype, options)
+    true_x = options.get("true_x", "paper" if tasks.paper_true_x is not None else "prior")
     if true_x == "prior":
         x0 = prior.sample(1, gens)[:, 0]
     else:
-        if true_x == "paper" and cls.paper_true_x is None:
+        if true_x == "paper" and tasks.paper_true_x is None:
             raise ValueError(f"true_x: the {family} family has no paper point; use 'prior' or a point of length {dim}")
-        point = cls.paper_true_x if true_x == "paper" else true_x
+        point = tasks.paper_true_x if true_x == "paper" else true_x
         if isinstance(point, str) or len(point) != dim:
             raise ValueError(f"true_x: must be 'paper', 'prior' or a point of length {dim}, got {true_x!r}")
         x0 = torch.tensor(point, dtype=dtype).expand(batch, dim).clone()

@@ -4,36 +4,38 @@ A family is a small class whose parameters are tensors with a leading batch dime
 stream), so B streams with different parameters are updated in one tensor call. Particles are
 x [B, N, d]; one step's observation is obs [B, *obs_shape]; a sequence is [B, T, *obs_shape].
 
-Subclasses declare ``name``, ``dynamic``, ``param_specs`` (how to validate each parameter from JSON) and
-implement ``log_likelihood``; they may override ``score`` with a closed form (the default differentiates
-``log_likelihood`` with autograd), and dynamic families give their transition as
-x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine`` — or, nonlinear (``affine_transition = False``), as
-x_m = f(x_{m-1}) + N(0, Q) through ``transition`` and ``transition_mean``. Families with an observation
-o = h(x) + N(0, R) (``gaussian_observation``) give h and R (``observation_function``, ``observation_noise``) for the
-ensemble and unscented Kalman filters, and every residual o − h(x) goes through ``observation_residual``.
+Subclasses declare ``name``, ``dynamic``, ``spec`` (their parameters and catalogue text: a
+:class:`~mpflow.operators.models.spec.FamilySpec`) and implement ``log_likelihood``; they may override ``score``
+with a closed form (the default differentiates ``log_likelihood`` with autograd), and dynamic families give their
+transition as x_m = F x_{m-1} + c + N(0, Q) through ``transition_affine`` — or, nonlinear
+(``affine_transition = False``), as x_m = f(x_{m-1}) + N(0, Q) through ``transition`` and ``transition_mean``.
+Families with an observation o = h(x) + N(0, R) (``gaussian_observation``) give h and R (``observation_function``,
+``observation_noise``) for the ensemble and unscented Kalman filters, and every residual o − h(x) goes through
+``observation_residual``.
 
 Gaps, time and inputs: :meth:`ModelFamily.read_observation` reads JSON observations with ``null`` (none, or
 entries not observed: NaN in the tensor), :meth:`ModelFamily.observed_part` conditions on the observed entries of a
 partial observation (families with ``partial_observations``), :meth:`ModelFamily.at_step` is the model of a step of
 duration dt with inputs u, and :meth:`ModelFamily.observation_draws` draws observations for forecasts.
 
-Everything else the project knows about a family lives on its class too, so a new family is one file (plus
-its entry point in the group ``mpflow.families``, which puts it in :data:`mpflow.operators.models.FAMILIES`;
-:mod:`mpflow.operators.models.plugins`):
+A family class is its probabilistic model; a new family is one file (plus its entry point in the group
+``mpflow.families``, which puts it in :data:`mpflow.operators.models.FAMILIES`;
+:mod:`mpflow.operators.models.plugins`). Around the model:
 
-* the catalogue (``GET /v1/models``): ``description``, ``observation_format`` and the parameters' kinds
-  (the ``kind`` of each parser, :func:`param_kind`), assembled by :meth:`ModelFamily.catalogue_entry`; the names
-  of the state's dimensions (:meth:`ModelFamily.state_names`, the stream document's ``state_names``);
-* the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
-  and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
-  experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
+* its parameters as the API takes them and the catalogue's text (``GET /v1/models``) are its ``spec``
+  (:mod:`mpflow.operators.models.spec`); the names of the state's dimensions are :meth:`ModelFamily.state_names`
+  (the stream document's ``state_names``);
 * the cost of its work, for the service's cost model (:mod:`mpflow.service.costs`): the integration sub-steps of
   a step (:meth:`ModelFamily.integration_substeps`, bounded by the service before any step runs) and the
   floating-point operations of one particle's step (:meth:`ModelFamily.particle_flops`);
-* evaluation and benchmark defaults: ``eval_steps`` and ``eval_particles`` (``mpflow evaluate``),
-  :meth:`ModelFamily.posterior_modes` (mode-fraction diagnostics), :meth:`ModelFamily.example_params`
-  (``mpflow filter``), :meth:`ModelFamily.benchmark_params`, ``benchmark_model`` and ``latency_benchmark``
-  (``benchmarks.engine``, ``benchmarks.mpf_latency``).
+* what a trained operator's task distribution covers (:meth:`ModelFamily.task_domain`) and how a stream is
+  measured against it (:meth:`ModelFamily.domain_measures`; checked by
+  :func:`mpflow.operators.trained_operators.outside_domain`);
+* :meth:`ModelFamily.posterior_modes` (mode-fraction diagnostics) and :meth:`ModelFamily.example_params`
+  (``mpflow filter``, the plugin check).
+
+Its meta-training task distribution, evaluation and benchmark settings are the training side's
+(:mod:`mpflow.training.task_distribution`).
 """
 
 from __future__ import annotations
@@ -44,13 +46,10 @@ from typing import Any, ClassVar
 
 import torch
 from mpflow.operators import gaussian, validation
-from mpflow.operators.models.param_priors import ParamPrior, is_prior, parse_prior
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, task_prior
+from mpflow.operators.models.param_priors import ParamPrior
+from mpflow.operators.models.spec import FamilySpec, kind, learnable_param, read_params
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE
 from mpflow.operators.rng import Generators, randn
-
-# (name, parser(value, state_dim, dtype) -> tensor, default(state_dim, dtype) -> tensor or None if required)
-ParamSpec = tuple[str, Callable[..., torch.Tensor], Callable[[int, torch.dtype], torch.Tensor] | None]
 
 
 class ModelFamily:
@@ -58,7 +57,8 @@ class ModelFamily:
     dynamic: ClassVar[bool] = False
     #: exact Kalman/conjugate updates apply (linear transition and linear-Gaussian observation)
     linear_gaussian: ClassVar[bool] = False
-    param_specs: ClassVar[tuple[ParamSpec, ...]] = ()
+    #: the parameters as the API takes them and the catalogue's text (:mod:`mpflow.operators.models.spec`)
+    spec: ClassVar[FamilySpec] = FamilySpec()
     #: fixed state dimension, when the family has one (gmm: 2)
     fixed_state_dim: ClassVar[int | None] = None
     #: the likelihood can condition on some entries of an observation alone (``null`` entries: not observed)
@@ -88,28 +88,6 @@ class ModelFamily:
     #: (:meth:`param_domain`; ``stochastic_volatility``: σ > 0, |φ| < 1)
     param_domains: ClassVar[dict[str, tuple[float, float]]] = {}
 
-    # catalogue (``GET /v1/models``)
-    #: the model in one line
-    description: ClassVar[str] = ""
-    #: the JSON form of one step's observation
-    observation_format: ClassVar[str] = ""
-
-    # meta-training tasks (:meth:`sample_task_models`)
-    #: the task options this family's distribution reads besides ``task_priors.SHARED_TASK_OPTIONS``
-    task_options: ClassVar[tuple[str, ...]] = ()
-    #: the true state of the paper's experiment, the default ``true_x`` of a task ("paper"); None: x ~ prior
-    paper_true_x: ClassVar[tuple[float, ...] | None] = None
-
-    # evaluation and benchmarks
-    #: ``mpflow evaluate``'s default sequence length T (the paper's, where it has one)
-    eval_steps: ClassVar[int] = 20
-    #: ``mpflow evaluate``'s default particle counts N
-    eval_particles: ClassVar[tuple[int, ...]] = (256,)
-    #: the model of :meth:`benchmark_params` in words (``benchmarks.engine``'s metadata)
-    benchmark_model: ClassVar[str] = "the family's default parameters"
-    #: one of ``benchmarks.mpf_latency``'s default families (one-stream serving latency at d = 2)
-    latency_benchmark: ClassVar[bool] = True
-
     def __init__(self, params: dict[str, torch.Tensor], state_dim: int):
         self.params = params
         self.state_dim = state_dim
@@ -134,62 +112,18 @@ class ModelFamily:
             raise ValueError(
                 f"prior: the {cls.name} family needs at least {cls.min_state_dim} dimensions, got {state_dim}"
             )
-        validation.unknown_keys("model.params", params, [n for n, _, _ in cls.param_specs])
-        parsed, unknown = {}, {}
-        for name, parse, default in cls.param_specs:
-            field = f"model.params.{name}"
-            if name in params and is_prior(params[name]):
-                parsed[name] = cls.param_unit(name, params, state_dim, dtype)
-                unknown[name] = parse_prior(field, params[name], cls.param_domain(name))
-            elif name in params:
-                parsed[name] = parse(field, params[name], state_dim, dtype)
-            elif default is not None:
-                value = default(state_dim, dtype)
-                if value is not None:  # None: an optional parameter without a default (``absent``)
-                    parsed[name] = value
-            else:
-                raise ValueError(f"{field}: required for the {cls.name} family")
+        parsed, unknown = read_params(cls, params, state_dim, dtype)
         model = cls({k: v[None] for k, v in parsed.items()}, state_dim)
         model.check()
         return model._learning(unknown)
 
     # ----------------------------------------------------------------- unknown parameters (priors)
     @classmethod
-    def _learnable_spec(cls, name: str) -> tuple[Callable[..., torch.Tensor], Callable[[int, torch.dtype], Any]]:
-        """(parser, default) of a parameter that may be given as a prior; ValueError naming it otherwise."""
-        parse, default = {n: (p, d) for n, p, d in cls.param_specs}[name]
-        if not getattr(parse, "learnable", False) or default is None or name in cls.substep_params:
-            raise ValueError(
-                f"model.params.{name}: a prior may stand for a scalar parameter or a covariance (read as r·I), not "
-                f"for {name} ({param_kind(parse)}) of the {cls.name} family; give it as a value"
-            )
-        return parse, default
-
-    @classmethod
-    def learnable(cls, name: str) -> bool:
-        """Whether the parameter may be given as a prior (the catalogue's ``learnable``)."""
-        try:
-            cls._learnable_spec(name)
-        except ValueError:
-            return False
-        return True
-
-    @classmethod
-    def param_domain(cls, name: str) -> tuple[float, float]:
-        """The open range (lo, hi) a learnable parameter's value must lie in: the family's ``param_domains``, else
-        (0, ∞) for a covariance or positive number and ℝ for the others (its parser's ``domain``)."""
-        if name in cls.param_domains:
-            return cls.param_domains[name]
-        parse, _ = cls._learnable_spec(name)
-        return getattr(parse, "domain", (-math.inf, math.inf))
-
-    @classmethod
     def param_unit(cls, name: str, params: dict[str, Any], state_dim: int, dtype: torch.dtype) -> torch.Tensor:
         """The value of a learnable parameter at θ = 1, shaped as the family's default: the identity for a
         covariance (θ·I), ones for a per-dimension vector (θ·1), 1 for a number. ``params``: the request's, for
         families whose shapes depend on another parameter (the observation noise on the rows of H)."""
-        _, default = cls._learnable_spec(name)
-        value = default(state_dim, dtype)
+        value = learnable_param(cls, name).default(state_dim, dtype)
         if value.dim() == 2:
             return torch.eye(value.shape[0], dtype=dtype)
         return torch.ones_like(value)
@@ -491,27 +425,12 @@ class ModelFamily:
             obs.append(self.sample_observation(x, gens))
         return torch.stack(xs, 1), torch.stack(obs, 1)
 
-    # ----------------------------------------------------------------- meta-training tasks
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """The family's meta-training task distribution (MPF §3.1): B = len(gens) task models (one stream
-        each, batched) and their priors, task b drawn from ``gens[b]`` only. ``options`` are the task options
-        (:data:`mpflow.training.tasks.TASK_OPTIONS`); a family reads its own (``task_options``) and the shared
-        prior options of :func:`mpflow.operators.models.task_priors.task_prior`. The true state and the
-        observations are drawn afterwards, by :func:`mpflow.training.tasks.sample_tasks`.
-
-        Default: every task has the family's default parameters, the prior is :func:`task_prior`'s. Families
-        with required or random parameters override it."""
-        one = cls.from_params(None, d, dtype)
-        return cls.stack([one] * len(gens)), task_prior(gens, d, dtype, options)
-
     # ----------------------------------------------------------------- a trained operator's domain
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
-        """The region :meth:`sample_task_models` covers under the task ``options``, as a range [lo, hi] per named
-        quantity of a stream (:meth:`domain_measures`): what an operator trained on it has seen. It is recorded
+        """The region the family's meta-training tasks (:mod:`mpflow.training.task_distribution`) cover under the
+        task ``options``, as a range [lo, hi] per named quantity of a stream (:meth:`domain_measures`): what an
+        operator trained on it has seen. It is recorded
         in the operator's config.json (``domain``) and checked when a stream is created
         (:func:`mpflow.operators.trained_operators.outside_domain`). Default — the Gaussian task prior N(μ, Σ):
         μ_i ~ N(0, 1), so |μ_i| ≤ 3 (3 sd), and Σ's eigenvalues in ``scale_range``; families add their parameters."""
@@ -525,11 +444,6 @@ class ModelFamily:
             "prior mean": span(prior_mean),
             "prior variance": span(torch.linalg.eigvalsh(prior_cov.to(torch.float64))),
         }
-
-    @classmethod
-    def _stack_params(cls, params: list[dict[str, Any]], d: int, dtype: torch.dtype) -> ModelFamily:
-        """Validate one parameter dict per task and batch them into one model."""
-        return cls.stack([cls.from_params(p, d, dtype) for p in params])
 
     # ----------------------------------------------------------------- evaluation and benchmarks
     @classmethod
@@ -550,12 +464,6 @@ class ModelFamily:
         parameters, where it has any (the defaults do the rest)."""
         return {}
 
-    @classmethod
-    def benchmark_params(cls, d: int, gen: torch.Generator) -> dict[str, Any]:
-        """Parameters of a held-out benchmark model drawn from ``gen`` (JSON form; ``benchmark_model`` says
-        what they are): {} = the family's defaults, no draw."""
-        return {}
-
     # ----------------------------------------------------------------- description
     @classmethod
     def state_names(cls, d: int) -> list[str] | None:
@@ -563,40 +471,6 @@ class ModelFamily:
         vx, vy); ``None`` where it does not (a state is any d-vector, e.g. ``lds``): readers then call them
         x[0] … x[d-1]. The stream document's ``state_names``."""
         return None
-
-    @classmethod
-    def catalogue_entry(cls, max_state_dim: int) -> dict[str, Any]:
-        """The family's ``GET /v1/models`` entry, without "methods" (the service adds those)."""
-        fixed = cls.fixed_state_dim
-        return {
-            "family": cls.name,
-            "dynamic": cls.dynamic,
-            "linear_gaussian": cls.linear_gaussian,
-            "description": cls.description,
-            "state_dim": {"fixed": fixed, "min": fixed or cls.min_state_dim, "max": fixed or max_state_dim},
-            "observation": cls.observation_format,
-            "parameters": [
-                {
-                    "name": p,
-                    "kind": param_kind(parse),
-                    "required": default is None,
-                    "default": describe_default(default),
-                    "learnable": cls.learnable(p),
-                }
-                for p, parse, default in cls.param_specs
-            ],
-        }
-
-    @classmethod
-    def describe(cls) -> dict[str, Any]:
-        return {
-            "family": cls.name,
-            "dynamic": cls.dynamic,
-            "linear_gaussian": cls.linear_gaussian,
-            "parameters": [n for n, _, _ in cls.param_specs],
-            "required": [n for n, _, d in cls.param_specs if d is None],
-            "fixed_state_dim": cls.fixed_state_dim,
-        }
 
 
 def _with_noise(fx: torch.Tensor, gens: Generators, Q: torch.Tensor) -> torch.Tensor:
@@ -641,57 +515,6 @@ def _gap_mask(value: Any) -> Any:
     if isinstance(value, list):
         return [_gap_mask(v) for v in value]
     return value is None
-
-
-def param_kind(parse: Callable[..., torch.Tensor]) -> str:
-    """What a parameter parser accepts, in words (its ``kind`` attribute; "value" when it has none)."""
-    return getattr(parse, "kind", "value")
-
-
-def describe_default(default: Callable[[int, torch.dtype], torch.Tensor] | None) -> str | None:
-    """The default of a parameter in words, read off the family's default at d = 2 (c·I, or a value; a vector
-    whose length does not follow d, as ``range_bearing``'s ``sensor``, as the vector: ``[0, 0]``)."""
-    if default is None:
-        return None
-    t = default(2, torch.float64)
-    if t is None:  # optional, no default
-        return None
-    if t.dim() == 2 and torch.equal(t, t[0, 0] * torch.eye(2, dtype=t.dtype)):
-        return f"{t[0, 0].item():g}·I"
-    follows_d = t.dim() == 1 and default(3, torch.float64).shape != t.shape
-    if follows_d and bool((t == t[0]).all()):
-        return f"{t[0].item():g}"
-    if t.dim() == 1:
-        return "[" + ", ".join(f"{v:g}" for v in t.tolist()) + "]"
-    if t.dim() == 0:
-        return f"{t.item():g}"
-    return str(t.tolist())
-
-
-def _kind(
-    words: str, domain: tuple[float, float] | None = None
-) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
-    """Mark a parameter parser with what it accepts (:func:`param_kind`) and, for a parameter that may be given as a
-    prior (a scalar, or a covariance read as r·I), the open range of its value (``domain``)."""
-
-    def mark(parse: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        parse.kind = words  # type: ignore[attr-defined]
-        if domain is not None:
-            learnable(domain)(parse)
-        return parse
-
-    return mark
-
-
-def learnable(domain: tuple[float, float]) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
-    """Mark a parameter parser as one whose parameter may be given as a prior, with the open range of its value."""
-
-    def mark(parse: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        parse.learnable = True  # type: ignore[attr-defined]
-        parse.domain = domain  # type: ignore[attr-defined]
-        return parse
-
-    return mark
 
 
 #: the domain of a variance or a positive number, and of an unconstrained number
@@ -746,17 +569,17 @@ def filled(value: float) -> Callable[[int, torch.dtype], torch.Tensor]:
     return lambda d, dtype: torch.full((d,), value, dtype=dtype)
 
 
-@_kind("matrix")
+@kind("matrix")
 def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.matrix(name, value, None, None, dtype)
 
 
-@_kind("covariance matrix (symmetric positive definite)", POSITIVE)
+@kind("covariance matrix (symmetric positive definite)", POSITIVE)
 def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.covariance(name, value, None, dtype)
 
 
-@_kind("covariance matrix (symmetric positive semi-definite)", POSITIVE)
+@kind("covariance matrix (symmetric positive semi-definite)", POSITIVE)
 def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
     """A symmetric positive semi-definite matrix (a diffusion may drive only some coordinates)."""
     c = validation.matrix(name, value, None, None, torch.float64)
@@ -768,7 +591,7 @@ def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
     return c.to(dtype)
 
 
-@_kind("number or vector of length d", REAL)
+@kind("number or vector of length d", REAL)
 def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     """A number (broadcast to all d dimensions) or a vector of length d."""
     t = validation.as_tensor(name, value, dtype)
@@ -777,6 +600,6 @@ def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.check_shape(name, t, [d])
 
 
-@_kind("positive number", POSITIVE)
+@kind("positive number", POSITIVE)
 def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.positive(name, value, dtype)

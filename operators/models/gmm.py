@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from mpflow.operators import validation
 from mpflow.operators.models.base import ModelFamily, parse_positive, span
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior
+from mpflow.operators.models.spec import FamilySpec
 from mpflow.operators.rng import Generators, rand, randn
 
 
@@ -22,30 +21,11 @@ class GMM(ModelFamily):
     name = "gmm"
     dynamic = False
     fixed_state_dim = 2
-    param_specs = (("s", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),)
-
-    description = "o ~ ½ N(x1, s²) + ½ N(x1 + x2, s²); static, bimodal posterior"
-    observation_format = "a number (or [number])"
-    task_options = ("prior_scale",)
-    paper_true_x = (1.0, -2.0)  # MPF §5.2
-    eval_steps = 30  # MPF §5.2: the posterior "after 30 observations"
-    benchmark_model = "s = 1"
-
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """MPF §5.2: s = 1 for every task and the prior N(0, c² I), c = ``prior_scale`` (default 1), or the
-        DP-mixture task prior with ``prior="dpgmm"``. The true x defaults to the paper's (1, −2)
-        (``paper_true_x``; ``true_x="prior"`` draws it from the prior instead)."""
-        model = cls.stack([cls.from_params(None, d, dtype)] * len(gens))
-        if options.get("prior", "gaussian") == "dpgmm":
-            return model, task_prior(gens, d, dtype, options)
-        scale = options.get("prior_scale", 1.0)
-        if not scale > 0:
-            raise ValueError(f"prior_scale: must be positive, got {scale!r}")
-        eye = torch.eye(d, dtype=dtype).expand(len(gens), d, d)
-        return model, GaussianMixture.gaussian(torch.zeros(len(gens), d, dtype=dtype), scale**2 * eye.clone())
+    spec = FamilySpec(
+        description="o ~ ½ N(x1, s²) + ½ N(x1 + x2, s²); static, bimodal posterior",
+        observation="a number (or [number])",
+        params=(("s", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),),
+    )
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:

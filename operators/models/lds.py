@@ -28,9 +28,7 @@ from mpflow.operators.models.base import (
 )
 from mpflow.operators.models.continuous_time import van_loan
 from mpflow.operators.models.linear_observation import LinearObservationFamily
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior, uniform
-from mpflow.operators.rng import Generators, haar_orthogonal, randn
+from mpflow.operators.models.spec import FamilySpec
 
 #: the spectral radius of the demonstration and benchmark transitions A (``example_params``, ``benchmark_params``)
 EXAMPLE_A_SCALE = 0.9
@@ -41,42 +39,25 @@ class LDS(LinearObservationFamily):
     dynamic = True
     obs_matrix_name = "B"
     obs_cov_name = "R"
-    param_specs = (
-        ("A", parse_matrix, absent),
-        ("Q", parse_cov, identity()),
-        ("F", parse_matrix, absent),
-        ("Qc", parse_psd, identity()),
-        ("B", parse_matrix, None),
-        ("R", parse_cov, identity()),
-        ("C", parse_matrix, absent),
+    spec = FamilySpec(
+        description=(
+            "x_m = A x_{m-1} + C u_m + N(0, Q) (or continuous time: dx = (F x + C u) dt + dW, Cov dW = Qc dt); "
+            "o_m = B x_m + N(0, R)"
+        ),
+        observation="vector of length k (the rows of B)",
+        params=(
+            ("A", parse_matrix, absent),
+            ("Q", parse_cov, identity()),
+            ("F", parse_matrix, absent),
+            ("Qc", parse_psd, identity()),
+            ("B", parse_matrix, None),
+            ("R", parse_cov, identity()),
+            ("C", parse_matrix, absent),
+        ),
     )
     #: the parameters of each way to give the transition (docstring); the other way's are refused
     DISCRETE = ("A", "Q")
     CONTINUOUS = ("F", "Qc")
-
-    description = (
-        "x_m = A x_{m-1} + C u_m + N(0, Q) (or continuous time: dx = (F x + C u) dt + dW, Cov dW = Qc dt); "
-        "o_m = B x_m + N(0, R)"
-    )
-    observation_format = "vector of length k (the rows of B)"
-    task_options = ("rho_range",)
-    eval_steps = 25  # MPF §5 LDS
-    eval_particles = (64, 256, 1024)
-    benchmark_model = f"A = {EXAMPLE_A_SCALE}·Haar-orthogonal, B ~ N(0, 1) entries, Q = R = I (drawn per seed)"
-
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """MPF §5 LDS with a random pair per task: A = ρ·U, U a Haar rotation and ρ ~ U[ρ_lo, ρ_hi]
-        (``rho_range``, default [0.7, 1.0]: every singular value of A is ρ, a stable or marginal rotation),
-        B with N(0, 1) entries, Q = R = I; the task prior. Evaluation draws new pairs, unseen in training."""
-        lo, hi = options.get("rho_range", (0.7, 1.0))
-        rho = uniform(gens, [1], lo, hi, torch.float64)
-        A = rho[:, :, None] * haar_orthogonal(gens, d, torch.float64)
-        Bm = randn(gens, [d, d], torch.float64)
-        params = [{"A": A[b].tolist(), "B": Bm[b].tolist()} for b in range(len(gens))]
-        return cls._stack_params(params, d, dtype), task_prior(gens, d, dtype, options)
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
@@ -103,14 +84,6 @@ class LDS(LinearObservationFamily):
     def example_params(cls, d: int) -> dict[str, Any]:
         """A = 0.9 I, B = I."""
         return {"A": (EXAMPLE_A_SCALE * torch.eye(d)).tolist(), "B": torch.eye(d).tolist()}
-
-    @classmethod
-    def benchmark_params(cls, d: int, gen: torch.Generator) -> dict[str, Any]:
-        """A = 0.9·U with U Haar-orthogonal (QR of a Gaussian matrix, signs fixed by diag R: every singular value
-        0.9, a stable rotation), B with N(0, 1) entries; Q = R = I (the defaults)."""
-        U = haar_orthogonal([gen], d)[0]
-        B = torch.randn(d, d, generator=gen, dtype=torch.float64)
-        return {"A": (EXAMPLE_A_SCALE * U).tolist(), "B": B.tolist()}
 
     @classmethod
     def from_params(cls, params, state_dim: int, dtype: torch.dtype = torch.float32) -> ModelFamily:

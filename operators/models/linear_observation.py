@@ -36,8 +36,7 @@ class LinearObservationFamily(ModelFamily):
         h, r = cls.obs_matrix_name, cls.obs_cov_name
         if h in params and r not in params:
             H = parse_matrix(f"model.params.{h}", params[h], state_dim, dtype)
-            default = {n: dflt for n, _, dflt in cls.param_specs}[r]
-            params[r] = default(H.shape[0], dtype)
+            params[r] = cls.spec.param(r).default(H.shape[0], dtype)
         return super().from_params(params, state_dim, dtype)
 
     @classmethod

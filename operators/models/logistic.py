@@ -14,26 +14,22 @@ import torch
 import torch.nn.functional as F
 from mpflow.operators import validation
 from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.spec import FamilySpec
 from mpflow.operators.rng import Generators, rand, randn
 
 
 class Logistic(ModelFamily):
     name = "logistic"
     dynamic = False
-    param_specs = ()
+    spec = FamilySpec(
+        description="y ~ Bernoulli(sigmoid(w·x)) on streamed minibatches; static",
+        observation='a minibatch {"x": [[d features], ...], "y": [0 or 1, ...]}',
+        params=(),
+    )
     #: −∇² log p(o | w) = Σ_j σ(wᵀa_j)(1 − σ(wᵀa_j)) a_j a_jᵀ ⪰ 0: log-concave, not Gaussian
     posterior_moves = True
     #: minibatch size used by ``simulate``
     simulate_batch = 32
-
-    description = "y ~ Bernoulli(sigmoid(w·x)) on streamed minibatches; static"
-    observation_format = 'a minibatch {"x": [[d features], ...], "y": [0 or 1, ...]}'
-    eval_steps = 20
-    benchmark_model = "no parameters; minibatches of 32 rows a ~ N(0, I_d)"
-    # not among the latency benchmark's defaults: the shipped operator is d = 10, the benchmark's d is 2
-    latency_benchmark = False
-    # tasks (MPF §5.4, synthetic): the default distribution — every task the same (parameter-free) model, the
-    # task prior; ``simulate`` draws minibatches of 32 rows a ~ N(0, I_d), y ~ Bernoulli(σ(wᵀa))
 
     @property
     def obs_shape(self) -> tuple[int, ...]:

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import POSITIVE, REAL, ModelFamily, learnable, parse_positive, scaled_step, span
+from mpflow.operators.models.base import POSITIVE, REAL, ModelFamily, parse_positive, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
+from mpflow.operators.models.spec import FamilySpec, kind
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE
 from mpflow.operators.rng import Generators, randn
 
 
@@ -33,12 +33,12 @@ def _number(value: float):
     return lambda d, dtype: torch.tensor(value, dtype=dtype)
 
 
-@learnable(REAL)
+@kind("number", REAL)
 def parse_number(name: str, value, d: int, dtype) -> torch.Tensor:
     return validation.scalar(name, value, dtype)
 
 
-@learnable(POSITIVE)
+@kind("non-negative number", POSITIVE)
 def parse_variance(name: str, value, d: int, dtype) -> torch.Tensor:
     """A non-negative number (0: no noise)."""
     t = validation.scalar(name, value, dtype)
@@ -47,23 +47,19 @@ def parse_variance(name: str, value, d: int, dtype) -> torch.Tensor:
     return t
 
 
+@kind("positive integer ≤ d")
 def parse_count(name: str, value, d: int, dtype) -> torch.Tensor:
     """A positive integer, at most d."""
     k = validation.positive_int(name, value, d)
     return torch.tensor(float(k), dtype=dtype)
 
 
+@kind("true or false (1 or 0)")
 def parse_flag(name: str, value, d: int, dtype) -> torch.Tensor:
     """true or false, or 1 or 0 (the REST API's model parameters are numbers)."""
     if isinstance(value, bool) or (isinstance(value, int | float) and value in (0, 1)):
         return torch.tensor(float(value), dtype=dtype)
     raise ValueError(f"{name}: must be true or false (1 or 0), got {value!r}")
-
-
-parse_number.kind = "number"  # type: ignore[attr-defined]
-parse_variance.kind = "non-negative number"  # type: ignore[attr-defined]
-parse_count.kind = "positive integer ≤ d"  # type: ignore[attr-defined]
-parse_flag.kind = "true or false (1 or 0)"  # type: ignore[attr-defined]
 
 
 def tendency(x: torch.Tensor, forcing: torch.Tensor) -> torch.Tensor:
@@ -100,26 +96,23 @@ class Lorenz96(DiagonalGaussianObservation):
     dynamic = True
     affine_transition = False
     min_state_dim = 4
-    param_specs = (
-        ("F", parse_number, _number(8.0)),
-        ("delta", parse_positive, _number(0.05)),
-        ("rk4_step", parse_positive, _number(0.05)),
-        ("Q", parse_variance, _number(0.0)),
-        ("obs_every", parse_count, _number(1.0)),
-        ("R", parse_positive, _number(1.0)),
-        ("arctan", parse_flag, _number(0.0)),
+    spec = FamilySpec(
+        description=(
+            "Lorenz-96 ring dx_i/dt = (x_{i+1} − x_{i−2}) x_{i−1} − x_i + F, RK4 over Δ = delta in steps ≤ rk4_step, "
+            "model noise N(0, Q I); o = x_{0, k, 2k, …} (or arctan of them) + N(0, R I), k = obs_every"
+        ),
+        observation="vector of length ⌈d / obs_every⌉ (variables 0, k, 2k, …); null for an entry not observed",
+        params=(
+            ("F", parse_number, _number(8.0)),
+            ("delta", parse_positive, _number(0.05)),
+            ("rk4_step", parse_positive, _number(0.05)),
+            ("Q", parse_variance, _number(0.0)),
+            ("obs_every", parse_count, _number(1.0)),
+            ("R", parse_positive, _number(1.0)),
+            ("arctan", parse_flag, _number(0.0)),
+        ),
     )
 
-    description = (
-        "Lorenz-96 ring dx_i/dt = (x_{i+1} − x_{i−2}) x_{i−1} − x_i + F, RK4 over Δ = delta in steps ≤ rk4_step, "
-        "model noise N(0, Q I); o = x_{0, k, 2k, …} (or arctan of them) + N(0, R I), k = obs_every"
-    )
-    observation_format = "vector of length ⌈d / obs_every⌉ (variables 0, k, 2k, …); null for an entry not observed"
-    benchmark_model = "DAPPER sakov2008: F = 8, Δ = 0.05, every variable observed, R = 1"
-    latency_benchmark = False
-    eval_steps = 100
-    #: meta-training task options (:meth:`Lorenz96.sample_task_models`)
-    task_options = ("R_range", "arctan", "Q")
     substep_params = ("delta", "rk4_step")
     #: the most RK4 sub-steps :meth:`Lorenz96.transition_mean` runs in one call, whoever asks (ValueError beyond):
     #: its loop is bounded by construction. The service refuses far fewer up front (MPFLOW_MAX_INTEGRATION_SUBSTEPS)
@@ -219,27 +212,6 @@ class Lorenz96(DiagonalGaussianObservation):
         return torch.minimum(gap, d - gap)
 
     # ----------------------------------------------------------------- meta-training tasks
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """The defaults (F = 8, Δ = 0.05, every variable observed: one observation shape for the batch) with R ~
-        U[``R_range``] per task (default ``TASK_R_RANGE``), the sensor ``arctan`` (0 or 1, default 0) and the model
-        noise ``Q`` (default 0) of every task; the prior N(c + ξ, Σ) is centred near the attractor — c is
-        F + N(0, I) carried by ``TASK_SPIN_UP`` noise-free steps, ξ ~ N(0, I) as in a twin experiment — with Σ of
-        eigenvalues in ``scale_range`` (:func:`~mpflow.operators.models.task_priors.gaussian_prior`)."""
-        lo, hi = options.get("R_range", TASK_R_RANGE)
-        R = uniform(gens, [1], float(lo), float(hi), torch.float64)[:, 0]
-        fixed = {"arctan": float(options.get("arctan", 0)), "Q": float(options.get("Q", 0.0))}
-        model = cls._stack_params([{"R": float(r), **fixed} for r in R], d, dtype)
-        x = 8.0 + randn(gens, [1, d], torch.float64)
-        spin = model.to(torch.float64)
-        for _ in range(TASK_SPIN_UP):
-            x = spin.transition_mean(x)
-        centre = (x[:, 0] + randn(gens, [d], torch.float64)).to(dtype)
-        prior = gaussian_prior(gens, d, dtype, options.get("scale_range", DEFAULT_SCALE_RANGE), centre)
-        return model, prior
-
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
         """F = 8 and Δ = 0.05 as trained, every variable observed (obs_every 1), ``arctan`` as trained, R in

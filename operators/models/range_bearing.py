@@ -20,23 +20,21 @@ step with no detection is ``null``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from mpflow.operators import validation
 from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import uniform
-from mpflow.operators.rng import Generators
+from mpflow.operators.models.spec import FamilySpec, kind
 
 STATE_NAMES = ("px", "py", "vx", "vy")
 #: a guard that keeps the range's gradient finite at the sensor itself
 RANGE_EPS = 1e-12
-#: the meta-training geometry (:meth:`RangeBearing.sample_task_models`), drawn log-uniformly where a range is a
-#: scale: noise and acceleration intensities of real sensors and targets, the prior's centre at a range from the
-#: sensor, its speed, and its position and velocity variances (the benchmark's crossing and close pass lie inside)
+#: the meta-training geometry (:class:`mpflow.training.family_tasks.range_bearing.RangeBearingTasks`), drawn
+#: log-uniformly where a range is a scale: noise and acceleration intensities of real sensors and targets, the
+#: prior's centre at a range from the sensor, its speed, and its position and velocity variances (the benchmark's
+#: crossing and close pass lie inside)
 TASK_RANGES = {
     "q": (0.005, 0.2),
     "range_sd": (0.1, 1.0),
@@ -46,15 +44,12 @@ TASK_RANGES = {
     "prior position variance": (0.1, 2.0),
     "prior velocity variance": (0.005, 0.5),
 }
-_LOG_UNIFORM = ("q", "range_sd", "bearing_sd", "prior position variance", "prior velocity variance")
 
 
+@kind("point [x, y]")
 def parse_point(name: str, value, d: int, dtype) -> torch.Tensor:
     """A point of the plane: [x, y]."""
     return validation.vector(name, value, 2, dtype)
-
-
-parse_point.kind = "point [x, y]"  # type: ignore[attr-defined]
 
 
 class RangeBearing(DiagonalGaussianObservation):
@@ -62,22 +57,20 @@ class RangeBearing(DiagonalGaussianObservation):
     dynamic = True
     fixed_state_dim = 4
     angular = (1,)
-    param_specs = (
-        ("dt", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),
-        ("q", parse_positive, lambda d, dtype: torch.tensor(0.1, dtype=dtype)),
-        ("sensor", parse_point, lambda d, dtype: torch.zeros(2, dtype=dtype)),
-        ("range_sd", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),
-        ("bearing_sd", parse_positive, lambda d, dtype: torch.tensor(0.05, dtype=dtype)),
+    spec = FamilySpec(
+        description=(
+            "constant-velocity target x = (px, py, vx, vy), acceleration noise q; a sensor at `sensor` measures range "
+            "and bearing (radians, wrapped at ±π) with noise sd range_sd, bearing_sd"
+        ),
+        observation="[range, bearing]; null for an entry not measured",
+        params=(
+            ("dt", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),
+            ("q", parse_positive, lambda d, dtype: torch.tensor(0.1, dtype=dtype)),
+            ("sensor", parse_point, lambda d, dtype: torch.zeros(2, dtype=dtype)),
+            ("range_sd", parse_positive, lambda d, dtype: torch.tensor(1.0, dtype=dtype)),
+            ("bearing_sd", parse_positive, lambda d, dtype: torch.tensor(0.05, dtype=dtype)),
+        ),
     )
-
-    description = (
-        "constant-velocity target x = (px, py, vx, vy), acceleration noise q; a sensor at `sensor` measures range "
-        "and bearing (radians, wrapped at ±π) with noise sd range_sd, bearing_sd"
-    )
-    observation_format = "[range, bearing]; null for an entry not measured"
-    benchmark_model = "dt = 1, q = 0.1, sensor at the origin, range_sd = 1, bearing_sd = 0.05"
-    latency_benchmark = False
-    eval_steps = 30
 
     # ----------------------------------------------------------------- dynamics
     def at_step(self, dt: float = 1.0, u: torch.Tensor | None = None, field: str = "observation") -> ModelFamily:
@@ -127,30 +120,6 @@ class RangeBearing(DiagonalGaussianObservation):
         return list(STATE_NAMES)
 
     # ----------------------------------------------------------------- meta-training tasks
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """Tracking geometries (``TASK_RANGES``; log-uniform for noise levels and variances, uniform otherwise):
-        the sensor at the origin, q, σ_r and σ_b per task; the prior N(m, diag(v_p, v_p, v_v, v_v)) centred on a
-        target at a range from the sensor in a uniform direction, moving at a speed in a uniform heading — so
-        tasks include targets passing close to the sensor and behind it (bearing through ±π)."""
-        draw = {}
-        for name, (lo, hi) in TASK_RANGES.items():
-            if name in _LOG_UNIFORM:
-                draw[name] = torch.exp(uniform(gens, [1], math.log(lo), math.log(hi), torch.float64))[:, 0]
-            else:
-                draw[name] = uniform(gens, [1], lo, hi, torch.float64)[:, 0]
-        angles = uniform(gens, [2], -math.pi, math.pi, torch.float64)
-        model = cls._stack_params(
-            [{k: float(draw[k][b]) for k in ("q", "range_sd", "bearing_sd")} for b in range(len(gens))], d, dtype
-        )
-        direction = torch.stack([angles.cos(), angles.sin()], -1)  # [B, 2 (position, heading), 2]
-        scale = torch.stack([draw["prior range"], draw["prior speed"]], -1)[..., None]  # [B, 2, 1]
-        mean = (scale * direction).flatten(1)  # (px, py, vx, vy)
-        var = torch.stack([draw["prior position variance"]] * 2 + [draw["prior velocity variance"]] * 2, -1)
-        return model, GaussianMixture.gaussian(mean.to(dtype), torch.diag_embed(var).to(dtype))
-
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
         """``TASK_RANGES`` as trained (the sensor at the origin)."""

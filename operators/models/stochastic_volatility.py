@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from mpflow.operators.models.base import ModelFamily, check_dt, filled, parse_per_dim, span, subfield
 from mpflow.operators.models.continuous_time import ou_step
-from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
+from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE
 from mpflow.operators.rng import Generators, randn
 
 
@@ -27,26 +27,24 @@ class StochasticVolatility(ModelFamily):
     name = "stochastic_volatility"
     dynamic = True
     factorised = True
-    param_specs = (
-        ("mu", parse_per_dim, filled(0.0)),
-        ("phi", parse_per_dim, filled(0.95)),
-        ("sigma", parse_per_dim, filled(0.3)),
+    spec = FamilySpec(
+        description="x_m = mu + phi (x_{m-1} − mu) + sigma N(0, I); o ~ N(0, diag(exp(x_m)))",
+        observation="vector of length d",
+        params=(
+            ("mu", parse_per_dim, filled(0.0)),
+            ("phi", parse_per_dim, filled(0.95)),
+            ("sigma", parse_per_dim, filled(0.3)),
+        ),
     )
 
     #: σ is a scale (positive) and φ keeps the log-volatility stationary: priors must lie inside
     param_domains = {"sigma": (0.0, math.inf), "phi": (-1.0, 1.0)}
-
-    description = "x_m = mu + phi (x_{m-1} − mu) + sigma N(0, I); o ~ N(0, diag(exp(x_m)))"
-    observation_format = "vector of length d"
-    eval_steps = 50
-    benchmark_model = "mu = 0, phi = 0.95, sigma = 0.3"
 
     @classmethod
     def state_names(cls, d: int) -> list[str]:
         """x_i is the log-variance of o_i (o_i ~ N(0, exp(x_i))): ``log-vol[i]``."""
         return [f"log-vol[{i}]" for i in range(d)]
 
-    task_options = ("mu_range", "phi_range", "sigma_range")
     #: the default task distribution's ranges (what ``stochastic_volatility-d2-v1`` was trained on; μ's is the 3-sd
     #: span of its N(0, 0.5²) draw)
     TASK_RANGES = {"mu_range": (-1.5, 1.5), "phi_range": (0.85, 0.98), "sigma_range": (0.2, 0.5)}
@@ -69,34 +67,6 @@ class StochasticVolatility(ModelFamily):
         if not ranges["sigma_range"][0] > 0:
             raise ValueError(f"task options.sigma_range: positive, got {list(ranges['sigma_range'])}")
         return ranges
-
-    @classmethod
-    def sample_task_models(
-        cls, gens: Generators, d: int, dtype: torch.dtype, options: dict[str, Any]
-    ) -> tuple[ModelFamily, GaussianMixture]:
-        """Per task μ per dimension, φ ~ U(``phi_range``) and σ (the same φ, σ in every dimension); the prior is the
-        Gaussian task prior centred at μ with its covariance scaled by the stationary variance σ²/(1 − φ²) of the
-        log-volatility (the ``prior`` option does not apply). μ ~ U(``mu_range``) when given, else N(0, 0.5²); σ is
-        log-uniform over ``sigma_range`` when given (a range over decades), else U[0.2, 0.5] — the defaults are the
-        distribution ``stochastic_volatility-d2-v1`` was trained on."""
-        ranges = cls.task_ranges(options)
-        if "mu_range" in options:
-            mu = uniform(gens, [d], *ranges["mu_range"], torch.float64)
-        else:
-            mu = 0.5 * randn(gens, [d], torch.float64)
-        phi = uniform(gens, [1], *ranges["phi_range"], torch.float64)
-        if "sigma_range" in options:
-            sigma = torch.exp(uniform(gens, [1], *(math.log(v) for v in ranges["sigma_range"]), torch.float64))
-        else:
-            sigma = uniform(gens, [1], *ranges["sigma_range"], torch.float64)
-        params = [
-            {"mu": mu[b].tolist(), "phi": [float(phi[b, 0])] * d, "sigma": [float(sigma[b, 0])] * d}
-            for b in range(len(gens))
-        ]
-        stationary = (sigma[:, 0] ** 2 / (1 - phi[:, 0] ** 2)).to(dtype)
-        scale_range = options.get("scale_range", DEFAULT_SCALE_RANGE)
-        prior = gaussian_prior(gens, d, dtype, scale_range, mu.to(dtype), stationary)
-        return cls._stack_params(params, d, dtype), prior
 
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:

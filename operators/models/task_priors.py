@@ -1,5 +1,5 @@
 """Random priors of meta-training tasks (Chen, Dai & Song, §3.1), shared by every family's task distribution
-(:meth:`mpflow.operators.models.base.ModelFamily.sample_task_models`).
+(``sample_task_models`` of :mod:`mpflow.training.task_distribution`).
 
 Each function draws a batch of B priors, one per generator in ``gens``, so prior b depends only on generator b
 (the batch around it does not matter). Priors are diverse (§3.1):
@@ -21,7 +21,7 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import Generators, haar_orthogonal, rand, randn
 
 #: task options every family reads (the prior and the true state); families add their own
-#: (:attr:`ModelFamily.task_options`)
+#: (``task_options`` of their task distribution)
 SHARED_TASK_OPTIONS = ("scale_range", "prior", "true_x", "dp_alpha", "dp_components", "dp_shrink")
 DEFAULT_SCALE_RANGE = (0.5, 2.0)
 

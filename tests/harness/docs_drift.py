@@ -93,7 +93,8 @@ def readme_drift(readme: str, families: set[str], methods: set[str]) -> list[str
 
 def methods_md_drift(methods_md: str, parameters: dict[str, list[str]]) -> list[str]:
     """The disagreements of docs/methods.md's "Model families" table (its parameters column) with each family's
-    parameters (``param_specs`` names) — a family without a row, a parameter its row does not name."""
+    parameters (the names of its ``spec``, :class:`mpflow.operators.models.spec.FamilySpec`) — a family without a
+    row, a parameter its row does not name."""
     rows = {
         m.group(1): m.group(2)
         for m in re.finditer(

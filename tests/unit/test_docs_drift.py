@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API = (ROOT / "docs" / "API.md").read_text()
 README = (ROOT / "README.md").read_text()
 METHODS_MD = (ROOT / "docs" / "methods.md").read_text()
-PARAMETERS = {name: [p for p, _, _ in cls.param_specs] for name, cls in FAMILIES.items() if name in BUILTIN}
+PARAMETERS = {name: cls.spec.names for name, cls in FAMILIES.items() if name in BUILTIN}
 DEFAULTS = {name: field.default for name, field in Settings.model_fields.items()}
 
 

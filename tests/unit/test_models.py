@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from mpflow.operators.models import FAMILIES, ModelFamily, make_model
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, prior_from_spec
+from mpflow.operators.models.spec import catalogue_entry
 from mpflow.operators.rng import generator, randn
+from mpflow.training.task_distribution import task_distribution
 from scipy import stats
 from scipy.special import logsumexp
 
@@ -557,17 +560,19 @@ def test_autograd_score_keeps_the_graph_when_x_is_part_of_one():
 # ----------------------------------------------------------------------------------------- what a family knows
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_every_family_describes_itself(name):
-    """Catalogue text, parameter kinds, evaluation defaults and a task distribution are on the family class."""
+    """Catalogue text and parameter kinds are the family's spec; evaluation defaults and a task distribution are on
+    the family class."""
     cls = FAMILIES[name]
-    assert cls.description and cls.observation_format
-    entry = cls.catalogue_entry(16)
-    assert entry["family"] == name and entry["description"] == cls.description
+    assert cls.spec.description and cls.spec.observation
+    entry = catalogue_entry(cls, 16)
+    assert entry["family"] == name and entry["description"] == cls.spec.description
     assert all(p["kind"] != "value" for p in entry["parameters"])  # every shipped parser says what it accepts
-    assert cls.eval_steps >= 1 and all(n >= 1 for n in cls.eval_particles)
+    tasks = task_distribution(name)
+    assert tasks.eval_steps >= 1 and all(n >= 1 for n in tasks.eval_particles)
     d = cls.fixed_state_dim or max(3, cls.min_state_dim)
-    model, prior = cls.sample_task_models([generator(0), generator(1)], d, torch.float32, {})
+    model, prior = tasks.sample_task_models([generator(0), generator(1)], d, torch.float32, {})
     assert isinstance(model, cls) and model.batch_size == 2 and prior.batch_size == 2 and prior.dim == d
-    benchmark = make_model(name, cls.benchmark_params(d, generator(2)), d)
+    benchmark = make_model(name, tasks.benchmark_params(d, generator(2)), d)
     example = make_model(name, cls.example_params(d), d)
     assert benchmark.state_dim == example.state_dim == d
 
@@ -593,13 +598,12 @@ def test_a_new_family_is_one_class(monkeypatch, capsys):
 
     class Toy(LinearGaussian):
         name = "toy"
-        description = "o ~ N(x, 3I), a test family"
-        observation_format = "vector of length d"
+        spec = replace(LinearGaussian.spec, description="o ~ N(x, 3I), a test family", observation="vector of length d")
         eval_steps = 7
 
     monkeypatch.setitem(FAMILIES, "toy", Toy)
     entry = next(f for f in catalogue.models(8) if f["family"] == "toy")
-    assert entry["description"] == Toy.description and "kalman" in entry["methods"]
+    assert entry["description"] == Toy.spec.description and "kalman" in entry["methods"]
     tasks = sample_tasks("toy", 2, 3, 4, generator(0))
     assert type(tasks.model) is Toy and tasks.obs.shape == (3, 4, 2)
     assert main(["filter", "--family", "toy", "--method", "kalman", "--steps", "2"]) == 0

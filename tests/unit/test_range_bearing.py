@@ -12,6 +12,7 @@ from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.rng import generator
 from mpflow.operators.trained_operators import outside_domain
 from mpflow.operators.updaters import get_updater
+from mpflow.training.task_distribution import task_distribution
 
 F64 = torch.float64
 NAN = math.nan
@@ -106,7 +107,7 @@ def test_training_tasks_are_tracking_geometries_inside_the_recorded_domain():
     from mpflow.operators.models.range_bearing import TASK_RANGES
 
     cls = FAMILIES["range_bearing"]
-    model, prior = cls.sample_task_models([generator(s) for s in range(64)], 4, torch.float64, {})
+    model, prior = task_distribution(cls).sample_task_models([generator(s) for s in range(64)], 4, torch.float64, {})
     domain = cls.task_domain({})
     means, covs = prior.means[:, 0], prior.covs[:, 0]
     ranges = torch.linalg.vector_norm(means[:, :2], dim=-1)

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import torch
 from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim
+from mpflow.operators.models.spec import FamilySpec
 from mpflow.operators.rng import Generators, rand
 from scipy import stats
 
 
 class PoissonCounts(ModelFamily):
     name = "poisson_counts"  # the entry point's name
-    param_specs = (("offset", parse_per_dim, filled(0.0)),)
-    description = "counts o_j ~ Poisson(exp(x_j + offset_j)); static"
-    observation_format = "vector of d counts"
+    spec = FamilySpec(
+        description="counts o_j ~ Poisson(exp(x_j + offset_j)); static",
+        observation="vector of d counts",
+        params=(("offset", parse_per_dim, filled(0.0)),),
+    )
     latency_benchmark = False  # not one of mpflow's own benchmarks
 
     @property
