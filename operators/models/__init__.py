@@ -1,10 +1,10 @@
 """Model families, by the names of docs/API.md. ``FAMILIES`` is the registry; ``make_model`` validates
 the API's parameters for one stream.
 
-A family is a :class:`ModelFamily` subclass carrying the likelihood and dynamics and everything else the project
-knows about it (catalogue text, task distribution, evaluation and benchmark defaults; see
-:mod:`mpflow.operators.models.base`), registered under the entry-point group ``mpflow.families``: the built-ins by
-this package's own ``pyproject.toml``, any other family by the distribution that ships it
+A family is a :class:`ModelFamily` subclass carrying the likelihood and dynamics, with its parameters and catalogue
+text as its ``spec`` (:mod:`mpflow.operators.models.spec`; its meta-training tasks, evaluation and benchmark settings
+are :mod:`mpflow.training.task_distribution`'s), registered under the entry-point group ``mpflow.families``: the
+built-ins by this package's own ``pyproject.toml``, any other family by the distribution that ships it
 (:mod:`mpflow.operators.models.plugins`; ``examples/plugin_family/``). ``FAMILIES`` holds every family that loaded
 and passed its admission check (built-ins first, in catalogue order: the order of ``mpflow info``, the
 meta-training families and the benchmarks); the service, ``mpflow filter``/``train``/``evaluate`` and the

@@ -211,7 +211,7 @@ class Lorenz96(DiagonalGaussianObservation):
         gap = (i - idx[:, None, :]).abs()
         return torch.minimum(gap, d - gap)
 
-    # ----------------------------------------------------------------- meta-training tasks
+    # ----------------------------------------------------------------- a trained operator's domain
     @classmethod
     def task_domain(cls, options: dict[str, Any]) -> dict[str, list[float]]:
         """F = 8 and Δ = 0.05 as trained, every variable observed (obs_every 1), ``arctan`` as trained, R in
