@@ -7,7 +7,7 @@ by a :class:`TaskDistribution`:
 * ``sample_task_models(gens, d, dtype, options)`` → (model, prior): B = len(gens) task models (one stream each,
   batched) and their priors, task b drawn from ``gens[b]`` only; ``options`` are the task options
   (:data:`mpflow.training.tasks.TASK_OPTIONS`): the family reads its own (``task_options``) and the shared prior
-  options of :func:`mpflow.operators.models.task_priors.task_prior`. The true state and the observations are drawn
+  options of :func:`mpflow.training.task_priors.task_prior`. The true state and the observations are drawn
   afterwards, by :func:`mpflow.training.tasks.sample_tasks`;
 * ``paper_true_x``: the true state of the paper's experiment, a task's default ``true_x`` ("paper"); None: x ~ prior;
 * ``eval_steps``, ``eval_particles``: ``mpflow evaluate``'s default sequence length T and particle counts N;
@@ -31,8 +31,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from mpflow.operators.models import FAMILIES, ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior
 from mpflow.operators.rng import Generators
+from mpflow.training.task_priors import task_prior
 
 
 @runtime_checkable

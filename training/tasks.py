@@ -10,7 +10,7 @@ Each family has a task distribution (:func:`mpflow.training.task_distribution.ta
 ``sample_task_models`` draws the B task models and priors (the built-ins' are :mod:`mpflow.training.family_tasks`,
 documented there — ``linear_gaussian`` MPF §5.1, ``lds`` §5 LDS with a random
 (A, B) per task, ``gmm`` §5.2, ``logistic`` §5.4, ``stochastic_volatility``), from the diverse priors of
-:mod:`mpflow.operators.models.task_priors` (random Gaussians, or Dirichlet-process Gaussian mixtures with
+:mod:`mpflow.training.task_priors` (random Gaussians, or Dirichlet-process Gaussian mixtures with
 ``prior="dpgmm"``). This module adds what every family shares: the true state x_0 (drawn from the prior, or
 the family's ``paper_true_x`` — gmm's (1, −2) — or a given point) and the observations [B, T, *obs_shape],
 simulated with the family's ``simulate``. The per-task generators are returned with the task: the trainer draws
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from mpflow.operators.models import FAMILIES, ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import SHARED_TASK_OPTIONS, dp_mixture_prior, random_covariance
 from mpflow.operators.rng import generator
 from mpflow.training.task_distribution import task_distribution
+from mpflow.training.task_priors import SHARED_TASK_OPTIONS, dp_mixture_prior, random_covariance
 
 #: the families with a task distribution (:func:`task_distribution`): every family mpf runs, those with
 #: a nonlinear transition (lorenz96: its predictive is fitted by ``predicted_moments``) and plugins included

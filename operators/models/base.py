@@ -48,7 +48,6 @@ import torch
 from mpflow.operators import gaussian, validation
 from mpflow.operators.models.param_priors import ParamPrior
 from mpflow.operators.models.spec import FamilySpec, kind, learnable_param, read_params
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE
 from mpflow.operators.rng import Generators, randn
 
 
@@ -524,6 +523,8 @@ REAL = (-math.inf, math.inf)
 
 #: the task prior's means are N(0, 1) per coordinate: a trained operator has seen |μ_i| up to about 3
 PRIOR_MEAN_BOUND = 3.0
+#: the default range of the task prior's covariance eigenvalues (``scale_range``, :mod:`mpflow.training.task_priors`)
+DEFAULT_SCALE_RANGE = (0.5, 2.0)
 
 
 def span(t: torch.Tensor) -> tuple[float, float]:

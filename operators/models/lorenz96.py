@@ -22,10 +22,17 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import POSITIVE, REAL, ModelFamily, parse_positive, scaled_step, span
+from mpflow.operators.models.base import (
+    DEFAULT_SCALE_RANGE,
+    POSITIVE,
+    REAL,
+    ModelFamily,
+    parse_positive,
+    scaled_step,
+    span,
+)
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
 from mpflow.operators.models.spec import FamilySpec, kind
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE
 from mpflow.operators.rng import Generators, randn
 
 

@@ -8,9 +8,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.lds import EXAMPLE_A_SCALE, LDS
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior, uniform
 from mpflow.operators.rng import Generators, haar_orthogonal, randn
 from mpflow.training.task_distribution import FamilyTasks, register_tasks, stack_params
+from mpflow.training.task_priors import task_prior, uniform
 
 
 @register_tasks

@@ -8,9 +8,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.linear_gaussian import LinearGaussian
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import task_prior
 from mpflow.operators.rng import Generators
 from mpflow.training.task_distribution import FamilyTasks, register_tasks
+from mpflow.training.task_priors import task_prior
 
 
 @register_tasks

@@ -8,9 +8,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.lorenz96 import TASK_R_RANGE, TASK_SPIN_UP, Lorenz96
 from mpflow.operators.models.priors import GaussianMixture
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 from mpflow.operators.rng import Generators, randn
 from mpflow.training.task_distribution import FamilyTasks, register_tasks, stack_params
+from mpflow.training.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 
 
 @register_tasks
@@ -33,7 +33,7 @@ class Lorenz96Tasks(FamilyTasks):
         U[``R_range``] per task (default ``TASK_R_RANGE``), the sensor ``arctan`` (0 or 1, default 0) and the model
         noise ``Q`` (default 0) of every task; the prior N(c + ξ, Σ) is centred near the attractor — c is
         F + N(0, I) carried by ``TASK_SPIN_UP`` noise-free steps, ξ ~ N(0, I) as in a twin experiment — with Σ of
-        eigenvalues in ``scale_range`` (:func:`~mpflow.operators.models.task_priors.gaussian_prior`)."""
+        eigenvalues in ``scale_range`` (:func:`~mpflow.training.task_priors.gaussian_prior`)."""
         lo, hi = options.get("R_range", TASK_R_RANGE)
         R = uniform(gens, [1], float(lo), float(hi), torch.float64)[:, 0]
         fixed = {"arctan": float(options.get("arctan", 0)), "Q": float(options.get("Q", 0.0))}

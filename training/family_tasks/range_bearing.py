@@ -9,9 +9,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.range_bearing import TASK_RANGES, RangeBearing
-from mpflow.operators.models.task_priors import uniform
 from mpflow.operators.rng import Generators
 from mpflow.training.task_distribution import FamilyTasks, register_tasks, stack_params
+from mpflow.training.task_priors import uniform
 
 #: the task ranges drawn log-uniformly (a scale: noise and acceleration intensities, variances); the others
 #: uniformly

@@ -10,9 +10,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.models.stochastic_volatility import StochasticVolatility
-from mpflow.operators.models.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 from mpflow.operators.rng import Generators, randn
 from mpflow.training.task_distribution import FamilyTasks, register_tasks, stack_params
+from mpflow.training.task_priors import DEFAULT_SCALE_RANGE, gaussian_prior, uniform
 
 
 @register_tasks

@@ -17,13 +17,13 @@ import math
 from typing import Any
 
 import torch
+from mpflow.operators.models.base import DEFAULT_SCALE_RANGE
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import Generators, haar_orthogonal, rand, randn
 
 #: task options every family reads (the prior and the true state); families add their own
 #: (``task_options`` of their task distribution)
 SHARED_TASK_OPTIONS = ("scale_range", "prior", "true_x", "dp_alpha", "dp_components", "dp_shrink")
-DEFAULT_SCALE_RANGE = (0.5, 2.0)
 
 
 def uniform(gens: Generators, shape, lo: float, hi: float, dtype) -> torch.Tensor:
