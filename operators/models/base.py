@@ -41,13 +41,12 @@ Its meta-training task distribution, evaluation and benchmark settings are the t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from mpflow.operators import gaussian, validation
 from mpflow.operators.models.param_priors import ParamPrior
-from mpflow.operators.models.spec import FamilySpec, kind, learnable_param, read_params
+from mpflow.operators.models.spec import FamilySpec, learnable_param, read_params
 from mpflow.operators.rng import Generators, randn
 
 
@@ -516,11 +515,6 @@ def _gap_mask(value: Any) -> Any:
     return value is None
 
 
-#: the domain of a variance or a positive number, and of an unconstrained number
-POSITIVE = (0.0, math.inf)
-REAL = (-math.inf, math.inf)
-
-
 #: the task prior's means are N(0, 1) per coordinate: a trained operator has seen |μ_i| up to about 3
 PRIOR_MEAN_BOUND = 3.0
 #: the default range of the task prior's covariance eigenvalues (``scale_range``, :mod:`mpflow.training.task_priors`)
@@ -555,52 +549,3 @@ def scaled_step(model: ModelFamily, name: str, dt: float, u: torch.Tensor | None
     if dt == 1.0:
         return model
     return type(model)({**model.params, name: model.params[name] * dt}, model.state_dim)
-
-
-def absent(d: int, dtype: torch.dtype) -> None:
-    """The "default" of an optional parameter that has none: the model simply does not have it."""
-    return None
-
-
-def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:
-    return lambda d, dtype: scale * torch.eye(d, dtype=dtype)
-
-
-def filled(value: float) -> Callable[[int, torch.dtype], torch.Tensor]:
-    return lambda d, dtype: torch.full((d,), value, dtype=dtype)
-
-
-@kind("matrix")
-def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
-    return validation.matrix(name, value, None, None, dtype)
-
-
-@kind("covariance matrix (symmetric positive definite)", POSITIVE)
-def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
-    return validation.covariance(name, value, None, dtype)
-
-
-@kind("covariance matrix (symmetric positive semi-definite)", POSITIVE)
-def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
-    """A symmetric positive semi-definite matrix (a diffusion may drive only some coordinates)."""
-    c = validation.matrix(name, value, None, None, torch.float64)
-    if c.shape[0] != c.shape[1] or not torch.allclose(c, c.T, atol=1e-8 * float(c.abs().max().clamp_min(1.0))):
-        raise ValueError(f"{name}: must be a symmetric square matrix, got {list(c.shape)}")
-    eig_min = float(torch.linalg.eigvalsh(c).min())
-    if eig_min < -1e-10 * float(c.abs().max().clamp_min(1.0)):
-        raise ValueError(f"{name}: must be positive semi-definite (smallest eigenvalue {eig_min:.3g})")
-    return c.to(dtype)
-
-
-@kind("number or vector of length d", REAL)
-def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
-    """A number (broadcast to all d dimensions) or a vector of length d."""
-    t = validation.as_tensor(name, value, dtype)
-    if t.dim() == 0:
-        return t.expand(d).clone()
-    return validation.check_shape(name, t, [d])
-
-
-@kind("positive number", POSITIVE)
-def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
-    return validation.positive(name, value, dtype)

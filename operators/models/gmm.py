@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive, span
-from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.base import ModelFamily, span
+from mpflow.operators.models.spec import FamilySpec, parse_positive
 from mpflow.operators.rng import Generators, rand, randn
 
 

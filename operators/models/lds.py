@@ -15,20 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import (
-    ModelFamily,
-    absent,
-    check_dt,
-    identity,
-    parse_cov,
-    parse_matrix,
-    parse_psd,
-    span,
-    subfield,
-)
+from mpflow.operators.models.base import ModelFamily, check_dt, span, subfield
 from mpflow.operators.models.continuous_time import van_loan
 from mpflow.operators.models.linear_observation import LinearObservationFamily
-from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.spec import FamilySpec, absent, identity, parse_cov, parse_matrix, parse_psd
 
 #: the spectral radius of the demonstration and benchmark transitions A (``example_params``, ``benchmark_params``)
 EXAMPLE_A_SCALE = 0.9

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import identity, parse_cov, parse_matrix, span
+from mpflow.operators.models.base import span
 from mpflow.operators.models.linear_observation import LinearObservationFamily
-from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.spec import FamilySpec, identity, parse_cov, parse_matrix
 
 
 class LinearGaussian(LinearObservationFamily):

@@ -17,7 +17,8 @@ import math
 
 import torch
 from mpflow.operators import gaussian
-from mpflow.operators.models.base import ModelFamily, parse_matrix
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.spec import parse_matrix
 from mpflow.operators.rng import Generators, randn
 
 

@@ -22,17 +22,9 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import (
-    DEFAULT_SCALE_RANGE,
-    POSITIVE,
-    REAL,
-    ModelFamily,
-    parse_positive,
-    scaled_step,
-    span,
-)
+from mpflow.operators.models.base import DEFAULT_SCALE_RANGE, ModelFamily, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
-from mpflow.operators.models.spec import FamilySpec, kind
+from mpflow.operators.models.spec import POSITIVE, REAL, FamilySpec, kind, parse_positive
 from mpflow.operators.rng import Generators, randn
 
 

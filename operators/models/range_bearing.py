@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from mpflow.operators import validation
-from mpflow.operators.models.base import ModelFamily, parse_positive, scaled_step, span
+from mpflow.operators.models.base import ModelFamily, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
-from mpflow.operators.models.spec import FamilySpec, kind
+from mpflow.operators.models.spec import FamilySpec, kind, parse_positive
 
 STATE_NAMES = ("px", "py", "vx", "vy")
 #: a guard that keeps the range's gradient finite at the sensor itself

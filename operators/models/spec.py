@@ -12,7 +12,9 @@ A parser is ``parse(field, value, d, dtype) -> tensor`` (``ValueError("model.par
 the service answers with 422); :func:`kind` marks it with what it accepts in words (the catalogue's ``kind``) and,
 for a parameter that may be given as a prior (a scalar, or a covariance read as r·I), the open range of its value.
 A default is ``default(d, dtype) -> tensor`` (``None`` from it: an optional parameter without a default); a
-:class:`Param` without a default is required.
+:class:`Param` without a default is required. The parsers and defaults most families share are here:
+:func:`parse_matrix`, :func:`parse_cov`, :func:`parse_psd`, :func:`parse_per_dim`, :func:`parse_positive`;
+:func:`identity`, :func:`filled`, :func:`absent`.
 """
 
 from __future__ import annotations
@@ -197,15 +199,79 @@ def learnable_parser(domain: tuple[float, float]) -> Callable[[Parser], Parser]:
     return mark
 
 
+#: the domain of a variance or a positive number, and of an unconstrained number
+POSITIVE = (0.0, math.inf)
+REAL = (-math.inf, math.inf)
+
+
+def absent(d: int, dtype: torch.dtype) -> None:
+    """The "default" of an optional parameter that has none: the model simply does not have it."""
+    return None
+
+
+def identity(scale: float = 1.0) -> Callable[[int, torch.dtype], torch.Tensor]:
+    return lambda d, dtype: scale * torch.eye(d, dtype=dtype)
+
+
+def filled(value: float) -> Callable[[int, torch.dtype], torch.Tensor]:
+    return lambda d, dtype: torch.full((d,), value, dtype=dtype)
+
+
+@kind("matrix")
+def parse_matrix(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.matrix(name, value, None, None, dtype)
+
+
+@kind("covariance matrix (symmetric positive definite)", POSITIVE)
+def parse_cov(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.covariance(name, value, None, dtype)
+
+
+@kind("covariance matrix (symmetric positive semi-definite)", POSITIVE)
+def parse_psd(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A symmetric positive semi-definite matrix (a diffusion may drive only some coordinates)."""
+    c = validation.matrix(name, value, None, None, torch.float64)
+    if c.shape[0] != c.shape[1] or not torch.allclose(c, c.T, atol=1e-8 * float(c.abs().max().clamp_min(1.0))):
+        raise ValueError(f"{name}: must be a symmetric square matrix, got {list(c.shape)}")
+    eig_min = float(torch.linalg.eigvalsh(c).min())
+    if eig_min < -1e-10 * float(c.abs().max().clamp_min(1.0)):
+        raise ValueError(f"{name}: must be positive semi-definite (smallest eigenvalue {eig_min:.3g})")
+    return c.to(dtype)
+
+
+@kind("number or vector of length d", REAL)
+def parse_per_dim(name: str, value, d: int, dtype) -> torch.Tensor:
+    """A number (broadcast to all d dimensions) or a vector of length d."""
+    t = validation.as_tensor(name, value, dtype)
+    if t.dim() == 0:
+        return t.expand(d).clone()
+    return validation.check_shape(name, t, [d])
+
+
+@kind("positive number", POSITIVE)
+def parse_positive(name: str, value, d: int, dtype) -> torch.Tensor:
+    return validation.positive(name, value, dtype)
+
+
 __all__ = [
+    "POSITIVE",
+    "REAL",
     "FamilySpec",
     "Param",
+    "absent",
     "catalogue_entry",
     "describe_default",
+    "filled",
+    "identity",
     "kind",
     "learnable",
     "learnable_parser",
     "param_domain",
     "param_kind",
+    "parse_cov",
+    "parse_matrix",
+    "parse_per_dim",
+    "parse_positive",
+    "parse_psd",
     "read_params",
 ]

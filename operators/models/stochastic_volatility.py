@@ -16,17 +16,9 @@ import math
 from typing import Any
 
 import torch
-from mpflow.operators.models.base import (
-    DEFAULT_SCALE_RANGE,
-    ModelFamily,
-    check_dt,
-    filled,
-    parse_per_dim,
-    span,
-    subfield,
-)
+from mpflow.operators.models.base import DEFAULT_SCALE_RANGE, ModelFamily, check_dt, span, subfield
 from mpflow.operators.models.continuous_time import ou_step
-from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.spec import FamilySpec, filled, parse_per_dim
 from mpflow.operators.rng import Generators, randn
 
 

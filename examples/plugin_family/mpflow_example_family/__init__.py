@@ -6,8 +6,8 @@ log p(o | x) = Σ_j [ o_j η_j − e^{η_j} − log o_j! ],   η = x + b   (b: `
 from __future__ import annotations
 
 import torch
-from mpflow.operators.models.base import ModelFamily, filled, parse_per_dim
-from mpflow.operators.models.spec import FamilySpec
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.spec import FamilySpec, filled, parse_per_dim
 from mpflow.operators.rng import Generators, rand
 from scipy import stats
 
