@@ -134,9 +134,7 @@ def summaries(state: ParticleState) -> list[dict]:
     )
     ess = [None] * state.batch_size if exact is not None else (1.0 / (w * w).sum(-1)).tolist()
     params = parameter_summaries(state)
-    rows = zip(
-        mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess, state.log_evidence.tolist(), strict=True
-    )
+    rows = zip(mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess, state.log_evidence.tolist(), strict=True)
     docs = [
         {
             "mean": m,
