@@ -140,6 +140,7 @@ def prepare(
         # the particle count the default was measured with, within this server's limit
         n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)
         updater = methods.updater(choice.method, choice.operator, choice.options)
+        model = methods.model(model_spec, prior.dim, updater.model_dtype)  # kalman, ukf: float64
         updater.check_compatible(model, prior)
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)

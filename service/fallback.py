@@ -100,7 +100,7 @@ class Fallbacks:
             fallback, key = self.updater(name, method)
             try:
                 start = await self.work.run(meta, hand_over, state, stream, fallback)
-                res = await self.engine.update(fallback, key, name, model, start, obs)
+                res = await self.engine.update(fallback, key, name, fallback.own_model(model), start, obs)
                 new = await self.work.run(meta, take_back, res.state, stream, fallback, state, obs[None], model)
                 if not await self.work.run(meta, finite_state, new):
                     raise NonFiniteError(f"{name} left non-finite values in the state")

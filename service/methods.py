@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.registry import NAME_RE
@@ -170,12 +171,13 @@ class Methods:
             self._updaters.put(key, updater)
         return updater, key
 
-    def model(self, spec: dict[str, Any], state_dim: int) -> ModelFamily:
-        """The validated one-stream model (cached by its JSON: models are never mutated)."""
-        key = json.dumps([spec["family"], spec.get("params") or {}, state_dim], sort_keys=True)
+    def model(self, spec: dict[str, Any], state_dim: int, dtype: torch.dtype = torch.float32) -> ModelFamily:
+        """The validated one-stream model in ``dtype`` (the method's ``Updater.model_dtype``: float64 for ``kalman``
+        and ``ukf``), cached by its JSON: models are never mutated."""
+        key = json.dumps([spec["family"], spec.get("params") or {}, state_dim, str(dtype)], sort_keys=True)
         model = self._models.get(key)
         if model is None:
-            model = make_model(spec["family"], spec.get("params") or {}, state_dim)
+            model = make_model(spec["family"], spec.get("params") or {}, state_dim, dtype)
             if len(self._models) >= _MODEL_CACHE_SIZE:
                 self._models.clear()
             self._models[key] = model
@@ -265,7 +267,7 @@ class Methods:
     def resolve(self, meta: dict[str, Any]) -> tuple[ModelFamily, Updater]:
         """(model, updater) of a stored stream (blocking when it loads an operator: see :meth:`loaded`)."""
         try:
-            model = self.model(meta["model"], meta["state_dim"])
+            model = self.model(meta["model"], meta["state_dim"], UPDATERS[meta["method"]].model_dtype)
         except ValueError as exc:  # a stored model that does not validate on this (stricter) server version
             raise StoredModelInvalidError(str(exc)) from None
         return model, self.updater(meta["method"], meta.get("operator"), meta.get("method_options"))

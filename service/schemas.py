@@ -426,7 +426,10 @@ class Summary(BaseModel):
     cov: list[list[float]]
     std: list[float]
     quantiles: Quantiles = Field(description="per-dimension marginal quantiles (by weight for a weighted cloud)")
-    ess: float = Field(description="effective sample size of the current particles")
+    ess: float | None = Field(
+        description="effective sample size of the current particles; null for kalman and ukf, whose posterior is a "
+        "Gaussian kept exactly (their particles are draws from it, not a weighted cloud)"
+    )
     log_evidence: float = Field(description="estimate of log p(o_1..o_step); 0 at step 0")
     params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
     pit: list[float | None] | None = Field(
@@ -450,7 +453,7 @@ class StepSummary(BaseModel):
         "(as the summary's)",
     )
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
-    ess: float
+    ess: float | None = Field(description="the step's effective sample size (docs/API.md); null for kalman and ukf")
     params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
     pit: list[float | None] | None = Field(
         default=None,

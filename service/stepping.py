@@ -54,7 +54,7 @@ def parse_step(model: ModelFamily, item: Any, field: str) -> Step:
     """One item of ``observations`` (docs/API.md): a value, or ``{"value", "dt", "u"}``; ValueError naming the
     field."""
     if isinstance(item, dict) and "value" in item:
-        obs = model.read_observation(item["value"], f"{field}.value")
+        obs = model.read_observation(item["value"], f"{field}.value", torch.float64)
         if model.unknown and model.dynamic and item.get("dt", 1.0) != 1.0:
             raise ValueError(
                 f"{field}.dt: a stream with unknown parameters ({', '.join(sorted(model.unknown))}) takes steps of "
@@ -63,12 +63,12 @@ def parse_step(model: ModelFamily, item: Any, field: str) -> Step:
         u = item.get("u")
         inputs = None if u is None else torch.tensor(u, dtype=torch.float64)
         return obs, model.at_step(item.get("dt", 1.0), inputs, field)
-    return model.read_observation(item, field), model
+    return model.read_observation(item, field, torch.float64), model
 
 
 def parse(model: ModelFamily, observations: list[Any]) -> list[Step]:
-    """The request's steps: observations as tensors of the family's observation shape, with the model of each step;
-    422 naming the first bad one."""
+    """The request's steps: observations as float64 tensors of the family's observation shape (each updater reads
+    them in its own ``model_dtype``), with the model of each step; 422 naming the first bad one."""
     try:
         return [parse_step(model, o, f"observations[{i}]") for i, o in enumerate(observations)]
     except ValueError as exc:

@@ -9,7 +9,8 @@ weights w_i (uniform for every method but ``smc`` and ``mpf`` with ``flow_fracti
   std = √diag C; for the exact Gaussian, m and P themselves;
 * marginal quantiles q ∈ {0.05, 0.5, 0.95}: the inverse of the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q}
   (particles of zero weight never matter); for the exact Gaussian m_j + Φ⁻¹(q) √P_jj;
-* ESS = 1 / Σ w_i² and log_evidence = log p̂(o_1..o_step) (0 at step 0);
+* ESS = 1 / Σ w_i² of a cloud — null for the exact Gaussian, whose particles are fresh draws for the particle
+  views, not a cloud with an effective size — and log_evidence = log p̂(o_1..o_step) (0 at step 0);
 * ``params`` — a stream that learns unknown model parameters (``smc2``): per parameter, the mean, sd and the 0.05
   and 0.95 quantiles of its θ-particles θ_j under their weights ω_j (the weighted empirical CDF as above), the
   posterior p(θ | o_1..o_step) (docs/methods.md eq. P6).
@@ -86,9 +87,15 @@ def _float64(state: ParticleState) -> tuple[torch.Tensor, torch.Tensor, tuple[to
     x = state.particles.to(torch.float64)
     w = torch.softmax(state.log_weights.to(torch.float64), -1)
     exact = None
-    if "mean" in state.extras and "cov" in state.extras:
+    if gaussian_state(state):
         exact = (state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64))
     return x, w, exact
+
+
+def gaussian_state(state: ParticleState) -> bool:
+    """Whether the state keeps its posterior as a Gaussian N(m, P) (``kalman``, ``ukf``: extras ``mean``, ``cov``)
+    rather than as a particle cloud."""
+    return "mean" in state.extras and "cov" in state.extras
 
 
 def _moments(x: torch.Tensor, w: torch.Tensor, exact) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +132,9 @@ def summaries(state: ParticleState) -> list[dict]:
         if exact is not None
         else batch_weighted_quantiles(x, w, QUANTILES)
     )
-    ess = 1.0 / (w * w).sum(-1)
+    ess = [None] * state.batch_size if exact is not None else (1.0 / (w * w).sum(-1)).tolist()
     params = parameter_summaries(state)
-    rows = zip(
-        mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess.tolist(), state.log_evidence.tolist(), strict=True
-    )
+    rows = zip(mean.tolist(), cov.tolist(), std.tolist(), qs.tolist(), ess, state.log_evidence.tolist(), strict=True)
     docs = [
         {
             "mean": m,
@@ -176,7 +181,8 @@ def summary(state: ParticleState) -> dict:
 
 def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
     """A ``per_step`` entry for the state just after a step: step, mean, std, quantiles (when ``state_summary``
-    has them), log_evidence_increment, ess, ``pit`` (the step's predictive p-value of each observed entry, null where
+    has them), log_evidence_increment, ess (null for a Gaussian state: :func:`summaries`), ``pit`` (the step's
+    predictive p-value of each observed entry, null where
     not observed; absent for a family without an observation CDF),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
@@ -194,7 +200,7 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "std": state_summary["std"],
         **({"quantiles": state_summary["quantiles"]} if "quantiles" in state_summary else {}),
         "log_evidence_increment": float(info.log_evidence_increment[row]),
-        "ess": float(info.ess[row]),
+        "ess": None if gaussian_state(state) else float(info.ess[row]),
     }
     if "params" in state_summary:
         entry["params"] = state_summary["params"]

@@ -11,7 +11,10 @@ among them, seconds of start-up. It depends only on files, so it is kept as JSON
 * the family plugins installed (the ``mpflow.families`` entry points: name, target and distribution version);
 * every file of the operator folders (``operators/pretrained`` and ``MPFLOW_OPERATOR_DIRS``, and the service's
   ``MPFLOW_OPERATOR_DIRS`` setting): path, size and modification time;
-* ``max_state_dim`` (the families' largest d).
+* ``max_state_dim`` (the families' largest d), and the settings module's path, size and modification time.
+
+Without any ``MPFLOW_*`` variable in the environment (:func:`service_env`) the settings are the defaults, kept in the
+catalogue too (``"settings"``), so a cached ``mpflow info`` imports neither torch nor pydantic: 0.66 → 0.2 s here.
 
 A change to any of them gives another key, so another file: a stale catalogue is never read. The first run after
 a change builds it (importing torch) and writes it; a cache that cannot be written is only not kept.
@@ -58,12 +61,19 @@ def operator_folders(extra_dirs: list[str]) -> list[Path]:
     return [*(r / "pretrained" for r in roots), *(Path(p).expanduser() for p in [*env, *extra_dirs])]
 
 
-def cache_key(extra_dirs: list[str], max_state_dim: int) -> str:
-    """The key of the module docstring."""
+def service_env() -> bool:
+    """Whether some service setting is given in the environment (``MPFLOW_*``, any case, as the settings read it)."""
+    return any(name.upper().startswith("MPFLOW_") for name in os.environ)
+
+
+def cache_key(extra_dirs: list[str], max_state_dim: int | None) -> str:
+    """The key of the module docstring (``max_state_dim`` None: the settings' default)."""
     import mpflow
 
     spec = importlib.util.find_spec("mpflow.operators")
     code = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    settings = importlib.util.find_spec("mpflow.service.settings")
+    code_files = [settings.origin] if settings is not None and settings.origin else []
     plugins = sorted(
         f"{ep.name}={ep.value}@{ep.dist.version if ep.dist else ''}" for ep in entry_points(group=PLUGIN_GROUP)
     )
@@ -71,15 +81,19 @@ def cache_key(extra_dirs: list[str], max_state_dim: int) -> str:
         mpflow.__version__,
         str(max_state_dim),
         *_files(code, "*.py"),
+        *(f"{f} {os.stat(f).st_size} {os.stat(f).st_mtime_ns}" for f in code_files),
         *plugins,
         *_files(operator_folders(extra_dirs), "*"),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def cached_catalogue(extra_dirs: list[str], max_state_dim: int, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def cached_catalogue(
+    extra_dirs: list[str], max_state_dim: int | None, build: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
     """The catalogue from the cache when its key matches, else ``build()`` (written to the cache for next time)."""
-    path = cache_dir() / f"info-{cache_key(extra_dirs, max_state_dim)}.json"
+    kind = "info-default" if max_state_dim is None else "info-env"  # one file of each kind kept: without, with MPFLOW_*
+    path = cache_dir() / f"{kind}-{cache_key(extra_dirs, max_state_dim)}.json"
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -87,7 +101,7 @@ def cached_catalogue(extra_dirs: list[str], max_state_dim: int, build: Callable[
     catalogue = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob("info-*.json"):  # one catalogue kept: the others are stale
+        for old in path.parent.glob(f"{kind}-*.json"):  # one catalogue of a kind kept: the others are stale
             old.unlink(missing_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(catalogue), encoding="utf-8")
@@ -97,4 +111,4 @@ def cached_catalogue(extra_dirs: list[str], max_state_dim: int, build: Callable[
     return catalogue
 
 
-__all__ = ["cache_dir", "cache_key", "cached_catalogue", "operator_folders"]
+__all__ = ["cache_dir", "cache_key", "cached_catalogue", "operator_folders", "service_env"]

@@ -196,17 +196,32 @@ def _catalogue(operator_dirs: list[str], max_state_dim: int) -> dict[str, Any]:
     }
 
 
-def _info(args: argparse.Namespace) -> int:
-    from mpflow.cli.info_cache import cached_catalogue
+def _default_catalogue() -> dict[str, Any]:
+    """:func:`_catalogue` under the default settings, with those settings (``"settings"``, redacted)."""
     from mpflow.service.settings import Settings
 
     settings = Settings()
-    dirs, max_d = settings.operator_dir_list, settings.max_state_dim
-    found = cached_catalogue(dirs, max_d, lambda: _catalogue(dirs, max_d))
-    if args.json:
-        print(json.dumps({**found, "settings": _redacted(settings)}, indent=2, default=str))
+    shown = json.loads(json.dumps(_redacted(settings), default=str))  # as the cache keeps it
+    return {**_catalogue([], settings.max_state_dim), "settings": shown}
+
+
+def _info(args: argparse.Namespace) -> int:
+    """The catalogue and the settings from the cache (:mod:`mpflow.cli.info_cache`); the settings module is
+    imported only when some ``MPFLOW_*`` variable is set."""
+    from mpflow.cli.info_cache import cached_catalogue, service_env
+
+    if service_env():
+        from mpflow.service.settings import Settings
+
+        settings = Settings()
+        dirs, max_d = settings.operator_dir_list, settings.max_state_dim
+        found = {**cached_catalogue(dirs, max_d, lambda: _catalogue(dirs, max_d)), "settings": _redacted(settings)}
     else:
-        print(_info_text(found["families"], sorted(found["methods"]), found["operators"], _redacted(settings)))
+        found = cached_catalogue([], None, _default_catalogue)
+    if args.json:
+        print(json.dumps(found, indent=2, default=str))
+    else:
+        print(_info_text(found["families"], sorted(found["methods"]), found["operators"], found["settings"]))
     return 0
 
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -227,6 +228,36 @@ def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+#: a 413 ``limit_exceeded`` naming ``observations`` says how many steps fit: "…; at most K here" (the cost model) or
+#: "observations: at most K steps per request" (MPFLOW_MAX_OBSERVATIONS_PER_REQUEST)
+_FITTING = re.compile(r"^observations: .*\bat most (\d+)( here| steps per request)")
+
+
+def _steps_that_fit(exc: MpflowError, sent: int) -> int:
+    """How many of the ``sent`` steps a refused request could have carried, from the server's 413 — ``exc`` itself
+    raised when it is another error, or when not even one step fits (nothing was applied: the smaller request
+    repeats the same ``seq`` safely)."""
+    found = _FITTING.match(exc.message) if exc.status == 413 and exc.code == "limit_exceeded" else None
+    fits = int(found.group(1)) if found else 0
+    if not 1 <= fits < sent:
+        raise exc
+    return fits
+
+
+class _Batches:
+    """The requests of :meth:`Stream.filter`: ``size`` steps each, shrunk to what the server's 413 says fits
+    (:func:`_steps_that_fit`) and kept at that for the requests after."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def part(self, chunk: list[Any]) -> list[Any]:
+        return chunk[: self.size]
+
+    def refused(self, exc: MpflowError, sent: int) -> None:
+        self.size = _steps_that_fit(exc, sent)
 
 
 async def _achunks(items: Iterable[Any] | AsyncIterable[Any], size: int) -> AsyncIterator[list[Any]]:
@@ -522,7 +553,10 @@ class Stream(_StreamBase):
         previous timestamp (``t0``, the time of the stream's current state, before the first). Every step of a
         list or an array is checked before the first request (:class:`MpflowError` naming ``observations[i]``); of
         an iterator, each as it comes. Retries are safe: an applied request whose answer was lost comes back as
-        ``duplicate`` (module docstring). ``batch``: 1 by default.
+        ``duplicate`` (module docstring). ``batch``: 1 by default. A request the server refuses as too large (413
+        ``limit_exceeded`` naming ``observations`` and how many steps fit: the cost model's budget,
+        MPFLOW_MAX_OBSERVATIONS_PER_REQUEST) is sent again as that many steps, and the rest follow in requests of
+        that size; one step that does not fit alone raises the 413.
 
         A pandas DataFrame (or Series) in, a DataFrame out: its rows are sent as by :meth:`update` (``columns`` by
         name or position, a ``dt`` column, NaN for a missing entry), :data:`FRAME_BATCH` steps per request by
@@ -540,9 +574,17 @@ class Stream(_StreamBase):
         _check_batch(batch)
         steps = _filter_steps(observations, columns, _Clock(t0))
         seq = int(self.get()["step"]) + 1
+        batches = _Batches(batch)
         for chunk in _chunks(steps, batch):
-            yield self.update(chunk, seq=seq, return_samples=return_samples)
-            seq += len(chunk)
+            while chunk:
+                part = batches.part(chunk)
+                try:
+                    answer = self.update(part, seq=seq, return_samples=return_samples)
+                except MpflowError as exc:
+                    batches.refused(exc, len(part))
+                    continue
+                yield answer
+                seq, chunk = seq + len(part), chunk[len(part) :]
 
 
 # ---------------------------------------------------------------------------------------------- async
@@ -718,9 +760,17 @@ class AsyncStream(_StreamBase):
         else:
             items = _filter_steps(observations, columns, clock)
         seq = int((await self.get())["step"]) + 1
+        batches = _Batches(batch)
         async for chunk in _achunks(items, batch):
-            yield await self.update(chunk, seq=seq, return_samples=return_samples)
-            seq += len(chunk)
+            while chunk:
+                part = batches.part(chunk)
+                try:
+                    answer = await self.update(part, seq=seq, return_samples=return_samples)
+                except MpflowError as exc:
+                    batches.refused(exc, len(part))
+                    continue
+                yield answer
+                seq, chunk = seq + len(part), chunk[len(part) :]
 
 
 __all__ = [

@@ -71,8 +71,14 @@ def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
     return np.array([r + [np.nan] * (k - len(r)) for r in rows], dtype=np.float64).reshape(len(per_step), k)
 
 
+def _number(value: Any) -> float:
+    """A per-step number of the API as a float: NaN for null or absent."""
+    return np.nan if value is None else float(value)
+
+
 class StepTable:
-    """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n],
+    """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n] (NaN for
+    ``kalman`` and ``ukf``, whose ESS is null),
     ``log_evidence_increment`` [n] (NaN where a step did not report one), ``pit`` [n, k] (each observed entry's
     predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
     ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
@@ -83,8 +89,8 @@ class StepTable:
         self.step = np.array([s["step"] for s in per_step], dtype=np.int64)
         self.mean = np.array([s["mean"] for s in per_step], dtype=np.float64).reshape(len(per_step), dim)
         self.std = np.array([s["std"] for s in per_step], dtype=np.float64).reshape(len(per_step), dim)
-        self.ess = np.array([s.get("ess", np.nan) for s in per_step], dtype=np.float64)
-        increments = [s.get("log_evidence_increment", np.nan) for s in per_step]
+        self.ess = np.array([_number(s.get("ess")) for s in per_step], dtype=np.float64)
+        increments = [_number(s.get("log_evidence_increment")) for s in per_step]
         self.log_evidence_increment = np.array(increments, dtype=np.float64)
         self.params = _param_arrays(per_step)
         self.pit = pit_array(per_step)
@@ -249,7 +255,10 @@ class Posterior(dict):
 
     @property
     def ess(self) -> float:
-        return float(self["summary"]["ess"])
+        """The particles' effective sample size; NaN for ``kalman`` and ``ukf`` (the API's null: a Gaussian, not a
+        cloud)."""
+        ess = self["summary"].get("ess")
+        return float("nan") if ess is None else float(ess)
 
     @property
     def log_evidence(self) -> float:

@@ -104,6 +104,14 @@ class Updater:
     weighted_options: ClassVar[dict[str, Any]] = {}
     #: the posterior is exact for the families the method runs (Kalman), not a particle approximation
     exact: ClassVar[bool] = False
+    #: the posterior is a Gaussian N(m, P) the method keeps in float64 (extras ``mean``, ``cov``: ``kalman``, ``ukf``),
+    #: not a particle cloud: its particles are N fresh draws from it, so it has no effective sample size (the answers'
+    #: ``ess`` is null), and it reads its model and observations in float64 (:attr:`model_dtype`), so its moments
+    #: carry no float32 rounding (0.3 is not 0.30000001)
+    gaussian_state: ClassVar[bool] = False
+    #: the dtype the method's models are built in and its observations read in: float64 for a :attr:`gaussian_state`
+    #: method, float32 (the particles') for the others
+    model_dtype: ClassVar[torch.dtype] = torch.float32
     #: k-step-ahead predictives (:meth:`forecast`)
     forecasts: ClassVar[bool] = True
     #: steps with control inputs u (they enter through the family's transition, :meth:`ModelFamily.at_step`)
@@ -140,6 +148,12 @@ class Updater:
             raise ValueError(f"options: unknown option(s) {unknown} for {self.name}; allowed: {sorted(self.defaults)}")
         self.options = {**self.defaults, **options}
         self.weighted = self.weighted_with(self.options)
+
+    def own_model(self, model: ModelFamily) -> ModelFamily:
+        """``model`` in :attr:`model_dtype` (itself when it is already): a fall-back step runs the stream's model
+        in its own dtype."""
+        dtypes = {t.dtype for t in model.params.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        return model if dtypes <= {self.model_dtype} else model.to(self.model_dtype)
 
     # ------------------------------------------------------------------ capabilities
     @classmethod
@@ -310,7 +324,7 @@ class Updater:
         if bool(torch.isinf(obs).any()):
             raise ValueError("observations: contain infinite values")
         gens = generators_from_state(state.rng)
-        obs = obs.to(state.particles.dtype)
+        obs = obs.to(self.model_dtype)
         absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
         pit = None if bool(absent.all()) else self.pit(state, obs, model)
         if not bool(absent.any()):

@@ -1,8 +1,10 @@
 """``kalman``: the exact Kalman / conjugate update for linear-Gaussian families.
 
 The state keeps the exact filtering mean and covariance (float64, extras ``mean`` [B, d] and ``cov``
-[B, d, d]); particles are N fresh draws from N(mean, cov) after each step, so every summary the service
-computes from particles works the same. log p(o_m | o_<m) is exact: log N(o; H m⁻, H P⁻ Hᵀ + R). A step without a
+[B, d, d]), computed from a float64 model and float64 observations (:attr:`Updater.gaussian_state`); particles are
+N fresh draws from N(mean, cov) after each step — for the particle views (the dashboard's cloud, a fall-back's
+start), not a cloud: the summaries read the Gaussian itself and report no ESS. log p(o_m | o_<m) is exact:
+log N(o; H m⁻, H P⁻ Hᵀ + R). A step without a
 measurement is the predict alone (increment 0); a partial one conditions on the observed entries o_S only — H_S,
 R_SS — exactly (:meth:`~mpflow.operators.models.linear_observation.LinearObservationFamily.observed_part`).
 """
@@ -25,6 +27,8 @@ class KalmanUpdater(Updater):
     name = "kalman"
     needs_linear_gaussian = True
     exact = True
+    gaussian_state = True
+    model_dtype = torch.float64
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)

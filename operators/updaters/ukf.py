@@ -15,7 +15,7 @@ weights positive — stable in any dimension).
 
 Exact (the Kalman filter) on linear-Gaussian families. A partial observation's model has h = 0 and R = 1 at the gaps
 (:meth:`~mpflow.operators.models.base.ModelFamily.observed_part`): the innovation is 0 there and the evidence that of
-the observed entries. Forecasts propagate the particles (:meth:`Updater.forecast`).
+the observed entries. Forecasts are the unscented predictive, Gaussian at every horizon (:meth:`UKFUpdater.forecast`).
 """
 
 from __future__ import annotations
@@ -123,9 +123,31 @@ class UKFUpdater(KalmanUpdater):
         return self._drawn(state, m, P, gens), StepInfo(zero, n)
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
-        """:meth:`forecast`'s, by propagation (:meth:`Updater.forecast_work`)."""
-        return Updater.forecast_work(self, model, n, steps, dt)
+        """:meth:`forecast`'s: per horizon the unscented predict and the observation's unscented moments — 2d + 1
+        sigma points through f and h, their (d + k)² cross-moments — and the Kalman algebra (no particles)."""
+        d, k = model.state_dim, model.observation_size()
+        points = 2 * d + 1
+        per = points * (model.particle_flops(dt, k) + 4.0 * (d + k) ** 2) + 30.0 * d**3
+        return StepWork(steps * per + model.step_fixed_flops(dt), 8.0 * 4 * steps * (points * (d + k) + d * d + k * k))
 
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
-        """The particles propagated (:meth:`Updater.forecast`): f need not be affine."""
-        return Updater.forecast(self, state, model, steps, gen)
+        """The unscented predictive, Gaussian at every horizon j (float64, no particles): (m_j, P_j) the unscented
+        predict of (m_{j−1}, P_j−1) (module docstring), and the observation's moments from the sigma points χ of
+        N(m_j, P_j) about h(m_j) — e = h(χ) ⊖ h(m_j) (angles wrapped), mean h(m_j) + Σ W^m e, covariance
+        Σ W^c (e − ē)(e − ē)ᵀ + R."""
+        m64 = model.to(torch.float64)
+        m, P = state.extras["mean"].to(torch.float64), state.extras["cov"].to(torch.float64)
+        means, covs, obs_means, obs_covs = [], [], [], []
+        for _ in range(steps):
+            m, P = self._moments_predict(m, P, m64)
+            chi, wm, wc = self._sigma(m, P)
+            center = m64.observation_function(m[:, None])[:, 0]  # [1, k]
+            e = -m64.observation_residual(center, m64.observation_function(chi))  # h(χ) ⊖ h(m)
+            e_mean = torch.einsum("j,bjk->bk", wm, e)
+            de = e - e_mean[:, None]
+            S = torch.einsum("j,bjk,bjl->bkl", wc, de, de) + m64.observation_noise().expand(1, -1, -1)
+            means.append(m[0])
+            covs.append(P[0])
+            obs_means.append((center + e_mean)[0])
+            obs_covs.append((0.5 * (S + S.transpose(-1, -2)))[0])
+        return Predictive(torch.stack(means), torch.stack(covs), torch.stack(obs_means), torch.stack(obs_covs))

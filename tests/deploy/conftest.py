@@ -14,6 +14,8 @@ from tests.harness.server import serve_as_user
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90
+#: the build's output (``pip wheel -vv``: setuptools' own lines and warnings), beside the wheel
+BUILD_LOG = "build.log"
 
 
 @pytest.fixture(scope="session")
@@ -32,13 +34,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-vv", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
         cwd=out,
     )
+    (out / BUILD_LOG).write_text(built.stdout + built.stderr)  # the backend's output, for test_the_build_warns_nothing
     (whl,) = out.glob("mpflow-*.whl")
     return whl
 

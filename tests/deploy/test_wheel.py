@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.deploy.conftest import BUILD_LOG
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -47,6 +50,16 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",) and not k.startswith("MPFLOW_")}
     yield python, env
+
+
+def test_the_build_warns_nothing(wheel: Path) -> None:
+    """Issue 38: the set-up's build printed setuptools warnings (the license as a table, package data "absent from
+    packages"); the build log of the wheel has none."""
+    log = (wheel.parent / BUILD_LOG).read_text()
+    assert "running bdist_wheel" in log, log[-2000:]  # the backend's own output is there
+    setuptools_warning = r"Setuptools\w*Warning|absent from the `packages`|is deprecated|!!$"
+    warnings = [line for line in log.splitlines() if re.search(setuptools_warning, line)]
+    assert warnings == [], warnings
 
 
 def test_the_wheel_claims_only_mpflow(wheel: Path) -> None:

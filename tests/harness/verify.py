@@ -31,9 +31,10 @@ def kalman_reference(model_spec: dict, obs: np.ndarray) -> tuple[np.ndarray, np.
     from mpflow.operators.models.priors import prior_from_spec
     from mpflow.operators.references.exact_kalman import kalman_filter
 
-    model = make_model(model_spec["family"], model_spec.get("params") or {}, STATE_DIM)
+    # the service's kalman reads its model and observations in float64 (Updater.model_dtype), as this does
+    model = make_model(model_spec["family"], model_spec.get("params") or {}, STATE_DIM, torch.float64)
     mean, cov = prior_from_spec(PRIOR).moments()
-    o = torch.as_tensor(obs, dtype=torch.float32).to(torch.float64)[None]
+    o = torch.as_tensor(obs, dtype=torch.float64)[None]
     means, covs, logz = kalman_filter(mean.to(torch.float64), cov.to(torch.float64), model, o)
     return means[0].numpy(), covs[0].numpy(), logz[0].numpy()
 

@@ -215,10 +215,11 @@ def test_nan_and_none_entries_are_sent_as_missing_entries(server):  # noqa: F811
     with Client(server) as client:
         gappy, plain, filtered = _kalman(client), _kalman(client), _kalman(client)
         sent = gappy.update(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, np.float32(0.4)]]), seq=1)
-        expected = plain.update([[0.5, None], None, [0.2, 0.4]], seq=1)
+        # np.float32(0.4) is 0.4000000059604645, and kalman computes in float64 from the numbers sent
+        expected = plain.update([[0.5, None], None, [0.2, float(np.float32(0.4))]], seq=1)
         assert sent.step == 3 and sent["summary"] == expected["summary"]
         assert sent.steps.log_evidence_increment[1] == 0.0  # NaN everywhere: a step without a measurement
-        answers = list(filtered.filter(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, 0.4]]), batch=2))
+        answers = list(filtered.filter(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, np.float32(0.4)]]), batch=2))
         assert answers[-1]["summary"] == expected["summary"]
         assert gappy.history().observations[:2] == [[0.5, None], [None, None]]  # posted as null
 
