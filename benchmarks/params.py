@@ -115,7 +115,7 @@ def _sv_loglik(ys, phi, sigma, points, checkpoints):
     kernel /= kernel.sum(1, keepdims=True)  # each column a distribution over x' (the grid's discretisation)
     ll, out = np.zeros(len(phi)), {}
     for t, y in enumerate(ys[:, 0], 1):
-        p = np.einsum("pij,pj->pi", kernel, p)
+        p = (kernel @ p[:, :, None])[:, :, 0]  # each x' from every x: a batched product
         lik = np.exp(-0.5 * (np.log(2 * np.pi) + points + y**2 * np.exp(-points)))
         z = p @ lik
         ll += np.log(z)

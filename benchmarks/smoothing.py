@@ -8,7 +8,9 @@ smoother. Per method and particle count N, S single runs (seeds 0 … S−1), ea
 * ``filter err``: the same for the newest step alone — the filter's own error, which the smoother inherits;
 * ``sd err``: max |smoothed sd / RTS sd − 1|;
 
-reported as the max and the mean over the seeds (a single stream is what a user holds: the max is the figure that
+and, as the floor of any N-particle smoother, ``exact draws`` — N independent draws of the exact smoothed window
+(backward sampling from the numpy Kalman filter) scored the same way — reported as the max and the mean over the
+seeds (a single stream is what a user holds: the max is the figure that
 decides a default), and the seconds of one run (its T steps and one ``smoothed``). ``kalman`` is exact (1e-6 sd is
 the test's bound); ``enkf`` (ensemble RTS) and ``smc`` (FFBSm) are Monte Carlo: their error falls as N^{−1/2}, and
 even i.i.d. draws from the exact smoothed marginals at N = 256 miss their mean by sd/16 = 0.0625 sd *on average*, so
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -32,16 +35,30 @@ from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import get_updater
 
 from benchmarks import report
-from tests.harness.rts import LAG, PARAMS, PRIOR, data, numpy_rts
+from tests.harness.rts import LAG, PARAMS, PRIOR, data, exact_draws, numpy_rts
 
 NAME = "smoothing"
-LADDERS = {"kalman": (256,), "enkf": (256, 512, 1024, 2048, 4096), "smc": (256, 512, 1024, 2048, 4096)}
-QUICK_LADDERS = {"kalman": (256,), "enkf": (256, 2048), "smc": (256, 1024)}
+#: ``exact draws``: N independent draws of the exact smoothed window (:func:`tests.harness.rts.exact_draws`), their
+#: sample means and covariances — the floor of any N-particle smoother's Monte Carlo error
+EXACT = "exact draws"
+LADDERS = {
+    "kalman": (256,),
+    EXACT: (256, 512, 1024, 2048, 4096),
+    "enkf": (256, 512, 1024, 2048, 4096),
+    "smc": (256, 512, 1024, 2048, 4096),
+}
+QUICK_LADDERS = {"kalman": (256,), EXACT: (256,), "enkf": (256, 2048), "smc": (256, 1024)}
 TOLERANCE = 0.1
 
 
 def smoothed_run(method: str, n: int, seed: int, ys: list) -> tuple[Any, float]:
     """(the smoothed marginals of one stream after ``ys``, the seconds of its steps and its ``smoothed``)."""
+    if method == EXACT:
+        t0 = time.perf_counter()
+        draws = exact_draws(ys, LAG, n, np.random.default_rng(seed))  # [n, L, d]
+        centred = draws - draws.mean(0)
+        covs = np.einsum("nli,nlj->lij", centred, centred) / n
+        return SimpleNamespace(means=torch.tensor(draws.mean(0)), covs=torch.tensor(covs)), time.perf_counter() - t0
     model = make_model("lds", PARAMS, 2)
     updater = get_updater(method)
     t0 = time.perf_counter()
@@ -112,7 +129,7 @@ def table(rows: list[dict[str, Any]], seeds: int) -> str:
 def plot(rows: list[dict[str, Any]]):
     def draw(path):
         with report.figure(path, figsize=(6.0, 4.0), layout="constrained") as (_, ax):
-            for method in sorted({r["method"] for r in rows} - {"kalman"}):
+            for method in sorted({r["method"] for r in rows} - {"kalman"}):  # exact draws: the floor
                 mine = [r for r in rows if r["method"] == method]
                 ns = [r["N"] for r in mine]
                 (line,) = ax.loglog(ns, [r["mean_err"]["max"] for r in mine], "o-", label=f"{method}: max of runs")
