@@ -24,6 +24,16 @@ with t).
 
 Output: a markdown table, ``benchmarks/results/params.{json,png}`` (``params-quick.*`` with ``--quick``: 2 seeds,
 T = 100).
+
+``python -m benchmarks.params --flat [--steps T]``: a stream lives for ever, so ``smc2``'s step must cost the same at
+step 10⁶ as at step 10. For each case's default stream (lds R: M = N = 1024 Kalman filters; SV: M = N_x = 64,
+N = 4096) it runs T steps (default 2000) of the simulated data, then sets the state's step counter to 10⁶ and runs
+W = T/10 more; it reports the median per-step time of the first W steps, the last W before the jump and the W
+after it, and the state's bytes (the store's ``state_bytes``) at each, in ``benchmarks/results/params-flat.json``.
+
+``--reference [--seeds S]``: the SV reference's own error — its 48 × 48 (φ, σ) grid against a 96 × 96 one over a
+wider σ range (:data:`SV_FINE_GRID`) and its 200 x-points against 140 (``params-reference.json``).
+``--conflict``: a prior far from the truth (:func:`conflict`; ``params-conflict.json``).
 """
 
 from __future__ import annotations
@@ -105,7 +115,7 @@ def _sv_loglik(ys, phi, sigma, points, checkpoints):
     kernel /= kernel.sum(1, keepdims=True)  # each column a distribution over x' (the grid's discretisation)
     ll, out = np.zeros(len(phi)), {}
     for t, y in enumerate(ys[:, 0], 1):
-        p = np.einsum("pij,pj->pi", kernel, p)
+        p = (kernel @ p[:, :, None])[:, :, 0]  # each x' from every x: a batched product
         lik = np.exp(-0.5 * (np.log(2 * np.pi) + points + y**2 * np.exp(-points)))
         z = p @ lik
         ll += np.log(z)
@@ -115,10 +125,19 @@ def _sv_loglik(ys, phi, sigma, points, checkpoints):
     return out
 
 
-def sv_grid(ys: np.ndarray, checkpoints: list[int], n_points: int = 200) -> dict[int, dict[str, tuple[float, float]]]:
-    """Posterior mean and sd of φ and σ at each checkpoint on a 48 × 48 grid (module docstring)."""
-    phis = np.linspace(0.5, 0.995, 48)
-    sigmas = np.exp(np.linspace(math.log(0.05), math.log(1.2), 48))
+#: the reference's (φ, σ) grid: 48 φ in [0.5, 0.995] (the prior's support) × 48 σ log-spaced in [0.05, 1.2]
+SV_GRID = (48, 48, 0.05, 1.2)
+#: the finer, wider grid its own θ-grid error is measured against (``--reference``)
+SV_FINE_GRID = (96, 96, 0.02, 2.5)
+
+
+def sv_grid(
+    ys: np.ndarray, checkpoints: list[int], n_points: int = 200, grid: tuple[int, int, float, float] = SV_GRID
+) -> dict[int, dict[str, tuple[float, float]]]:
+    """Posterior mean and sd of φ and σ at each checkpoint on a (φ, σ) ``grid`` (module docstring)."""
+    n_phi, n_sigma, s_lo, s_hi = grid
+    phis = np.linspace(0.5, 0.995, n_phi)
+    sigmas = np.exp(np.linspace(math.log(s_lo), math.log(s_hi), n_sigma))
     PH, SG = (a.ravel() for a in np.meshgrid(phis, sigmas, indexing="ij"))
     points = np.linspace(-7.0, 7.0, n_points)
     lls: dict[int, list[np.ndarray]] = {t: [] for t in checkpoints}
@@ -187,12 +206,151 @@ def score(run, ref, checkpoints) -> dict[str, Any]:
     return rows
 
 
+def state_bytes(state) -> int:
+    """The store's ``state_bytes`` of a state (service.creation.state_size: every tensor's bytes)."""
+    return sum(t.numel() * t.element_size() for t in state.fields().values())
+
+
+def flat_run(case, n: int, T: int, far: int = 10**6) -> dict[str, Any]:
+    """Per-step seconds and state bytes of a default ``smc2`` stream over T steps, then W = T/10 steps from step
+    ``far`` (module docstring)."""
+    model = make_model(case["family"], case["params"], 1)
+    prior = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
+    updater = get_updater("smc2")
+    state = updater.init(prior, model, n, 0)
+    W = max(1, T // 10)
+    obs = [torch.tensor(y[None], dtype=torch.float32) for y in case["obs"]]
+    times, sizes = [], {}
+    for t in range(T + W):
+        if t == T:
+            sizes[T] = state_bytes(state)
+            state = state.replace(step=torch.full_like(state.step, far))
+        t0 = time.perf_counter()
+        state, _ = updater.update(state, obs[t % len(obs)], model)
+        times.append(time.perf_counter() - t0)
+        if t + 1 == W:
+            sizes[W] = state_bytes(state)
+    sizes[far + W] = state_bytes(state)
+    windows = {
+        f"steps 1-{W}": times[:W],
+        f"steps {T - W + 1}-{T}": times[T - W : T],
+        f"steps {far + 1}-{far + W}": times[T:],
+    }
+    return {
+        "N": n,
+        "M": updater.options["theta_particles"] or None,
+        "step": int(state.step[0]),
+        "median_ms": {k: 1e3 * float(np.median(v)) for k, v in windows.items()},
+        "state_bytes": {str(k): v for k, v in sizes.items()},
+    }
+
+
+def flat(T: int) -> None:
+    """``--flat``: the per-step cost and state size of default smc2 streams at step 10⁶ (module docstring)."""
+    torch.set_num_threads(1)
+    from mpflow.operators.updaters.smc2 import SMC2Updater
+
+    out = {}
+    for name, make, kind in (("lds R", lds_case, "kalman"), ("sv phi sigma", sv_case, "particles")):
+        out[name] = flat_run(make(0, T), SMC2Updater.DEFAULT_PARTICLES[kind], T)
+        print(name, out[name], flush=True)
+    print("\n| case | N | " + " | ".join(next(iter(out.values()))["median_ms"]) + " | state bytes |")
+    print("|---|---|---|---|---|---|")
+    for name, r in out.items():
+        cells = " | ".join(f"{v:.2f} ms" for v in r["median_ms"].values())
+        sizes = sorted(set(r["state_bytes"].values()))
+        print(f"| {name} | {r['N']} | {cells} | {', '.join(str(v) for v in sizes)} |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "params-flat.json"), "w") as f:
+        json.dump({"T": T, "cases": out}, f, indent=1)
+
+
+def reference_error(seeds: int, T: int) -> None:
+    """``--reference``: the SV grid reference against a finer, wider one (:data:`SV_FINE_GRID`, 200 x-points both)
+    and against 140 x-points: |Δ mean| / sd and |Δ sd| / sd per parameter and checkpoint, the max over seeds."""
+    checkpoints = [t for t in CHECKPOINTS if t <= T]
+    rows: dict[str, dict[str, float]] = {}
+    for seed in range(seeds):
+        ys = sv_case(seed, T)["obs"]
+        ref = sv_grid(ys, checkpoints)
+        for label, other in (
+            ("theta grid 96 x 96", sv_grid(ys, checkpoints, grid=SV_FINE_GRID)),
+            ("x grid 140 points", sv_grid(ys, checkpoints, 140)),
+        ):
+            for t in checkpoints:
+                for k, (m, sd) in ref[t].items():
+                    cell = rows.setdefault(f"{label}: {k}@{t}", {"mean": 0.0, "sd": 0.0})
+                    cell["mean"] = max(cell["mean"], abs(other[t][k][0] - m) / other[t][k][1])
+                    cell["sd"] = max(cell["sd"], abs(sd / other[t][k][1] - 1))
+        print(f"seed {seed} done", flush=True)
+    print(f"\n| against (max of {seeds} seeds) | Δ mean / sd | Δ sd / sd |\n|---|---|---|")
+    for key, cell in rows.items():
+        print(f"| {key} | {cell['mean']:.2e} | {cell['sd']:.2e} |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "params-reference.json"), "w") as f:
+        json.dump({"T": T, "seeds": seeds, "grid": SV_GRID, "fine_grid": SV_FINE_GRID, "rows": rows}, f, indent=1)
+
+
+def conflict(T: int) -> None:
+    """``--conflict``: the lds R case with a prior far from the truth (log R ~ N(3, 0.3²): R ≈ 20, truth R = 2, 7.7
+    prior sd away), T steps, against the grid posterior under that prior — does the θ-cloud, once its ESS has
+    collapsed onto the prior's edge, ever reach the posterior? Every kernel at M = 256, the default jitter at M = 64
+    and 1024; ``benchmarks/results/params-conflict.json``."""
+    torch.set_num_threads(1)
+    case = lds_case(0, T)
+    case["params"] = {**case["params"], "R": {"prior": {"type": "lognormal", "mean": 3.0, "sd": 0.3}}}
+    checkpoints = [t for t in (100, 300, 1000, 1500) if t <= T]
+    r = np.exp(np.linspace(math.log(0.2), math.log(60.0), 6000))
+    m, P, ll, ref = np.zeros_like(r), np.ones_like(r), np.zeros_like(r), {}
+    for t, y in enumerate(case["obs"][:, 0], 1):  # the grid posterior under this prior (as lds_grid)
+        m, P = 0.9 * m, 0.81 * P + 1.0
+        S = P + r
+        ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
+        m, P = m + P / S * (y - m), (1 - P / S) * P
+        if t in checkpoints:
+            lp = ll - 0.5 * ((np.log(r) - 3.0) / 0.3) ** 2
+            w = np.exp(lp - lp.max())
+            w /= w.sum()
+            mean = float((w * r).sum())
+            ref[t] = (mean, float(math.sqrt((w * (r - mean) ** 2).sum())))
+    rows = {"grid": {t: ref[t] for t in checkpoints}}
+    for name, kernel, h, M in (
+        ("jitter 0.5, M = 64", "jitter", 0.5, 64),
+        ("jitter 0.5, M = 256", "jitter", 0.5, 256),
+        ("jitter 0.5, M = 1024", "jitter", 0.5, 1024),
+        ("jitter 2, M = 256", "jitter", 2.0, 256),
+        ("liu_west, M = 256", "liu_west", 0.5, 256),
+    ):
+        run = run_jitter(case, h, M, 0, kernel)
+        rows[name] = {t: (run["mean"]["R"][t - 1], run["sd"]["R"][t - 1]) for t in checkpoints}
+        print(name, flush=True)
+    print("\n| R posterior mean ± sd | " + " | ".join(f"t = {t}" for t in checkpoints) + " |")
+    print("|---|" + "---|" * len(checkpoints))
+    for name, row in rows.items():
+        print(f"| {name} | " + " | ".join(f"{row[t][0]:.2f} ± {row[t][1]:.3f}" for t in checkpoints) + " |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "params-conflict.json"), "w") as f:
+        json.dump({"T": T, "rows": rows}, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--flat", action="store_true", help="per-step cost and state size at step 10⁶ only")
+    ap.add_argument("--reference", action="store_true", help="the SV grid reference's own error only")
+    ap.add_argument("--conflict", action="store_true", help="a prior far from the truth: does the θ-cloud recover")
     args = ap.parse_args(argv)
+    if args.flat:
+        flat(args.steps or 2000)
+        return
+    if args.conflict:
+        conflict(args.steps or 1500)
+        return
+    if args.reference:
+        reference_error(args.seeds or 4, args.steps or 200)
+        return
     T = args.steps or (100 if args.quick else 200)
     S = args.seeds or (2 if args.quick else 4)
     checkpoints = [t for t in CHECKPOINTS if t <= T]

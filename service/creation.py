@@ -105,10 +105,21 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
     if lag == 0:
         return
     if not updater.smoothing:
-        raise invalid(f"smoothing_lag: {method} has no smoother; use 0, or another method")
+        raise invalid(updater.smoothing_refusal())
     what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d})"
     window = functools.partial(costs.smoothing_cost, updater, n, d)
     costs.check(settings, "smoothing_lag", lag, window, what, "; lower smoothing_lag or num_particles")
+
+
+def smoothing_default(settings: Settings, updater: Updater, n: int, d: int, lag: int) -> int:
+    """The particle count of a new stream that names none: ``n``, or for a smoothing stream (``lag`` ≥ 1) of a
+    Monte Carlo method its measured ``Updater.smoothing_particles`` (docs/methods.md "Fixed-lag smoothing") — within
+    the server's particle limit and the largest count whose window and ``/smoothed`` fit the cost budgets."""
+    want = min(updater.smoothing_particles or 0, settings.max_particles)
+    if lag == 0 or not updater.smoothing or want <= n:
+        return n
+    fits = costs.largest(settings, want, lambda m: costs.smoothing_cost(updater, m, d, lag))
+    return max(n, fits)
 
 
 def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, prior: Prior) -> dict | None:
@@ -141,6 +152,8 @@ def prepare(
         n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)
         updater = methods.updater(choice.method, choice.operator, choice.options)
         model = methods.model(model_spec, prior.dim, updater.model_dtype)  # kalman, ukf: float64
+        if not asked:
+            n = smoothing_default(settings, updater, n, prior.dim, req.smoothing_lag)
         updater.check_compatible(model, prior)
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
@@ -192,6 +205,7 @@ __all__ = [
     "check_work",
     "prepare",
     "prior_dim_and_count",
+    "smoothing_default",
     "state_size",
     "stored_prior",
 ]

@@ -119,6 +119,8 @@ class Updater:
     #: smoothed posteriors p(x_m | o_≤n) of past steps: streams of this method may keep a smoothing window
     #: (``smoothing_lag`` ≥ 1, :attr:`smoother`)
     smoothing: ClassVar[bool] = True
+    #: why a method without a smoother has none, and what to do instead (the refusal of ``smoothing_lag`` says it)
+    no_smoother_reason: ClassVar[str] = ""
     #: only for linear-Gaussian families (Kalman)
     needs_linear_gaussian: ClassVar[bool] = False
     #: only for families with an explicit observation function and additive Gaussian noise (``enkf``, ``ukf``:
@@ -141,6 +143,10 @@ class Updater:
     #: the method's fixed-lag smoother (module docstring): by default the (ensemble) RTS smoother over
     #: :meth:`filtered_moments`
     smoother: ClassVar[smoothing.FixedLagSmoother] = GaussianRTS()
+    #: the particle count of a smoothing stream (``smoothing_lag`` ≥ 1) whose request names none, where the method's
+    #: smoothed means are Monte Carlo: the N at which every single run was within 0.1 sd of the exact smoother
+    #: (``benchmarks/smoothing.py``); None: the method's usual default
+    smoothing_particles: ClassVar[int | None] = None
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.defaults))
@@ -223,7 +229,7 @@ class Updater:
         ``smoothing_lag`` L ≥ 1, an empty window for the last L steps (module docstring)."""
         smoothing.check_lag(smoothing_lag)
         if smoothing_lag and not self.smoothing:
-            raise ValueError(f"smoothing_lag: {self.name} has no smoother; use 0, or another method")
+            raise ValueError(self.smoothing_refusal())
         state = self._initial(prior, model, num_particles, seed)
         if smoothing_lag:
             state = smoothing.attach(state, self.smoother.empty(state, smoothing_lag))
@@ -278,6 +284,11 @@ class Updater:
             return self.smoothed_step(window, inner, new, info, model), info
 
     # ------------------------------------------------------------------ fixed-lag smoothing
+    def smoothing_refusal(self) -> str:
+        """The message refusing ``smoothing_lag`` ≥ 1 for a method without a smoother."""
+        reason = f" ({self.no_smoother_reason})" if self.no_smoother_reason else ""
+        return f"smoothing_lag: {self.name} has no smoother{reason}; use 0, or another method"
+
     def smoothed_step(
         self,
         window: dict[str, torch.Tensor],

@@ -101,9 +101,17 @@ class SMC2Updater(Updater):
     weighted = True
     nonlinear_transition = True
     unknown_params = True
-    #: no smoothing window: the θ-particles' jitter moves every state's parameters, so a window of past states under
-    #: other parameters has no RTS or genealogy smoother here
+    #: no smoothing window: after each rejuvenation the θ-particles are resampled *and moved* (eq. P5), so a past
+    #: step's x-particles were filtered under parameters no θ-particle holds any more — neither FFBSm (its kernel
+    #: p(x_{s+1} | x_s, θ) would need the θ of both steps) nor the genealogy (a jittered θ has no parent) links them;
+    #: the Kalman filters per θ keep no x-particles at all. A window per θ-particle (L steps × M filters) would be
+    #: the exact answer only until the next move. Smoothing under learned parameters: fix them (numbers) and use
+    #: ``kalman`` or ``smc``
     smoothing = False
+    no_smoother_reason = (
+        "its parameter particles are resampled and moved as it learns, so past states were filtered under "
+        "parameters it no longer holds; give the parameters as numbers and use kalman or smc to smooth"
+    )
     stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel"})
     defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 0.5, "kernel": "jitter"}
 

@@ -2,9 +2,9 @@
 
 * ``kalman``, lag 10: every smoothed mean and covariance equals the numpy RTS (written here, independently of the
   code under test) to 1e-6 posterior sd;
-* ``enkf`` (ensemble RTS, default N = 256, averaged over 8 seeds) and ``smc`` (FFBSm, N = 1024): smoothed means
-  within 0.1 posterior sd of the RTS, smoothed sd within 10 % — on data where the smoothed and the filtered
-  estimates differ by up to ~0.9 sd (checked), so a "smoother" answering the filter would fail;
+* ``enkf`` (ensemble RTS) and ``smc`` (FFBSm) at the default N of a smoothing stream (2048, 4096): every single
+  run's smoothed means within 0.1 posterior sd of the RTS, smoothed sd within 10 % — on data where the smoothed and
+  the filtered estimates differ by up to ~0.9 sd (checked), so a "smoother" answering the filter would fail;
 * fewer steps than the lag, predict-only steps, static families and the window's bytes.
 """
 
@@ -18,43 +18,7 @@ from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.smoothing import attach, split
 from mpflow.operators.updaters import get_updater
 
-A = np.array([[0.9, 0.2], [-0.2, 0.9]])
-H = np.array([[1.0, 0.0]])
-Q = 0.5 * np.eye(2)
-R = np.array([[4.0]])
-PARAMS = {"A": A.tolist(), "B": H.tolist(), "Q": Q.tolist(), "R": R.tolist()}
-PRIOR = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
-LAG, T = 10, 30
-
-
-def data(T: int = T) -> list[list[float]]:
-    """A simulated trajectory's observations (only x[0] is observed, noisily: x[1] is learned from later steps)."""
-    rng = np.random.default_rng(1)
-    x, ys = np.zeros(2), []
-    for _ in range(T):
-        x = A @ x + rng.multivariate_normal(np.zeros(2), Q)
-        ys.append([float(x[0] + rng.normal() * np.sqrt(R[0, 0]))])
-    return ys
-
-
-def numpy_rts(ys: list[list[float]], lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(filtered means [T, d], smoothed means [lag, d] and covs [lag, d, d]) of p(x_s | y_1..T), s = T−lag+1 … T:
-    the Kalman filter, then the RTS backward pass over the last ``lag`` steps, in plain numpy."""
-    m, P = np.zeros(2), np.eye(2)
-    ms, Ps, mps, Pps = [], [], [], []
-    for y in ys:
-        mp, Pp = A @ m, A @ P @ A.T + Q
-        m, P = mp, Pp
-        if y is not None:  # None: a step without a measurement, the predict alone
-            K = Pp @ H.T @ np.linalg.inv(H @ Pp @ H.T + R)
-            m, P = mp + K @ (np.array(y) - H @ mp), (np.eye(2) - K @ H) @ Pp
-        ms.append(m), Ps.append(P), mps.append(mp), Pps.append(Pp)
-    sm, sP = [ms[-1]], [Ps[-1]]
-    for s in range(len(ys) - 2, len(ys) - lag - 1, -1):
-        G = Ps[s] @ A.T @ np.linalg.inv(Pps[s + 1])
-        sm.insert(0, ms[s] + G @ (sm[0] - mps[s + 1]))
-        sP.insert(0, Ps[s] + G @ (sP[0] - Pps[s + 1]) @ G.T)
-    return np.array(ms), np.array(sm), np.array(sP)
+from tests.harness.rts import LAG, PARAMS, PRIOR, A, Q, T, data, numpy_rts
 
 
 def run(method: str, seed: int, ys: list, n: int = 256, lag: int = LAG, family: str = "lds", params=None):
@@ -79,20 +43,33 @@ def test_kalman_lag_10_is_the_numpy_rts_smoother():
     assert np.abs((filtered[-LAG:] - means) / sd).max() > 0.5
 
 
-@pytest.mark.parametrize(("method", "n", "seeds"), [("enkf", 256, 8), ("smc", 1024, 1)])
-def test_particle_and_ensemble_smoothers_agree_with_rts(method, n, seeds):
-    """Within 0.1 posterior sd of the RTS (means) and 10 % (sd). ``enkf`` at its default N = 256, averaged over 8
-    seeds (one run's Monte Carlo error is up to ~0.28 sd); ``smc`` at N = 1024, one run: at N = 256 its *filter*'s
-    own Monte Carlo error on this data — the filtered means averaged over 8 seeds against the Kalman filter — is
-    up to 0.15 sd in the unobserved dimension, which no smoother of that filter can undo."""
+@pytest.mark.parametrize(("method", "seeds"), [("enkf", 8), ("smc", 3)])
+def test_particle_and_ensemble_smoothers_agree_with_rts_at_their_default_n(method, seeds):
+    """Every single run within 0.1 posterior sd of the RTS (means, the max over the window) and 10 % (sd) at the
+    particle count a smoothing stream of the method gets by default (``smoothing_particles``: ``enkf`` 2048, ``smc``
+    4096, measured by ``benchmarks/smoothing.py`` over 16 seeds: max 0.078 and 0.093). At N = 256 a single run is up to
+    0.28 (``enkf``) and 0.63 (``smc``) sd off — Monte Carlo error, not bias: averaged over 16 seeds ``enkf``'s
+    means are within 0.02 sd at N = 1024."""
     ys = data()
     _, means, covs = numpy_rts(ys, LAG)
     sd = np.sqrt(np.diagonal(covs, axis1=1, axis2=2))
-    runs = [run(method, seed, ys, n=n)[2] for seed in range(seeds)]
-    mean = np.mean([r.means.numpy() for r in runs], 0)
-    std = np.mean([np.sqrt(np.diagonal(r.covs.numpy(), axis1=1, axis2=2)) for r in runs], 0)
-    assert np.abs((mean - means) / sd).max() < 0.1
-    assert np.abs(std / sd - 1).max() < 0.1
+    n = get_updater(method).smoothing_particles
+    assert n in (2048, 4096)
+    for seed in range(seeds):
+        out = run(method, seed, ys, n=n)[2]
+        assert np.abs((out.means.numpy() - means) / sd).max() < 0.1, seed
+        assert np.abs(np.sqrt(np.diagonal(out.covs.numpy(), axis1=1, axis2=2)) / sd - 1).max() < 0.1, seed
+
+
+def test_at_n_256_a_single_run_misses_but_the_average_does_not():
+    """The error at the usual default N = 256 is Monte Carlo: ``enkf``'s single runs miss 0.1 sd, their average
+    over 8 seeds does not (so the default N for smoothing, not a bias, is the fix)."""
+    ys = data()
+    _, means, covs = numpy_rts(ys, LAG)
+    sd = np.sqrt(np.diagonal(covs, axis1=1, axis2=2))
+    errs = [run("enkf", seed, ys)[2].means.numpy() for seed in range(8)]
+    assert max(np.abs((e - means) / sd).max() for e in errs) > 0.1
+    assert np.abs((np.mean(errs, 0) - means) / sd).max() < 0.1
 
 
 def test_fewer_steps_than_the_lag_and_gaps():
