@@ -114,6 +114,24 @@ def generators_state(gens: StreamRNG) -> torch.Tensor:
     return gens.state()
 
 
+def side_streams(gens: Generators, tag: int) -> list[torch.Generator]:
+    """One torch generator per stream for a draw *beside* the stream's own sequence (an estimate the step reports,
+    not one its particles depend on): seeded with mix(key ⊕ mix(tag)) and the stream's current counter, so it is
+    reproducible per stream, independent of its batch, and leaves the stream's counter — hence every later draw of
+    the step and of the stream — as it was. A :class:`torch.Generator` (tests, training) is cloned."""
+    rows = list(iter(gens)) if isinstance(gens, StreamRNG) else list(gens)
+    out = []
+    for g in rows:
+        if isinstance(g, StreamRNG.Row):
+            key, counter = g.parent.keys[g.index], g.parent.counters[g.index]
+            out.append(generator(mix((key & _MASK64) ^ mix(tag * _GOLDEN)) ^ mix(counter * _GOLDEN + 1)))
+        else:
+            clone = torch.Generator()
+            clone.set_state(g.get_state())
+            out.append(clone)
+    return out
+
+
 def randn(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Standard normal draws [B, *shape], row b drawn from stream b's generator (:func:`_draw`)."""
     return _draw(torch.randn, gens, shape, dtype)

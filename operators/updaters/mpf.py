@@ -42,7 +42,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from mpflow.operators import evidence, gaussian, registry
+from mpflow.operators import evidence, gaussian, mixture_evidence, registry
 from mpflow.operators.models import FAMILIES, family
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
@@ -129,6 +129,10 @@ def check_moves(options: dict) -> None:
         )
 
 
+#: the estimates of a step's log-evidence (the ``evidence`` option: :meth:`MPFUpdater.step_evidence`,
+#: :meth:`MPFUpdater.mixture_evidence`)
+EVIDENCE = ("gaussian", "mixture")
+
 #: ``flow_fraction`` for the share chosen per step (:mod:`~mpflow.operators.mpf.kalman_particle`)
 AUTO = "auto"
 
@@ -194,6 +198,7 @@ class MPFUpdater(Updater):
             "linearisation",
             "moves",
             "window",
+            "evidence",
         }
     )
     defaults = {
@@ -221,6 +226,9 @@ class MPFUpdater(Updater):
         "moves": "auto",
         # the observations the moves' target keeps exactly (the older ones enter as Gaussian sites)
         "window": posterior_moves.WINDOW,
+        # the step's log-evidence: the predictive Gaussian fit's ("gaussian"), or the defensive importance estimate
+        # of the mixture predictive over the previous cloud with its standard error ("mixture"; mixture_evidence)
+        "evidence": "gaussian",
     }
 
     def __init__(self, **options):
@@ -259,6 +267,8 @@ class MPFUpdater(Updater):
         if o["linearisation"] not in LINEARISATIONS:
             raise ValueError(f"options.linearisation: one of {list(LINEARISATIONS)}, got {o['linearisation']!r}")
         check_moves(o)
+        if o["evidence"] not in EVIDENCE:
+            raise ValueError(f"options.evidence: one of {list(EVIDENCE)}, got {o['evidence']!r}")
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -471,9 +481,31 @@ class MPFUpdater(Updater):
                     False,
                 )
                 x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
-                return state.replace(particles=x1), StepInfo(inc, n_eff)
-            x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
-        return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+                log_q1 = None
+            else:
+                x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
+            predictive = None
+            if white is not None and model.dynamic:
+                predictive = (white.mean, white.chol @ white.chol.transpose(-1, -2))
+            info = self.mixture_evidence(model, obs, state, x1, predictive, gens, inc, n_eff)
+        return state.replace(particles=x1, log_density=log_q1), info
+
+    def mixture_evidence(self, model, obs, before: ParticleState, x1, predictive, gens, inc, n_eff) -> StepInfo:
+        """The step's info; with ``evidence: "mixture"`` its evidence estimated by defensive importance sampling of
+        the exact mixture predictive over the previous cloud (:mod:`mpflow.operators.mixture_evidence`), the flowed
+        cloud x1 guiding the proposal, and the estimate's standard error as ``log_evidence_sd``. ``inc`` (the
+        predictive Gaussian fit's, :meth:`step_evidence`) by default, and where the family has no transition
+        density, the step has no predictive fit (a static family, N ≤ d) or the estimate is not finite."""
+        if self.options["evidence"] != "mixture" or predictive is None or not model.dynamic:
+            return StepInfo(inc, n_eff)
+        found = mixture_evidence.defensive_evidence(
+            model, obs, before.particles, before.log_weights, x1, predictive, gens
+        )
+        if found is None:
+            return StepInfo(inc, n_eff)
+        ok = torch.isfinite(found.log_z) & torch.isfinite(found.sd)
+        inc = torch.where(ok, found.log_z, inc.to(torch.float64))
+        return StepInfo(inc, n_eff, None, {"log_evidence_sd": torch.where(ok, found.sd, torch.zeros_like(found.sd))})
 
     @staticmethod
     def step_evidence(
@@ -576,6 +608,7 @@ class MPFUpdater(Updater):
             return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, ess(log_alpha))
         split = model.per_dimension(B)
         u = rand(gens, [d if split is not None else 1], torch.float64).reshape(-1)
+        full, pushed = (model, obs), predictive
         if split is not None:
             model, obs, x = split, *(correction.to_dimensions(t) for t in (obs, x))
             predictive = predictive and correction.marginals(*predictive)
@@ -590,7 +623,9 @@ class MPFUpdater(Updater):
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
         if split is not None:
             x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
-        return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, n_eff)
+            model, obs = full
+        info = self.mixture_evidence(model, obs, state, x1, pushed, gens, inc, n_eff)
+        return self._rejuvenated(state.replace(particles=x1), model, gens), info
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
         """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the
