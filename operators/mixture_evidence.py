@@ -26,8 +26,8 @@ Its own error. The delta method gives the standard error of log Z from the weigh
 
 reported with each step (``log_evidence_sd``); Jensen's bias of log Ẑ is about −sd²/2.
 
-Cost: M N transition densities per stream (M draws against N mixture components; one [M, d] × [d, N] product,
-:meth:`~mpflow.operators.models.base.ModelFamily.transition_log_density`) and M likelihoods. Above
+Cost (:func:`work`): M N transition densities per stream (M draws against N mixture components; one [M, d] × [d, N]
+product, :meth:`~mpflow.operators.models.base.ModelFamily.transition_log_density`) and M likelihoods. Above
 :data:`MAX_COMPONENTS` components the mixture is read from an evenly strided subset of the previous cloud (its
 weights renormalised) and M is capped at :data:`MAX_DRAWS`; a family without a transition density (static, or a
 deterministic transition) keeps the Gaussian fit's evidence.
@@ -54,9 +54,15 @@ MAX_COMPONENTS = 1024
 SIDE_STREAM_TAG = 0x45564944  # "EVID"
 
 
-def pair_evaluations(n: int) -> int:
-    """The transition densities one stream's estimate evaluates for a cloud of ``n``: M × components."""
-    return min(n, MAX_DRAWS) * min(n, MAX_COMPONENTS)
+def work(model, n: int) -> tuple[float, float]:
+    """(flops, peak bytes) of one stream's estimate for a cloud of ``n`` (the cost model,
+    :meth:`~mpflow.operators.updaters.base.Updater.step_work`): M × K pairs of draws and components (M ≤
+    :data:`MAX_DRAWS`, K ≤ :data:`MAX_COMPONENTS`), each a d-term product and an exponential in the log-sum (about
+    2 d + 20 flops), K transition means, M likelihoods and the two proposal densities; the [M, K] log-densities
+    in float64, twice (the pairs and their weighted sum)."""
+    d, m, k = model.state_dim, min(n, MAX_DRAWS), min(n, MAX_COMPONENTS)
+    flops = m * k * (2.0 * d + 20.0) + k * model.transition_flops() + m * (model.likelihood_flops() + 8.0 * d * d)
+    return flops, 16.0 * m * k
 
 
 def _strided(x: torch.Tensor, log_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

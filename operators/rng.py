@@ -114,6 +114,21 @@ def generators_state(gens: StreamRNG) -> torch.Tensor:
     return gens.state()
 
 
+def copied(gens: Generators) -> StreamRNG | list[torch.Generator]:
+    """An independent copy of ``gens`` at their current counters: it draws what ``gens`` would draw next, and
+    drawing from it leaves ``gens`` as they are (torch generators are cloned)."""
+    rows = list(iter(gens)) if isinstance(gens, StreamRNG) else list(gens)
+    if all(isinstance(g, StreamRNG.Row) for g in rows):
+        keys = torch.tensor([g.parent.keys[g.index] for g in rows], dtype=torch.int64)
+        return StreamRNG(keys, torch.tensor([g.parent.counters[g.index] for g in rows], dtype=torch.int64))
+    out = []
+    for g in rows:
+        clone = torch.Generator()
+        clone.set_state(g.get_state())
+        out.append(clone)
+    return out
+
+
 def side_streams(gens: Generators, tag: int) -> list[torch.Generator]:
     """One torch generator per stream for a draw *beside* the stream's own sequence (an estimate the step reports,
     not one its particles depend on): seeded with mix(key ⊕ mix(tag)) and the stream's current counter, so it is
@@ -126,9 +141,7 @@ def side_streams(gens: Generators, tag: int) -> list[torch.Generator]:
             key, counter = g.parent.keys[g.index], g.parent.counters[g.index]
             out.append(generator(mix((key & _MASK64) ^ mix(tag * _GOLDEN)) ^ mix(counter * _GOLDEN + 1)))
         else:
-            clone = torch.Generator()
-            clone.set_state(g.get_state())
-            out.append(clone)
+            out += copied([g])
     return out
 
 

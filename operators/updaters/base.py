@@ -61,7 +61,7 @@ import torch
 from mpflow.operators import evidence, gaussian, smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
-from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
+from mpflow.operators.rng import Generators, StreamRNG, copied, generators_from_state, generators_state
 from mpflow.operators.smoothing.rts import GaussianRTS
 from mpflow.operators.state import ParticleState, StepInfo, ess, scatter_info
 from mpflow.operators.updaters.predictive import Predictive, particle_predictive
@@ -73,6 +73,15 @@ class StepWork(NamedTuple):
 
     flops: float
     bytes: float
+
+
+class Prediction(NamedTuple):
+    """A step's transition draw (:meth:`Updater._prediction`): the moved particles x' [B, N, d] and the predictive's
+    moments, mean [B, d] and covariance [B, d, d] (float64; :meth:`ModelFamily.propagate`)."""
+
+    particles: torch.Tensor
+    mean: torch.Tensor
+    cov: torch.Tensor
 
 
 #: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
@@ -122,6 +131,9 @@ class Updater:
     #: learns the unknown model parameters (those given as priors: ``ModelFamily.unknown``) with the state — the only
     #: methods that run such a model (``smc2``), and the only ones that need one
     unknown_params: ClassVar[bool] = False
+    #: the method's ``_update`` takes the step's predicted cloud (a :class:`Prediction`) from the caller, so the
+    #: predictive p-values (:meth:`pit`) and the update share one predict — one transition draw per step
+    shares_prediction: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
     #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
@@ -312,9 +324,9 @@ class Updater:
         gens = generators_from_state(state.rng)
         obs = obs.to(state.particles.dtype)
         absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
-        pit = None if bool(absent.all()) else self.pit(state, obs, model)
+        pit = None if bool(absent.all()) or self.shares_prediction else self.pit(state, obs, model)
         if not bool(absent.any()):
-            new, info = self._observed_update(state, obs, model, gens)
+            new, info = self._observed_step(state, obs, model, gens)
         elif bool(absent.all()):
             new, info = self._unobserved(state, obs, model, gens)
         else:  # a batch mixing steps with and without a measurement: each group its own way, then rejoined
@@ -324,7 +336,7 @@ class Updater:
                 sub_state, sub_model = state.select(rows), model.select(rows)
                 sub_gens = [gens[b] for b in rows.tolist()]
                 if observed:
-                    part = self._observed_update(sub_state, obs[rows], sub_model, sub_gens)
+                    part = self._observed_step(sub_state, obs[rows], sub_model, sub_gens)
                 else:
                     part = self._unobserved(sub_state, obs[rows], sub_model, sub_gens)
                 parts.append((rows, part))
@@ -341,6 +353,8 @@ class Updater:
             raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
         if pit is not None:
             info.extras["pit"] = pit
+        elif "pit" in info.extras:  # from the observed rows' shared predict: none on a row without a measurement
+            info.extras["pit"] = info.extras["pit"].masked_fill(absent[:, None], math.nan)
         new = new.replace(
             step=state.step + 1,
             log_evidence=state.log_evidence + info.log_evidence_increment.to(torch.float64),
@@ -359,6 +373,12 @@ class Updater:
         None for a family without an observation CDF."""
         gens = generators_from_state(state.rng)
         predicted, _ = self._predict(state, model, gens)
+        return self._pit_of(predicted, obs, model, gens)
+
+    def _pit_of(
+        self, predicted: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> torch.Tensor | None:
+        """:meth:`pit` from the predicted state (``gens``: for a discrete family's randomisation, a copy)."""
         missing = torch.isnan(obs).flatten(1)
         filled_obs = obs.nan_to_num(0.0)
         if model.linear_gaussian and "mean" in predicted.extras and "cov" in predicted.extras:
@@ -376,14 +396,47 @@ class Updater:
         unseen = missing if missing.shape == pit.shape else missing.all(1, keepdim=True).expand_as(pit)
         return pit.masked_fill(unseen, math.nan)
 
-    def _observed_update(
+    def _observed_step(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
+        """:meth:`_observed_update`; for a method that :attr:`shares_prediction`, the step's one predict
+        (:meth:`_prediction`, with the streams' own generators) feeds both the p-values (``info.extras["pit"]``,
+        their randomisation drawn from a copy of the generators, so the update's draws are the same as without
+        them) and the update."""
+        if not self.shares_prediction:
+            return self._observed_update(state, obs, model, gens)
+        prediction = self._prediction(state, model, gens)
+        predicted, _ = self._predict(state, model, gens, prediction)
+        pit = self._pit_of(predicted, obs, model, copied(gens))
+        new, info = self._observed_update(state, obs, model, gens, prediction=prediction)
+        if pit is not None:
+            info.extras["pit"] = pit
+        return new, info
+
+    def _observed_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ) -> tuple[ParticleState, StepInfo]:
         """The Bayes step of streams that each observed something; a stream with missing entries (NaN) conditions
-        on the entries it observed, through the family's :meth:`~ModelFamily.observed_part`."""
+        on the entries it observed, through the family's :meth:`~ModelFamily.observed_part`. ``prediction``: the
+        step's predict, already drawn (:attr:`shares_prediction`)."""
         if bool(torch.isnan(obs).any()):
             model, obs = model.observed_part(obs)
-        return self._update(state, obs, model, gens)
+        if prediction is None:
+            return self._update(state, obs, model, gens)
+        return self._update(state, obs, model, gens, prediction=prediction)
+
+    def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
+        """The step's transition draw x_i' ~ p(x' | x_i) of every particle with the predictive's moments
+        (:meth:`ModelFamily.propagate`, weighted by the cloud's weights); None for a static family (nothing is
+        drawn). What :meth:`_predict` and a :attr:`shares_prediction` method's ``_update`` start from."""
+        if not model.dynamic:
+            return None
+        return Prediction(*model.propagate(state.particles, gens, state.log_weights))
 
     def _unobserved(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
@@ -392,19 +445,22 @@ class Updater:
         observations themselves (``mpf``'s posterior moves) records the gap."""
         return self._predict(state, model, gens)
 
-    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
+    def _predict(
+        self, state: ParticleState, model: ModelFamily, gens: Generators, prediction: Prediction | None = None
+    ) -> tuple[ParticleState, StepInfo]:
         """A step without a measurement: p(x_m | o_<m) = ∫ p(x_m | x_{m−1}) p(x_{m−1} | o_<m) dx_{m−1}, so a dynamic
         family moves the particles through the transition x' = F x + c + N(0, Q) and a static one keeps them;
         weights stay; the evidence increment is log 1 = 0. An unweighted cloud (N > d) is then mapped affinely onto
         the pushed moments F m + c, F C Fᵀ + Q of the cloud it came from (as ``mpf``'s predict does), so the
         moments carry no Monte Carlo noise; a tracked log-density becomes that Gaussian's. A nonlinear transition
-        (``ModelFamily.affine_transition`` False) has no moments to push: its particles are moved and nothing else."""
+        (``ModelFamily.affine_transition`` False) has no moments to push: its particles are moved and nothing else.
+        ``prediction``: the transition draw, already made (:meth:`_prediction`)."""
         x, log_q = state.particles, state.log_density
         if model.dynamic and not model.affine_transition:  # no moments to push: the particles are the predictive
-            x = model.transition(x, gens)
+            x = model.transition(x, gens) if prediction is None else prediction.particles
             log_q = None
         elif model.dynamic:
-            x, mean, cov = model.propagate(x, gens, state.log_weights)
+            x, mean, cov = prediction if prediction is not None else model.propagate(x, gens, state.log_weights)
             if not self.weighted:
                 x = gaussian.moment_matched(x, mean, cov)
             if log_q is not None:
@@ -432,12 +488,14 @@ class Updater:
         return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
     def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
-        """:meth:`pit` of one observed step: a second predict of the ``n`` particles (every particle's transition,
-        all its sub-steps, and its n d draws) and the family's conditional CDF of each of the ``k`` entries per
-        particle (about a likelihood's work, :meth:`ModelFamily.particle_flops`); the predicted cloud and its
-        [n, k] CDF values in float64."""
+        """:meth:`pit` of one observed step: the family's conditional CDF of each of the ``k`` entries per particle
+        (about a likelihood's work, :meth:`ModelFamily.likelihood_flops`) and its [n, k] values in float64; a method
+        that does not :attr:`shares_prediction` also predicts the ``n`` particles a second time (every particle's
+        transition, all its sub-steps, and its n d draws) and holds that cloud."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
+        if self.shares_prediction:
+            return StepWork(n * model.likelihood_flops(k), 8.0 * n * k)
         flops = n * (model.particle_flops(dt, k) + RANDN_FLOPS * d) + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * n * (2 * d + k))
 

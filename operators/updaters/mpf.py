@@ -57,7 +57,7 @@ from mpflow.operators.mpf.scalar_flow import scalar_base_flow
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
-from mpflow.operators.updaters.base import StepWork, Updater
+from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
 
@@ -181,6 +181,7 @@ ON_DEMAND_STAGES = 4
 
 class MPFUpdater(Updater):
     name = "mpf"
+    shares_prediction = True
     #: the automatic share carries its weights between steps, as smc does
     weighted_options = {"flow_fraction": AUTO}
     #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
@@ -198,7 +199,6 @@ class MPFUpdater(Updater):
             "linearisation",
             "moves",
             "window",
-            "evidence",
         }
     )
     defaults = {
@@ -328,7 +328,8 @@ class MPFUpdater(Updater):
         """The predict of a particle method (:meth:`Updater.step_work`), then up to ``max_substeps`` stages, each
         a re-fit of the likelihood (``POSTERIOR_ITERATIONS`` of every particle's score) and ``steps`` RK4 steps of
         the velocity (4 evaluations: the base flow's d × d map, 4 d², and a trained network's 2 flops per
-        weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle)."""
+        weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle); with ``evidence:
+        "mixture"`` the importance estimate's pairs of draws and components (:func:`mixture_evidence.work`)."""
         base = super().step_work(model, n, dt, k)
         net = self.options["network"]
         weights = sum(p.numel() for p in net.parameters()) if net is not None else 0
@@ -336,7 +337,11 @@ class MPFUpdater(Updater):
         stage = 4.0 * self.options["steps"] * (4.0 * model.state_dim**2 + 2.0 * weights)
         stage += POSTERIOR_ITERATIONS * likelihood
         moves = self.moves(model) * (self.options["window"] + 1) * likelihood
-        return StepWork(base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes)
+        flops, peak = base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes
+        if self.options["evidence"] == "mixture" and model.dynamic:
+            extra_flops, extra_bytes = mixture_evidence.work(model, n)
+            flops, peak = flops + extra_flops, max(peak, extra_bytes)
+        return StepWork(flops, peak)
 
     def base_flow(self, dim: int) -> MPFVelocity:
         """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""
@@ -394,11 +399,18 @@ class MPFUpdater(Updater):
         log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
         return state.replace(log_density=log_q)
 
-    def _observed_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _observed_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """The flow's step, then, on a stream that carries sites (:meth:`_init`), the posterior moves against the
         full observation ``obs`` (its NaN entries: not observed) and ``model``; the step reports their acceptance
         rate (``acceptance``)."""
-        new, info = super()._observed_update(state, obs, model, gens)
+        new, info = super()._observed_update(state, obs, model, gens, prediction)
         sites = Sites.read(state)
         if sites is None:
             return new, info
@@ -448,14 +460,27 @@ class MPFUpdater(Updater):
             )
         return x1, log_q1, None
 
-    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         if self.options["correct"]:
-            return self._corrected_update(state, obs, model, gens)
+            return self._corrected_update(state, obs, model, gens, prediction)
         B, N, d = state.particles.shape
         o = self.options
         track = o["track_density"]
         x, log_q, white = predict(
-            model, state.particles, gens, state.log_weights, density=track, inflation=float(o["inflation"])
+            model,
+            state.particles,
+            gens,
+            state.log_weights,
+            density=track,
+            inflation=float(o["inflation"]),
+            propagated=prediction,
         )
         if log_q is None and track:
             log_q = state.log_density
@@ -580,7 +605,14 @@ class MPFUpdater(Updater):
         linear = model.linear_observation()
         return self.options["linearisation"] == "posterior" and not linear and 1 < x.shape[-1] < x.shape[1]
 
-    def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _corrected_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in
         ``substeps`` tempered stages, weight against the predictive's Gaussian fit (a stream whose weights' ESS is
         below ``ess_threshold``·N flows again in twice as many stages, up to ``max_substeps``) and resample — per
@@ -589,12 +621,12 @@ class MPFUpdater(Updater):
         weights' (the smallest over the dimensions). With ``flow_fraction`` γ < 1 (a linear observation) the flow
         takes γ of the likelihood and the weights the rest (:mod:`~mpflow.operators.mpf.kalman_particle`)."""
         if self.options["flow_fraction"] == AUTO:
-            return self._auto_flow_update(state, obs, model, gens)
+            return self._auto_flow_update(state, obs, model, gens, prediction)
         B, N, d = state.particles.shape
         x_prev = state.particles
         x, predictive = x_prev, None
         if model.dynamic:
-            x, mean, cov = model.propagate(x_prev, gens)
+            x, mean, cov = prediction if prediction is not None else model.propagate(x_prev, gens)
             predictive = [mean, cov * float(self.options["inflation"]) ** 2]
         inc = self.step_evidence(model, obs, x, predictive)
         if self.options["flow_fraction"] < 1:
@@ -635,7 +667,14 @@ class MPFUpdater(Updater):
         x = state.particles
         return state.replace(particles=liu_west_moves(x, x, None, gens, float(self.options["shrinkage"])))
 
-    def _auto_flow_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _auto_flow_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """The corrected flow with its share γ chosen per stream and step, weights carried (``flow_fraction:
         "auto"``; :func:`~mpflow.operators.mpf.kalman_particle.adaptive_kalman_particle_step`):
 
@@ -654,7 +693,9 @@ class MPFUpdater(Updater):
         B, N, d = state.particles.shape
         prev_lw = torch.log_softmax(state.log_weights.to(torch.float64), -1)
         if model.dynamic:
-            x, mean, cov = model.propagate(state.particles, gens, state.log_weights)
+            if prediction is None:
+                prediction = Prediction(*model.propagate(state.particles, gens, state.log_weights))
+            x, mean, cov = prediction
         else:
             x = state.particles
             mean, cov = gaussian.moments(x.to(torch.float64), state.log_weights)
