@@ -251,6 +251,7 @@ def family_cases(steps: int, streams: int) -> list[dict]:
             ("smc", {}, 4096),
             ("mpf", {}, 256),
             ("mpf correct", {"correct": True}, 256),
+            ("mpf mixture", {"evidence": "mixture"}, 256),
             ("gpf", {}, 256),
             ("enkf", {}, 256),
             ("ukf", {}, 256),
@@ -269,6 +270,7 @@ def family_cases(steps: int, streams: int) -> list[dict]:
         ("smc", {}, 4096),
         ("mpf", {}, 256),
         ("mpf correct", {"correct": True}, 256),
+        ("mpf mixture", {"evidence": "mixture"}, 256),
         ("gpf", {}, 256),
         ("svgd", {}, 256),
     ]
