@@ -159,3 +159,22 @@ def test_a_step_with_p_values_predicts_once(monkeypatch, method, options, family
     assert torch.equal(info.extras["pit"], info_apart.extras["pit"])
     assert torch.allclose(info.log_evidence_increment, info_apart.log_evidence_increment, atol=1e-6)
     assert torch.allclose(shared.particles, apart.particles, atol=1e-5)
+
+
+def test_a_subclass_with_the_four_argument_update_still_gets_its_p_values():
+    """A wrapper overriding ``_update(state, obs, model, gens)`` (the former signature) predicts for its p-values
+    apart, as before, instead of failing on the ``prediction`` keyword."""
+    from mpflow.operators.updaters.smc import SMCUpdater
+
+    class Wrapped(SMCUpdater):
+        def _update(self, state, obs, model, gens):
+            return super()._update(state, obs, model, gens)
+
+    model = make_model("stochastic_volatility", SV, 1)
+    prior = GaussianMixture.gaussian(torch.tensor([[SV["mu"]]], dtype=F64), torch.tensor([[[0.5]]], dtype=F64))
+    assert SMCUpdater.predicts_once() and not Wrapped.predicts_once()
+    up, plain = Wrapped(), SMCUpdater()
+    _, info = up.update(up.init(prior, model, 64, 0), torch.tensor([[0.4]]), model)
+    _, expected = plain.update(plain.init(prior, model, 64, 0), torch.tensor([[0.4]]), model)
+    assert torch.equal(info.extras["pit"], expected.extras["pit"])
+    assert torch.equal(info.log_evidence_increment, expected.log_evidence_increment)
