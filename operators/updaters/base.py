@@ -15,6 +15,10 @@ predictive (:mod:`mpflow.operators.updaters.predictive`) without changing the st
 Subclasses implement ``_update``; the base class restores each stream's generator, checks shapes and
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
+Each observed step also reports its predictive p-values (:meth:`pit`); a method that declares
+:attr:`Updater.shares_prediction` (``smc``, ``mpf``, the assumed-density flows) takes ``prediction`` in its
+``_update``: the step's one transition draw (:meth:`Updater._prediction`), which the p-values read too, so a step
+predicts once.
 
 Cost. :meth:`Updater.step_work` and :meth:`Updater.forecast_work` estimate one update's and one forecast's
 floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.costs`), which refuses
@@ -368,7 +372,8 @@ class Updater:
         """The step's predictive p-values [B, k] (:mod:`mpflow.operators.evidence`): for each entry j of the
         observation, P(O_j ≤ o_j | o_<m) under this method's own predictive — the predicted cloud of
         :meth:`_predict` drawn with a copy of each stream's generator, so the very draws the update itself makes
-        (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced:
+        (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced
+        (a method that :meth:`predicts_once` takes them from its one predict, :meth:`_observed_step`):
         Σ_i w_i F_j(o_j | x_i) with the family's conditional CDF F_j
         (:meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`); for an exact Gaussian belief of a
         linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj). NaN where o_j was not observed;
