@@ -114,6 +114,37 @@ def generators_state(gens: StreamRNG) -> torch.Tensor:
     return gens.state()
 
 
+def copied(gens: Generators) -> StreamRNG | list[torch.Generator]:
+    """An independent copy of ``gens`` at their current counters: it draws what ``gens`` would draw next, and
+    drawing from it leaves ``gens`` as they are (torch generators are cloned)."""
+    rows = list(iter(gens)) if isinstance(gens, StreamRNG) else list(gens)
+    if all(isinstance(g, StreamRNG.Row) for g in rows):
+        keys = torch.tensor([g.parent.keys[g.index] for g in rows], dtype=torch.int64)
+        return StreamRNG(keys, torch.tensor([g.parent.counters[g.index] for g in rows], dtype=torch.int64))
+    out = []
+    for g in rows:
+        clone = torch.Generator()
+        clone.set_state(g.get_state())
+        out.append(clone)
+    return out
+
+
+def side_streams(gens: Generators, tag: int) -> list[torch.Generator]:
+    """One torch generator per stream for a draw *beside* the stream's own sequence (an estimate the step reports,
+    not one its particles depend on): seeded with mix(key ⊕ mix(tag)) and the stream's current counter, so it is
+    reproducible per stream, independent of its batch, and leaves the stream's counter — hence every later draw of
+    the step and of the stream — as it was. A :class:`torch.Generator` (tests, training) is cloned."""
+    rows = list(iter(gens)) if isinstance(gens, StreamRNG) else list(gens)
+    out = []
+    for g in rows:
+        if isinstance(g, StreamRNG.Row):
+            key, counter = g.parent.keys[g.index], g.parent.counters[g.index]
+            out.append(generator(mix((key & _MASK64) ^ mix(tag * _GOLDEN)) ^ mix(counter * _GOLDEN + 1)))
+        else:
+            out += copied([g])
+    return out
+
+
 def randn(gens: Generators, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Standard normal draws [B, *shape], row b drawn from stream b's generator (:func:`_draw`)."""
     return _draw(torch.randn, gens, shape, dtype)

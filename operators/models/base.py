@@ -317,6 +317,25 @@ class ModelFamily:
         """Q [B, d, d] of x_m = f(x_{m-1}) + N(0, Q)."""
         return self.transition_affine()[2]
 
+    def transition_log_density(self, x_next: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor | None:
+        """log p(x_next_j | x_prev_i) = log N(x_next_j; f(x_prev_i), Q) for every pair (j, i) of x_next [B, M, d] and
+        x_prev [B, N, d] → [B, M, N] (float64): the transition density the exact mixture predictive
+        Σ_i w_i p(x | x_prev_i) is made of (:mod:`mpflow.operators.mixture_evidence`). Computed as
+        −½ (|a_j|² + |b_i|² − 2 a_j·b_i) − log|L| − d/2 log 2π with a = L⁻¹ x_next, b = L⁻¹ f(x_prev), LLᵀ = Q, so
+        the pairs cost one [M, d] × [d, N] product, not an [M, N, d] tensor. None where there is no density: a static
+        family, or a singular Q (a deterministic transition, Lorenz-96 with Q = 0)."""
+        if not self.dynamic:
+            return None
+        chol, info = torch.linalg.cholesky_ex(self.transition_noise().to(torch.float64))
+        if bool((info != 0).any()):
+            return None
+        f = self.to(torch.float64).transition_mean(x_prev.detach().to(torch.float64))
+        a = torch.linalg.solve_triangular(chol, x_next.to(torch.float64).transpose(-1, -2), upper=False)  # [B, d, M]
+        b = torch.linalg.solve_triangular(chol, f.transpose(-1, -2), upper=False)  # [B, d, N]
+        sq = (a * a).sum(-2)[..., :, None] + (b * b).sum(-2)[..., None, :] - 2.0 * a.transpose(-1, -2) @ b
+        half_logdet = torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)[:, None, None]
+        return -0.5 * sq.clamp_min(0.0) - half_logdet - 0.5 * x_next.shape[-1] * math.log(2 * math.pi)
+
     # ----------------------------------------------------------------- cost (the service's cost model)
     def integration_substeps(self, dt: float = 1.0) -> float:
         """The sub-steps of numerical integration that one step of duration ``dt`` runs (the largest over the batch):

@@ -37,15 +37,18 @@ def predict(
     *,
     density=True,
     inflation: float = 1.0,
+    propagated: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, gaussian.Whitened | None]:
     """The transition step of a dynamic family (module docstring, 1.) → (x_pred, log N(x_pred; F m + c, F C Fᵀ + Q)
     (the density only when ``density``), x_pred whitened (float64, for :func:`flow_step`; None when N ≤ d));
     static families return (x, None, None). ``inflation`` ρ scales the predictive's covariance by ρ² (its
     anomalies by ρ: the multiplicative inflation of ensemble filters, Anderson & Anderson 1999), which a small
-    cloud under a perfect model needs against the spread it loses to sampling error."""
+    cloud under a perfect model needs against the spread it loses to sampling error. ``propagated``: the transition
+    draw and its moments, (x', mean, cov) of :meth:`~mpflow.operators.models.base.ModelFamily.propagate`, where the
+    caller has already made it (the updater's one predict per step)."""
     if not model.dynamic:
         return x, None, None
-    moved, mean, cov = model.propagate(x, gens, log_weights)
+    moved, mean, cov = propagated if propagated is not None else model.propagate(x, gens, log_weights)
     if inflation != 1.0:
         cov = cov * inflation**2
     white = None

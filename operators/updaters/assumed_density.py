@@ -27,7 +27,14 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.rng import Generators
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import StepWork, Updater, prior_extras, prior_from_extras, without_prior
+from mpflow.operators.updaters.base import (
+    Prediction,
+    StepWork,
+    Updater,
+    prior_extras,
+    prior_from_extras,
+    without_prior,
+)
 
 EVIDENCE_ESTIMATORS = ("predictive", "importance", "kl")
 
@@ -107,6 +114,7 @@ class AssumedDensityUpdater(Updater):
 
     defaults = {"evidence": "predictive"}
     supports_kl = False
+    shares_prediction = True
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -156,11 +164,13 @@ class AssumedDensityUpdater(Updater):
             prior = prior.push(*(t.to(torch.float64) for t in model.transition_affine()))
         return prior.to(state.particles.dtype)
 
-    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
+    def _predict(
+        self, state: ParticleState, model: ModelFamily, gens: Generators, prediction: Prediction | None = None
+    ) -> tuple[ParticleState, StepInfo]:
         """No measurement: the particles move as :meth:`Updater._predict` moves them, and an exact step-0 prior
         still held (a step without a measurement came first) is pushed through the transition exactly, so the next
         step's target starts from it."""
-        new, info = super()._predict(state, model, gens)
+        new, info = super()._predict(state, model, gens, prediction)
         prior = prior_from_extras(state.extras)
         if prior is not None and model.dynamic:
             pushed = prior.to(torch.float64).push(*(t.to(torch.float64) for t in model.transition_affine()))
@@ -178,10 +188,18 @@ class AssumedDensityUpdater(Updater):
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:
         raise NotImplementedError
 
-    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         B, N, _ = state.particles.shape
         prior = self.predicted_prior(state, model)
-        x0 = self.start(model.transition(state.particles, gens), prior)
+        moved = model.transition(state.particles, gens) if prediction is None else prediction.particles
+        x0 = self.start(moved, prior)
         target = PosteriorTarget(prior, model, obs)
         ll0 = model.log_likelihood(obs, x0)
         est = self.options["evidence"]

@@ -15,6 +15,10 @@ predictive (:mod:`mpflow.operators.updaters.predictive`) without changing the st
 Subclasses implement ``_update``; the base class restores each stream's generator, checks shapes and
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
+Each observed step also reports its predictive p-values (:meth:`pit`); a method that declares
+:attr:`Updater.shares_prediction` (``smc``, ``mpf``, the assumed-density flows) takes ``prediction`` in its
+``_update``: the step's one transition draw (:meth:`Updater._prediction`), which the p-values read too, so a step
+predicts once.
 
 Cost. :meth:`Updater.step_work` and :meth:`Updater.forecast_work` estimate one update's and one forecast's
 floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.costs`), which refuses
@@ -53,6 +57,8 @@ the moments :meth:`Updater.filtered_moments` gives by default, the genealogy for
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -61,7 +67,7 @@ import torch
 from mpflow.operators import evidence, gaussian, smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
-from mpflow.operators.rng import Generators, StreamRNG, generators_from_state, generators_state
+from mpflow.operators.rng import Generators, StreamRNG, copied, generators_from_state, generators_state
 from mpflow.operators.smoothing.rts import GaussianRTS
 from mpflow.operators.state import ParticleState, StepInfo, ess, scatter_info
 from mpflow.operators.updaters.predictive import Predictive, particle_predictive
@@ -73,6 +79,15 @@ class StepWork(NamedTuple):
 
     flops: float
     bytes: float
+
+
+class Prediction(NamedTuple):
+    """A step's transition draw (:meth:`Updater._prediction`): the moved particles x' [B, N, d] and the predictive's
+    moments, mean [B, d] and covariance [B, d, d] (float64; :meth:`ModelFamily.propagate`)."""
+
+    particles: torch.Tensor
+    mean: torch.Tensor
+    cov: torch.Tensor
 
 
 #: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
@@ -132,6 +147,9 @@ class Updater:
     #: learns the unknown model parameters (those given as priors: ``ModelFamily.unknown``) with the state — the only
     #: methods that run such a model (``smc2``), and the only ones that need one
     unknown_params: ClassVar[bool] = False
+    #: the method's ``_update`` takes the step's predicted cloud (a :class:`Prediction`) from the caller, so the
+    #: predictive p-values (:meth:`pit`) and the update share one predict — one transition draw per step
+    shares_prediction: ClassVar[bool] = False
     #: default options; ``__init__`` accepts only these keys
     defaults: ClassVar[dict[str, Any]] = {}
     #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
@@ -337,9 +355,9 @@ class Updater:
         gens = generators_from_state(state.rng)
         obs = obs.to(self.model_dtype)
         absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
-        pit = None if bool(absent.all()) else self.pit(state, obs, model)
+        pit = None if bool(absent.all()) or self.predicts_once() else self.pit(state, obs, model)
         if not bool(absent.any()):
-            new, info = self._observed_update(state, obs, model, gens)
+            new, info = self._observed_step(state, obs, model, gens)
         elif bool(absent.all()):
             new, info = self._unobserved(state, obs, model, gens)
         else:  # a batch mixing steps with and without a measurement: each group its own way, then rejoined
@@ -349,7 +367,7 @@ class Updater:
                 sub_state, sub_model = state.select(rows), model.select(rows)
                 sub_gens = [gens[b] for b in rows.tolist()]
                 if observed:
-                    part = self._observed_update(sub_state, obs[rows], sub_model, sub_gens)
+                    part = self._observed_step(sub_state, obs[rows], sub_model, sub_gens)
                 else:
                     part = self._unobserved(sub_state, obs[rows], sub_model, sub_gens)
                 parts.append((rows, part))
@@ -366,6 +384,8 @@ class Updater:
             raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
         if pit is not None:
             info.extras["pit"] = pit
+        elif "pit" in info.extras:  # from the observed rows' shared predict: none on a row without a measurement
+            info.extras["pit"] = info.extras["pit"].masked_fill(absent[:, None], math.nan)
         new = new.replace(
             step=state.step + 1,
             log_evidence=state.log_evidence + info.log_evidence_increment.to(torch.float64),
@@ -377,13 +397,20 @@ class Updater:
         """The step's predictive p-values [B, k] (:mod:`mpflow.operators.evidence`): for each entry j of the
         observation, P(O_j ≤ o_j | o_<m) under this method's own predictive — the predicted cloud of
         :meth:`_predict` drawn with a copy of each stream's generator, so the very draws the update itself makes
-        (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced:
+        (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced
+        (a method that :meth:`predicts_once` takes them from its one predict, :meth:`_observed_step`):
         Σ_i w_i F_j(o_j | x_i) with the family's conditional CDF F_j
         (:meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`); for an exact Gaussian belief of a
         linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj). NaN where o_j was not observed;
         None for a family without an observation CDF."""
         gens = generators_from_state(state.rng)
         predicted, _ = self._predict(state, model, gens)
+        return self._pit_of(predicted, obs, model, gens)
+
+    def _pit_of(
+        self, predicted: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> torch.Tensor | None:
+        """:meth:`pit` from the predicted state (``gens``: for a discrete family's randomisation, a copy)."""
         missing = torch.isnan(obs).flatten(1)
         filled_obs = obs.nan_to_num(0.0)
         if model.linear_gaussian and "mean" in predicted.extras and "cov" in predicted.extras:
@@ -401,14 +428,55 @@ class Updater:
         unseen = missing if missing.shape == pit.shape else missing.all(1, keepdim=True).expand_as(pit)
         return pit.masked_fill(unseen, math.nan)
 
-    def _observed_update(
+    def _observed_step(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
+        """:meth:`_observed_update`; for a method that :attr:`shares_prediction`, the step's one predict
+        (:meth:`_prediction`, with the streams' own generators) feeds both the p-values (``info.extras["pit"]``,
+        their randomisation drawn from a copy of the generators, so the update's draws are the same as without
+        them) and the update."""
+        if not self.predicts_once():
+            return self._observed_update(state, obs, model, gens)
+        prediction = self._prediction(state, model, gens)
+        predicted, _ = self._predict(state, model, gens, prediction)
+        pit = self._pit_of(predicted, obs, model, copied(gens))
+        new, info = self._observed_update(state, obs, model, gens, prediction=prediction)
+        if pit is not None:
+            info.extras["pit"] = pit
+        return new, info
+
+    @classmethod
+    def predicts_once(cls) -> bool:
+        """Whether a step shares its one predict between the p-values and the update: the class declares
+        :attr:`shares_prediction` and its ``_update`` and ``_observed_update`` take the ``prediction`` (a subclass
+        that overrides them with the four-argument signature — a wrapper, a test's faulty method — predicts for
+        its p-values apart, as before)."""
+        return cls.shares_prediction and _takes_prediction(cls._update) and _takes_prediction(cls._observed_update)
+
+    def _observed_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ) -> tuple[ParticleState, StepInfo]:
         """The Bayes step of streams that each observed something; a stream with missing entries (NaN) conditions
-        on the entries it observed, through the family's :meth:`~ModelFamily.observed_part`."""
+        on the entries it observed, through the family's :meth:`~ModelFamily.observed_part`. ``prediction``: the
+        step's predict, already drawn (:attr:`shares_prediction`)."""
         if bool(torch.isnan(obs).any()):
             model, obs = model.observed_part(obs)
-        return self._update(state, obs, model, gens)
+        if prediction is None:
+            return self._update(state, obs, model, gens)
+        return self._update(state, obs, model, gens, prediction=prediction)
+
+    def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
+        """The step's transition draw x_i' ~ p(x' | x_i) of every particle with the predictive's moments
+        (:meth:`ModelFamily.propagate`, weighted by the cloud's weights); None for a static family (nothing is
+        drawn). What :meth:`_predict` and a :attr:`shares_prediction` method's ``_update`` start from."""
+        if not model.dynamic:
+            return None
+        return Prediction(*model.propagate(state.particles, gens, state.log_weights))
 
     def _unobserved(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
@@ -417,19 +485,22 @@ class Updater:
         observations themselves (``mpf``'s posterior moves) records the gap."""
         return self._predict(state, model, gens)
 
-    def _predict(self, state: ParticleState, model: ModelFamily, gens: Generators) -> tuple[ParticleState, StepInfo]:
+    def _predict(
+        self, state: ParticleState, model: ModelFamily, gens: Generators, prediction: Prediction | None = None
+    ) -> tuple[ParticleState, StepInfo]:
         """A step without a measurement: p(x_m | o_<m) = ∫ p(x_m | x_{m−1}) p(x_{m−1} | o_<m) dx_{m−1}, so a dynamic
         family moves the particles through the transition x' = F x + c + N(0, Q) and a static one keeps them;
         weights stay; the evidence increment is log 1 = 0. An unweighted cloud (N > d) is then mapped affinely onto
         the pushed moments F m + c, F C Fᵀ + Q of the cloud it came from (as ``mpf``'s predict does), so the
         moments carry no Monte Carlo noise; a tracked log-density becomes that Gaussian's. A nonlinear transition
-        (``ModelFamily.affine_transition`` False) has no moments to push: its particles are moved and nothing else."""
+        (``ModelFamily.affine_transition`` False) has no moments to push: its particles are moved and nothing else.
+        ``prediction``: the transition draw, already made (:meth:`_prediction`)."""
         x, log_q = state.particles, state.log_density
         if model.dynamic and not model.affine_transition:  # no moments to push: the particles are the predictive
-            x = model.transition(x, gens)
+            x = model.transition(x, gens) if prediction is None else prediction.particles
             log_q = None
         elif model.dynamic:
-            x, mean, cov = model.propagate(x, gens, state.log_weights)
+            x, mean, cov = prediction if prediction is not None else model.propagate(x, gens, state.log_weights)
             if not self.weighted:
                 x = gaussian.moment_matched(x, mean, cov)
             if log_q is not None:
@@ -457,12 +528,14 @@ class Updater:
         return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
     def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
-        """:meth:`pit` of one observed step: a second predict of the ``n`` particles (every particle's transition,
-        all its sub-steps, and its n d draws) and the family's conditional CDF of each of the ``k`` entries per
-        particle (about a likelihood's work, :meth:`ModelFamily.particle_flops`); the predicted cloud and its
-        [n, k] CDF values in float64."""
+        """:meth:`pit` of one observed step: the family's conditional CDF of each of the ``k`` entries per particle
+        (about a likelihood's work, :meth:`ModelFamily.likelihood_flops`) and its [n, k] values in float64; a
+        method that does not predict once (:meth:`predicts_once`) also predicts the ``n`` particles a second time
+        (every particle's transition, all its sub-steps, and its n d draws) and holds that cloud."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
+        if self.predicts_once():
+            return StepWork(n * model.likelihood_flops(k), 8.0 * n * k)
         flops = n * (model.particle_flops(dt, k) + RANDN_FLOPS * d) + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * n * (2 * d + k))
 
@@ -508,6 +581,12 @@ class Updater:
         method's form, for the stream whose state was ``before`` and whose observation was ``obs``: by default
         :meth:`from_particles` (``mpf`` also carries its record of past observations over)."""
         return self.from_particles(new)
+
+
+@functools.cache
+def _takes_prediction(method) -> bool:
+    """Whether the method accepts a ``prediction`` keyword (:meth:`Updater.predicts_once`)."""
+    return "prediction" in inspect.signature(method).parameters
 
 
 def prior_extras(prior: Prior) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators import evidence, gaussian
+from mpflow.operators import evidence, gaussian, mixture_evidence
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
@@ -55,7 +55,7 @@ from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.trained_operators import load_operator, serves_dimension
-from mpflow.operators.updaters.base import StepWork, Updater
+from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
 
@@ -74,6 +74,10 @@ def check_moves(options: dict) -> None:
             "densities): set moves to 0"
         )
 
+
+#: the estimates of a step's log-evidence (the ``evidence`` option: :meth:`MPFUpdater.step_evidence`,
+#: :meth:`MPFUpdater.mixture_evidence`)
+EVIDENCE = ("gaussian", "mixture")
 
 #: ``flow_fraction`` for the share chosen per step (:mod:`~mpflow.operators.mpf.kalman_particle`)
 AUTO = "auto"
@@ -112,6 +116,7 @@ ON_DEMAND_STAGES = 4
 
 class MPFUpdater(Updater):
     name = "mpf"
+    shares_prediction = True
     #: the automatic share carries its weights between steps, as smc does
     weighted_options = {"flow_fraction": AUTO}
     #: a nonlinear transition's predictive is the mapped cloud, fitted by its moments (``predicted_moments``)
@@ -156,6 +161,9 @@ class MPFUpdater(Updater):
         "moves": "auto",
         # the observations the moves' target keeps exactly (the older ones enter as Gaussian sites)
         "window": posterior_moves.WINDOW,
+        # the step's log-evidence: the predictive Gaussian fit's ("gaussian"), or the defensive importance estimate
+        # of the mixture predictive over the previous cloud with its standard error ("mixture"; mixture_evidence)
+        "evidence": "gaussian",
     }
 
     def __init__(self, **options):
@@ -194,6 +202,8 @@ class MPFUpdater(Updater):
         if o["linearisation"] not in LINEARISATIONS:
             raise ValueError(f"options.linearisation: one of {list(LINEARISATIONS)}, got {o['linearisation']!r}")
         check_moves(o)
+        if o["evidence"] not in EVIDENCE:
+            raise ValueError(f"options.evidence: one of {list(EVIDENCE)}, got {o['evidence']!r}")
         if o["correct"] and (net is not None or o["track_density"]):
             raise ValueError(
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
@@ -253,7 +263,8 @@ class MPFUpdater(Updater):
         """The predict of a particle method (:meth:`Updater.step_work`), then up to ``max_substeps`` stages, each
         a re-fit of the likelihood (``POSTERIOR_ITERATIONS`` of every particle's score) and ``steps`` RK4 steps of
         the velocity (4 evaluations: the base flow's d × d map, 4 d², and a trained network's 2 flops per
-        weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle)."""
+        weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle); with ``evidence:
+        "mixture"`` the importance estimate's pairs of draws and components (:func:`mixture_evidence.work`)."""
         base = super().step_work(model, n, dt, k)
         net = self.options["network"]
         weights = sum(p.numel() for p in net.parameters()) if net is not None else 0
@@ -261,7 +272,11 @@ class MPFUpdater(Updater):
         stage = 4.0 * self.options["steps"] * (4.0 * model.state_dim**2 + 2.0 * weights)
         stage += POSTERIOR_ITERATIONS * likelihood
         moves = self.moves(model) * (self.options["window"] + 1) * likelihood
-        return StepWork(base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes)
+        flops, peak = base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes
+        if self.options["evidence"] == "mixture" and model.dynamic:
+            extra_flops, extra_bytes = mixture_evidence.work(model, n)
+            flops, peak = flops + extra_flops, max(peak, extra_bytes)
+        return StepWork(flops, peak)
 
     def base_flow(self, dim: int) -> MPFVelocity:
         """The zero residual: the exact Daum–Huang flow of dimension ``dim``."""
@@ -319,11 +334,18 @@ class MPFUpdater(Updater):
         log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
         return state.replace(log_density=log_q)
 
-    def _observed_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _observed_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """The flow's step, then, on a stream that carries sites (:meth:`_init`), the posterior moves against the
         full observation ``obs`` (its NaN entries: not observed) and ``model``; the step reports their acceptance
         rate (``acceptance``)."""
-        new, info = super()._observed_update(state, obs, model, gens)
+        new, info = super()._observed_update(state, obs, model, gens, prediction)
         sites = Sites.read(state)
         if sites is None:
             return new, info
@@ -373,14 +395,27 @@ class MPFUpdater(Updater):
             )
         return x1, log_q1, None
 
-    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         if self.options["correct"]:
-            return self._corrected_update(state, obs, model, gens)
+            return self._corrected_update(state, obs, model, gens, prediction)
         B, N, d = state.particles.shape
         o = self.options
         track = o["track_density"]
         x, log_q, white = predict(
-            model, state.particles, gens, state.log_weights, density=track, inflation=float(o["inflation"])
+            model,
+            state.particles,
+            gens,
+            state.log_weights,
+            density=track,
+            inflation=float(o["inflation"]),
+            propagated=prediction,
         )
         if log_q is None and track:
             log_q = state.log_density
@@ -406,9 +441,31 @@ class MPFUpdater(Updater):
                     False,
                 )
                 x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
-                return state.replace(particles=x1), StepInfo(inc, n_eff)
-            x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
-        return state.replace(particles=x1, log_density=log_q1), StepInfo(inc, n_eff)
+                log_q1 = None
+            else:
+                x1, log_q1, n_eff, _ = self._staged_flow(net, model, obs, x, log_q, white, track)
+            predictive = None
+            if white is not None and model.dynamic:
+                predictive = (white.mean, white.chol @ white.chol.transpose(-1, -2))
+            info = self.mixture_evidence(model, obs, state, x1, predictive, gens, inc, n_eff)
+        return state.replace(particles=x1, log_density=log_q1), info
+
+    def mixture_evidence(self, model, obs, before: ParticleState, x1, predictive, gens, inc, n_eff) -> StepInfo:
+        """The step's info; with ``evidence: "mixture"`` its evidence estimated by defensive importance sampling of
+        the exact mixture predictive over the previous cloud (:mod:`mpflow.operators.mixture_evidence`), the flowed
+        cloud x1 guiding the proposal, and the estimate's standard error as ``log_evidence_sd``. ``inc`` (the
+        predictive Gaussian fit's, :meth:`step_evidence`) by default, and where the family has no transition
+        density, the step has no predictive fit (a static family, N ≤ d) or the estimate is not finite."""
+        if self.options["evidence"] != "mixture" or predictive is None or not model.dynamic:
+            return StepInfo(inc, n_eff)
+        found = mixture_evidence.defensive_evidence(
+            model, obs, before.particles, before.log_weights, x1, predictive, gens
+        )
+        if found is None:
+            return StepInfo(inc, n_eff)
+        ok = torch.isfinite(found.log_z) & torch.isfinite(found.sd)
+        inc = torch.where(ok, found.log_z, inc.to(torch.float64))
+        return StepInfo(inc, n_eff, None, {"log_evidence_sd": torch.where(ok, found.sd, torch.zeros_like(found.sd))})
 
     @staticmethod
     def step_evidence(
@@ -483,7 +540,14 @@ class MPFUpdater(Updater):
         linear = model.linear_observation()
         return self.options["linearisation"] == "posterior" and not linear and 1 < x.shape[-1] < x.shape[1]
 
-    def _corrected_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _corrected_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """One corrected step (:mod:`mpflow.operators.mpf.correction`): propagate and moment-match, flow in
         ``substeps`` tempered stages, weight against the predictive's Gaussian fit (a stream whose weights' ESS is
         below ``ess_threshold``·N flows again in twice as many stages, up to ``max_substeps``) and resample — per
@@ -492,12 +556,12 @@ class MPFUpdater(Updater):
         weights' (the smallest over the dimensions). With ``flow_fraction`` γ < 1 (a linear observation) the flow
         takes γ of the likelihood and the weights the rest (:mod:`~mpflow.operators.mpf.kalman_particle`)."""
         if self.options["flow_fraction"] == AUTO:
-            return self._auto_flow_update(state, obs, model, gens)
+            return self._auto_flow_update(state, obs, model, gens, prediction)
         B, N, d = state.particles.shape
         x_prev = state.particles
         x, predictive = x_prev, None
         if model.dynamic:
-            x, mean, cov = model.propagate(x_prev, gens)
+            x, mean, cov = prediction if prediction is not None else model.propagate(x_prev, gens)
             predictive = [mean, cov * float(self.options["inflation"]) ** 2]
         inc = self.step_evidence(model, obs, x, predictive)
         if self.options["flow_fraction"] < 1:
@@ -511,6 +575,7 @@ class MPFUpdater(Updater):
             return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, ess(log_alpha))
         split = model.per_dimension(B)
         u = rand(gens, [d if split is not None else 1], torch.float64).reshape(-1)
+        full, pushed = (model, obs), predictive
         if split is not None:
             model, obs, x = split, *(correction.to_dimensions(t) for t in (obs, x))
             predictive = predictive and correction.marginals(*predictive)
@@ -525,7 +590,9 @@ class MPFUpdater(Updater):
         x1 = torch.gather(x1, 1, systematic_resample(log_w, u)[..., None].expand_as(x1))
         if split is not None:
             x1, n_eff = correction.from_dimensions(x1, d), n_eff.reshape(B, d).min(-1).values
-        return self._rejuvenated(state.replace(particles=x1), model, gens), StepInfo(inc, n_eff)
+            model, obs = full
+        info = self.mixture_evidence(model, obs, state, x1, pushed, gens, inc, n_eff)
+        return self._rejuvenated(state.replace(particles=x1), model, gens), info
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
         """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the
@@ -535,7 +602,14 @@ class MPFUpdater(Updater):
         x = state.particles
         return state.replace(particles=liu_west_moves(x, x, None, gens, float(self.options["shrinkage"])))
 
-    def _auto_flow_update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _auto_flow_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         """The corrected flow with its share γ chosen per stream and step, weights carried (``flow_fraction:
         "auto"``; :func:`~mpflow.operators.mpf.kalman_particle.adaptive_kalman_particle_step`):
 
@@ -554,7 +628,9 @@ class MPFUpdater(Updater):
         B, N, d = state.particles.shape
         prev_lw = torch.log_softmax(state.log_weights.to(torch.float64), -1)
         if model.dynamic:
-            x, mean, cov = model.propagate(state.particles, gens, state.log_weights)
+            if prediction is None:
+                prediction = Prediction(*model.propagate(state.particles, gens, state.log_weights))
+            x, mean, cov = prediction
         else:
             x = state.particles
             mean, cov = gaussian.moments(x.to(torch.float64), state.log_weights)

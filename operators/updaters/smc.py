@@ -21,7 +21,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.smoothing.particles import ParticleSmoother
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
-from mpflow.operators.updaters.base import Updater
+from mpflow.operators.updaters.base import Prediction, Updater
 
 
 def liu_west_moves(
@@ -90,6 +90,7 @@ def rejuvenates(mode: str, model: ModelFamily) -> bool:
 
 class SMCUpdater(Updater):
     name = "smc"
+    shares_prediction = True
     weighted = True
     nonlinear_transition = True
     stream_options = frozenset({"ess_threshold", "rejuvenate", "shrinkage"})
@@ -113,9 +114,16 @@ class SMCUpdater(Updater):
             raise ValueError(f"options.ess_threshold: a non-negative fraction of N, got {o['ess_threshold']!r}")
         check_rejuvenation(o)
 
-    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+    def _update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
         B, N, d = state.particles.shape
-        x = model.transition(state.particles, gens)
+        x = model.transition(state.particles, gens) if prediction is None else prediction.particles
         prev_lw = torch.log_softmax(state.log_weights, -1)
         ll = model.log_likelihood(obs, x)
         ll = torch.nan_to_num(ll, nan=-math.inf)
