@@ -1,6 +1,6 @@
 """Range-bearing tracking against a long-run reference: a target crossing behind the sensor and a close pass.
 
-``python -m benchmarks.range_bearing [--quick] [--streams S] [--reference-particles M] [--steps T]``
+``python -m benchmarks.range_bearing [--quick] [--streams S] [--reference-particles M] [--steps T] [--gpf-max-iters K]``
 
 The ``range_bearing`` family (:mod:`mpflow.operators.models.range_bearing`: a constant-velocity target
 x = (p_x, p_y, v_x, v_y), one sensor at the origin measuring range and bearing) in two scenarios (``SCENARIOS``):
@@ -35,6 +35,8 @@ method against ``smc``'s error interpolated on its ladder at that method's compu
 ``--quick``: 8 streams, the reference at M = 20 000, ``smc`` N = 256 and 1024, ``mpf`` K = 1 and 4 and one
 corrected row (~40 s; the full run ~30 min on 2 cores, most of it the reference). Output: markdown tables,
 ``benchmarks/results/range_bearing.{json,png}`` (``range_bearing-quick.*`` with ``--quick``, git-ignored).
+``--gpf-max-iters K`` caps ``gpf``'s iterations: it runs to its 500 on these tracks, three quarters of a tiny run
+(the tests' smoke run uses 50; the published figures use gpf's own).
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class Budget:
     quick: bool = False
     #: (N, stages) of the importance-corrected rows
     corrected: tuple[tuple[int, int], ...] = CORRECTED
+    #: a cap on gpf's iterations (None: its own 500, which it runs to here — most of a smoke run's time)
+    gpf_max_iters: int | None = None
 
 
 FULL = Budget()
@@ -181,7 +185,8 @@ def run_scenario(sc: Scenario, budget: Budget) -> dict[str, Any]:
 
     configurations = mpf_configurations(operators, True, budget.quick, budget.corrected)
     mpf = [run("mpf", n, **options) for n, options in configurations]
-    baselines = [run("ukf"), run("enkf"), run("gpf")]
+    gpf = {} if budget.gpf_max_iters is None else {"max_iters": budget.gpf_max_iters}
+    baselines = [run("ukf"), run("enkf"), run("gpf", **gpf)]
     smc = [run("smc", n) for n in budget.smc_ladder]
     return {
         "scenario": asdict(sc),
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=None, help="sequences per scenario (64; 8 with --quick)")
     p.add_argument("--reference-particles", type=int, default=None, help="the reference's M (10⁶; 20 000 quick)")
     p.add_argument("--steps", type=int, default=None, help="only the first T steps of every scenario")
+    p.add_argument("--gpf-max-iters", type=int, default=None, help="cap gpf's iterations (500; a smoke run's cap)")
     args = p.parse_args(argv)
     stem = report.out_stem(args, "range_bearing")
     if args.write_defaults:
@@ -278,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         budget = replace(budget, streams=args.streams)
     if args.reference_particles is not None:
         budget = replace(budget, reference_particles=args.reference_particles)
+    if args.gpf_max_iters is not None:
+        budget = replace(budget, gpf_max_iters=args.gpf_max_iters)
     torch.set_num_threads(1)
     load = os.getloadavg()
     t0 = time.perf_counter()

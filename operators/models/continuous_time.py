@@ -19,13 +19,14 @@ one-unit autoregression coefficient — so its discrete parameters (φ, σ, σ²
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 import torch
 
 
 def van_loan(F: torch.Tensor, Qc: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(A, Q, Γ) of the module docstring for F [B, d, d], Qc [B, d, d] and step lengths dt [B] → float64 tensors
     [B, d, d] each."""
+    import scipy.linalg  # here, not at import: scipy is a large share of a server worker's start-up
+
     F64 = F.detach().to(torch.float64).numpy()
     Qc64 = Qc.detach().to(torch.float64).numpy()
     steps = dt.detach().to(torch.float64).numpy()

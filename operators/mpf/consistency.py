@@ -29,7 +29,6 @@ from functools import lru_cache
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
-from scipy.stats import chi2
 
 #: the false-alarm probability of one step's test: far below one a stream's lifetime, so that only a lost cloud
 #: is inflated (the χ²₅ quantile is 42.5)
@@ -39,6 +38,8 @@ DIVERGENCE_P = 1e-7
 @lru_cache(maxsize=64)
 def _quantiles(k_max: int) -> torch.Tensor:
     """The χ²_k quantiles of 1 − :data:`DIVERGENCE_P` for k = 0 … k_max (float64; +inf for k = 0)."""
+    from scipy.stats import chi2  # here, not at import: scipy.stats is ~10% of a server worker's start-up
+
     return torch.tensor([float("inf")] + [float(chi2.isf(DIVERGENCE_P, k)) for k in range(1, k_max + 1)])
 
 

@@ -52,7 +52,6 @@ from collections.abc import Iterable
 import torch
 from mpflow.operators.mpf.divergence import DIVERGENCE_METHODS, Velocity, resolve_method, velocity_and_divergence
 from torch import nn
-from torchdiffeq import odeint, odeint_adjoint
 
 FIXED_STEP_METHODS = ("rk4", "euler", "midpoint")
 ADAPTIVE_METHODS = ("dopri5", "dopri8", "bosh3", "adaptive_heun")
@@ -157,6 +156,9 @@ def integrate(
         kwargs = dict(method=method, options=dict(grid_constructor=_uniform_grid(steps)))
     else:
         kwargs = dict(method=method, rtol=rtol, atol=atol)
+
+    # here, not at import: torchdiffeq imports scipy.integrate, a tenth of a server worker's start-up
+    from torchdiffeq import odeint, odeint_adjoint
 
     grad_ctx = contextlib.nullcontext() if build else torch.no_grad()
     with grad_ctx:

@@ -34,6 +34,9 @@ OBS[4], OBS[9] = None, [None, 0.3]
 MAX_PARTICLES = 512
 #: the server's snapshot key: the forger of these tests holds it (the validation of every field is what is tested)
 SNAPSHOT_KEY = "k" * 40
+#: nvgd's default 60 × 20 network steps cost ~1 s a step whatever N (the export-import test's 45 steps: 40-80 s on 2
+#: cores, past the client's timeout under load); these tests are about what a snapshot carries, not nvgd's convergence
+METHOD_OPTIONS = {"nvgd": {"max_iters": 6, "inner_steps": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +50,7 @@ def server(redis_url: str) -> Iterator[tuple[str, str]]:
         log_level="WARNING",
         max_particles=MAX_PARTICLES,
         snapshot_key=SNAPSHOT_KEY,
+        method_options=METHOD_OPTIONS,
     )
     try:
         with serve_in_thread(config) as url:
