@@ -198,7 +198,8 @@ def test_default_method_and_reproducibility(redis_url):
 def test_lorenz96_default_follows_the_regime(redis_url):
     """A Lorenz-96 stream with no method and no num_particles gets the default measured in its regime: the
     spantini2019 one at Δ = 0.4 with every second variable observed, the sakov2008 one at the defaults (Δ = 0.05,
-    every variable) — and the answer names it (``method``, ``method_reason``)."""
+    every variable) — and the answer names it (``method``, ``method_reason``). In the Spantini regime that is the
+    iterative EnKF (``ienkf``, measured best there), whose options are checked with the field named."""
     d = 40
     prior = {"type": "gaussian", "mean": [8.0] * d, "cov": torch.eye(d).tolist()}
     spantini = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
@@ -214,9 +215,18 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             assert (doc["method"], doc["method_options"]) == (default.method, default.options)
             assert doc["num_particles"] == default.num_particles and doc["method_reason"] == default.reason
             assert f"Lorenz-96 {setting}" in doc["method_reason"]
+            if setting == "spantini2019":
+                assert doc["method"] == "ienkf" and doc["num_particles"] == 40, doc
+                assert "ienkf N=40" in doc["method_reason"]
             obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
             r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
             assert r.status_code == 200 and r.json()["step"] == 1, r.text
+        for bad, field in (({"iterations": 0}, "iterations"), ({"tolerance": 2}, "tolerance")):
+            spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
+            r = await c.post("/v1/streams", json={**spec, "num_particles": 40, "method_options": bad})
+            assert r.status_code == 422 and f"method_options.{field}" in r.text, r.text
+        r = await c.post("/v1/streams", json={"model": {"family": "gmm"}, "prior": prior, "method": "ienkf"})
+        assert r.status_code == 422 and "ienkf needs an observation o = h(x) + N(0, R)" in r.text, r.text
 
     run(redis_url, body)
 
