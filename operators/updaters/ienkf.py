@@ -44,7 +44,7 @@ from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import StepWork, Updater
+from mpflow.operators.updaters.base import NonFiniteError, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation, ensemble_innovations, predictive_log_density
 
 #: the most Gauss–Newton iterations a stream may ask for (each one is a forecast of the whole ensemble)
@@ -121,6 +121,8 @@ class IEnKFUpdater(Updater):
         tol = float(self.options["tolerance"])
         for _ in range(int(self.options["iterations"])):
             F = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
+            if not bool(torch.isfinite(F).all()):
+                raise NonFiniteError("ienkf: the forecast of a Gauss–Newton iterate is not finite")
             _, e_bar, Y = ensemble_innovations(F, obs, m64)
             if log_pred is None:
                 S = Y.transpose(-1, -2) @ Y / (N - 1) + m64.observation_noise().expand(B, -1, -1)
