@@ -135,9 +135,11 @@ SPANTINI_LOST = 2.0
 #: infl=1.10, Lag=2)``, 10 Gauss–Newton iterations over a window of two observations (21 ensemble forecasts a cycle),
 #: gets 0.52 at N = 40 and 0.47 at N = 60
 SPANTINI_IENKF = (
+    (20, 1.2, {"iterations": 4}, None),
     (20, 1.25, {"iterations": 4}, None),
     (40, 1.2, {"iterations": 4}, 0.52),
     (40, 1.25, {"iterations": 4}, 0.52),
+    (60, 1.1, {"iterations": 4}, 0.47),
     (60, 1.25, {"iterations": 4}, 0.47),
 )
 #: (ρ, options) of the ``ienkf`` rows on sakov2008 (N = 40): Δ = 0.05 is nearly linear, two iterations suffice
