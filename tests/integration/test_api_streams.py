@@ -224,7 +224,8 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
             r = await c.post("/v1/streams", json={**spec, "num_particles": 40, "method_options": bad})
             assert r.status_code == 422 and f"method_options.{field}" in r.text, r.text
-        r = await c.post("/v1/streams", json={"model": {"family": "gmm"}, "prior": prior, "method": "ienkf"})
+        gmm_prior = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
+        r = await c.post("/v1/streams", json={"model": {"family": "gmm"}, "prior": gmm_prior, "method": "ienkf"})
         assert r.status_code == 422 and "ienkf needs an observation o = h(x) + N(0, R)" in r.text, r.text
 
     run(redis_url, body)
