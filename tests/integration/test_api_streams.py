@@ -599,7 +599,7 @@ def test_metrics_openapi_catalogue(redis_url):
         models = (await c.get("/v1/models")).json()
         by_family = {f["family"]: f for f in models["families"]}
         assert set(by_family) == set(MODEL_FAMILIES)  # every family the server loaded, plugins included
-        assert by_family["lorenz96"]["methods"] == ["enkf", "mpf", "smc", "ukf"]
+        assert by_family["lorenz96"]["methods"] == ["enkf", "ienkf", "mpf", "smc", "ukf"]
         assert "kalman" in by_family["lds"]["methods"] and "kalman" not in by_family["gmm"]["methods"]
         lds_params = {p["name"]: p for p in by_family["lds"]["parameters"]}
         # A or, in continuous time, F: neither alone is required (issue 19); B is
