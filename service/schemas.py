@@ -305,7 +305,8 @@ class CreateStreamRequest(_Request):
         'flow_fraction (0–1 or "auto", with correct and a linear observation), '
         "rejuvenate, shrinkage, inflation, linearisation (posterior, stein, importance), moves (auto or 0–64, "
         "static families), window (0–16); smc ess_threshold, "
-        "rejuvenate, shrinkage; enkf variant, inflation, localisation; ukf alpha, beta, kappa; smc2 theta_particles, "
+        "rejuvenate, shrinkage; enkf variant, inflation, localisation; ienkf inflation, iterations, tolerance; "
+        "ukf alpha, beta, kappa; smc2 theta_particles, "
         "ess_threshold, kernel, jitter. With no method they "
         "adjust the default method's",
     )

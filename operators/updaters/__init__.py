@@ -18,6 +18,7 @@ from typing import Any
 from mpflow.operators.updaters.base import CAPABILITIES, NonFiniteError, Updater
 from mpflow.operators.updaters.enkf import EnKFUpdater
 from mpflow.operators.updaters.gpf import GPFUpdater
+from mpflow.operators.updaters.ienkf import IEnKFUpdater
 from mpflow.operators.updaters.kalman import KalmanUpdater
 from mpflow.operators.updaters.mpf import MPFUpdater
 from mpflow.operators.updaters.nvgd import NVGDUpdater
@@ -36,6 +37,7 @@ UPDATERS: dict[str, type[Updater]] = {
         NVGDUpdater,
         MPFUpdater,
         EnKFUpdater,
+        IEnKFUpdater,
         UKFUpdater,
         SMC2Updater,
     )

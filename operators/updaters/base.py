@@ -218,7 +218,7 @@ class Updater:
         if family.dynamic and not family.affine_transition and not cls.nonlinear_transition:
             return (
                 f"method: {cls.name} pushes Gaussian moments through an affine transition x' = F x + c + N(0, Q), and "
-                f"the {family.name} family's transition is nonlinear; use smc, enkf, ukf or mpf"
+                f"the {family.name} family's transition is nonlinear; use smc, enkf, ienkf, ukf or mpf"
             )
         return None
 

@@ -201,7 +201,8 @@ def test_default_method_and_reproducibility(redis_url):
 def test_lorenz96_default_follows_the_regime(redis_url):
     """A Lorenz-96 stream with no method and no num_particles gets the default measured in its regime: the
     spantini2019 one at Δ = 0.4 with every second variable observed, the sakov2008 one at the defaults (Δ = 0.05,
-    every variable) — and the answer names it (``method``, ``method_reason``)."""
+    every variable) — and the answer names it (``method``, ``method_reason``). In the Spantini regime that is the
+    iterative EnKF (``ienkf``, measured best there), whose options are checked with the field named."""
     d = 40
     prior = {"type": "gaussian", "mean": [8.0] * d, "cov": torch.eye(d).tolist()}
     spantini = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
@@ -217,9 +218,18 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             assert (doc["method"], doc["method_options"]) == (default.method, default.options)
             assert doc["num_particles"] == default.num_particles and doc["method_reason"] == default.reason
             assert f"Lorenz-96 {setting}" in doc["method_reason"]
+            if setting == "spantini2019":
+                assert doc["method"] == "ienkf" and f"ienkf N={doc['num_particles']}" in doc["method_reason"], doc
             obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
             r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
             assert r.status_code == 200 and r.json()["step"] == 1, r.text
+        for bad, field in (({"iterations": 0}, "iterations"), ({"tolerance": 2}, "tolerance")):
+            spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
+            r = await c.post("/v1/streams", json={**spec, "num_particles": 40, "method_options": bad})
+            assert r.status_code == 422 and f"method_options.{field}" in r.text, r.text
+        gmm_prior = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
+        r = await c.post("/v1/streams", json={"model": {"family": "gmm"}, "prior": gmm_prior, "method": "ienkf"})
+        assert r.status_code == 422 and "ienkf needs an observation o = h(x) + N(0, R)" in r.text, r.text
 
     run(redis_url, body)
 
@@ -592,7 +602,7 @@ def test_metrics_openapi_catalogue(redis_url):
         models = (await c.get("/v1/models")).json()
         by_family = {f["family"]: f for f in models["families"]}
         assert set(by_family) == set(MODEL_FAMILIES)  # every family the server loaded, plugins included
-        assert by_family["lorenz96"]["methods"] == ["enkf", "mpf", "smc", "ukf"]
+        assert by_family["lorenz96"]["methods"] == ["enkf", "ienkf", "mpf", "smc", "ukf"]
         assert "kalman" in by_family["lds"]["methods"] and "kalman" not in by_family["gmm"]["methods"]
         lds_params = {p["name"]: p for p in by_family["lds"]["parameters"]}
         # A or, in continuous time, F: neither alone is required (issue 19); B is

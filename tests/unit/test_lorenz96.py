@@ -78,10 +78,10 @@ def test_observation_every_kth_variable_arctan_and_ring_distances():
 
 
 def test_only_the_methods_that_move_particles_through_the_transition_run_it():
-    assert methods_for(FAMILIES["lorenz96"]) == ["enkf", "mpf", "smc", "ukf"]
+    assert methods_for(FAMILIES["lorenz96"]) == ["enkf", "ienkf", "mpf", "smc", "ukf"]
     model = make_model("lorenz96", {}, 6)
     learning = {m for m, cls in UPDATERS.items() if cls.unknown_params}  # smc2 runs it, with priors given
-    for name in sorted(set(UPDATERS) - {"enkf", "mpf", "smc", "ukf"} - learning):
+    for name in sorted(set(UPDATERS) - {"enkf", "ienkf", "mpf", "smc", "ukf"} - learning):
         with pytest.raises(ValueError, match=r"^method: ") as exc:
             get_updater(name).check_compatible(model)
         assert "lorenz96" in str(exc.value)

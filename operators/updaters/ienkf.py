@@ -1,0 +1,176 @@
+"""``ienkf``: the iterative ensemble Kalman filter (IEnKF; Sakov, Oliver & Bertino 2012, transform version; the lag-1
+iEnKS of Bocquet & Sakov 2014) — for families with an observation o = h(x) + N(0, R) (``gaussian_observation``)
+whose transition is deterministic, x_m = f(x_{m-1}) (``transition_mean``), or nearly so.
+
+An EnKF linearises the forecast f and the observation h around the forecast ensemble once; over a long interval
+between observations (Lorenz-96 at Δ = 0.4) f is far from linear over the ensemble's spread and the analysis is
+wrong. The IEnKF analyses the *previous* analysis ensemble E0 (the stream's cloud, at m − 1) against the new
+observation with f inside the cost, and minimises by Gauss–Newton in the ensemble space. With x̄0 the mean of E0
+and A0 = ρ (E0 − x̄0) its anomalies [N, d] (multiplicative inflation ρ, ``inflation``), a state is x(w) = x̄0 + A0ᵀ w,
+and (Sakov et al. 2012 eq. 11; Bocquet & Sakov 2014 eq. 5)
+
+    J(w) = ½ (N − 1) ‖w‖² + ½ ‖o ⊖ h(f(x(w)))‖²_R.
+
+Each iteration j (at most ``iterations``), for every stream still iterating:
+
+1. ensemble   E_i = x̄0 + A0ᵀ (w + T_i) (T: the current transform, I at first) and its forecast F_i = f(E_i);
+2. sensitivity  the transform trick (Sakov et al. 2012 eq. 19): the observation anomalies Y of h(F) are those of an
+              ensemble whose anomalies are T A0, so the linearisation of w ↦ h(f(x(w))) is Ỹ = T⁻¹ Y, whitened
+              Ỹ_R = Ỹ R^{-1/2}; the innovation is ē = mean_i o ⊖ h(F_i) (whitened δ = R^{-1/2} ē);
+3. Gauss–Newton  the Hessian C = (N − 1) I + Ỹ_R Ỹ_Rᵀ and the gradient ∇J = (N − 1) w − Ỹ_R δ give
+              Δw = −C⁻¹ ∇J, w ← w + Δw, and the new transform T = [(N − 1) C⁻¹]^{1/2} (symmetric; eq. 15), from
+              the thin SVD of Ỹ_R as in the ETKF (:func:`mpflow.operators.updaters.enkf.transformed`);
+4. stop       when the increment is below ``tolerance`` in the prior's units, √((N − 1) mean_k Δw_k²) (a stream
+              that stops keeps its w and T: its result does not depend on its batch).
+
+The analysis at m is the forecast of the analysed ensemble at m − 1: x_i^a = f(x̄0 + A0ᵀ (w* + T_i)), one more
+ensemble forecast — so a step costs (iterations + 1) forecasts of the N members. Where the family has model noise
+(Q > 0), the noise N(0, Q) is drawn and added to that final forecast only (the iterations see f alone: the IEnKF
+treats the model as perfect over the interval; a large Q wants an EnKF instead). A static family has f = id: the
+IEnKF is then the iterated ETKF of a nonlinear h. With linear f and h the first iteration lands on the minimum, the
+second finds Δw = 0, and the analysis is the ETKF's exactly (the Kalman filter's mean and covariance).
+
+Evidence: log p(o_m | o_<m) ≈ log N(ē; 0, Y Yᵀ/(N − 1) + R) of the first iteration (the forecast ensemble of E0,
+the EnKF's Gaussian predictive). The ensemble keeps uniform weights; the step's ``ess`` is N and its
+``iterations`` the Gauss–Newton iterations run.
+
+Global: no localisation, so the ensemble must span the unstable directions (N near d; on Lorenz-96 d = 40 at
+Δ = 0.4, spantini2019, N = 40 with ρ = 1.2 and at most 4 iterations gets 0.63 where the LETKF N = 100 gets 0.97,
+while N = 20 loses the truth; docs/benchmarks.md). DAPPER's iEnKS inflates its smoothed ensemble at the window's
+start before forecasting it on; here the stream's cloud (the previous analysis) is inflated as the step starts:
+once per cycle either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from mpflow.operators import gaussian
+from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.rng import Generators
+from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters.base import NonFiniteError, StepWork, Updater
+from mpflow.operators.updaters.enkf import check_inflation, ensemble_innovations, predictive_log_density
+
+#: the most Gauss–Newton iterations a stream may ask for (each one is a forecast of the whole ensemble)
+MAX_ITERATIONS = 20
+
+
+def check_iterations(value: Any) -> None:
+    """``options.iterations``: an integer 1 … :data:`MAX_ITERATIONS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ITERATIONS:
+        raise ValueError(
+            f"options.iterations: the most Gauss–Newton iterations, an integer from 1 to {MAX_ITERATIONS}, "
+            f"got {value!r}"
+        )
+
+
+def check_tolerance(value: Any) -> None:
+    """``options.tolerance``: a non-negative number below 1 (0: always run ``iterations``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(
+            f"options.tolerance: the increment (in prior sd) that stops the iterations, in [0, 1), got {value!r}"
+        )
+
+
+class IEnKFUpdater(Updater):
+    name = "ienkf"
+    needs_gaussian_observation = True
+    nonlinear_transition = True
+    defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3}
+    stream_options = frozenset({"inflation", "iterations", "tolerance"})
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        check_inflation(self.options["inflation"])
+        check_iterations(self.options["iterations"])
+        check_tolerance(self.options["tolerance"])
+
+    def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """At most ``iterations`` + 1 forecasts of the ``n`` members with their predicted observations
+        (:meth:`ModelFamily.particle_flops`, its fixed per-sub-step work included), and per iteration the
+        anomalies' products (about 4 n d k + 2 n² d) and the thin SVD of the n × k whitened sensitivities
+        (about 4 n k² + 4 n² k); a few n × d and n × n float64 copies are held."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        runs = int(self.options["iterations"]) + 1
+        per = n * model.particle_flops(dt, k) + model.step_fixed_flops(dt)
+        algebra = 4.0 * n * d * k + 2.0 * n * n * d + 4.0 * n * k * k + 4.0 * n * n * k
+        held = 8.0 * (6 * n * d + 4 * n * k + 4 * n * n)
+        return StepWork(runs * per + (runs - 1) * algebra, held)
+
+    def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        B, N, _ = state.particles.shape
+        xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
+        n = torch.full((B,), float(N), dtype=torch.float64)
+        return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n, iterations=iters)
+
+    def analysis(
+        self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Steps 1–4 of the module docstring from the previous analysis ensemble [B, N, d] → (analysis ensemble at
+        this step [B, N, d] float64, log p(o | o_<m) [B], Gauss–Newton iterations [B] int64)."""
+        B, N, d = previous.shape
+        m64 = model.to(torch.float64)
+        obs = obs.to(torch.float64)
+        E0 = previous.to(torch.float64)
+        x0 = E0.mean(1, keepdim=True)
+        A0 = float(self.options["inflation"]) * (E0 - x0)
+        L = gaussian.cholesky(m64.observation_noise().expand(B, -1, -1))
+        eye = torch.eye(N, dtype=torch.float64).expand(B, N, N)
+        w = torch.zeros(B, N, 1, dtype=torch.float64)
+        T, T_inv = eye, eye
+        active = torch.ones(B, dtype=torch.bool)
+        iters = torch.zeros(B, dtype=torch.int64)
+        log_pred = None
+        tol = float(self.options["tolerance"])
+        for _ in range(int(self.options["iterations"])):
+            F = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
+            if not bool(torch.isfinite(F).all()):
+                raise NonFiniteError("ienkf: the forecast of a Gauss–Newton iterate is not finite")
+            _, e_bar, Y = ensemble_innovations(F, obs, m64)
+            if log_pred is None:
+                S = Y.transpose(-1, -2) @ Y / (N - 1) + m64.observation_noise().expand(B, -1, -1)
+                log_pred = predictive_log_density(e_bar, S) + m64.observation_log_offset().to(torch.float64)
+            Yw = torch.linalg.solve_triangular(L, (T_inv @ Y).transpose(-1, -2), upper=False).transpose(-1, -2)
+            delta = torch.linalg.solve_triangular(L, e_bar[..., None], upper=False)  # R^{-1/2} ē  [B, k, 1]
+            dw, T_new, T_inv_new = gauss_newton(Yw, delta, w)
+            step = active[:, None, None]
+            w = torch.where(step, w + dw, w)
+            T, T_inv = torch.where(step, T_new, T), torch.where(step, T_inv_new, T_inv)
+            iters = iters + active.long()
+            small = (dw.pow(2).mean((1, 2)) * (N - 1)).sqrt() < tol
+            active = active & ~small
+            if not bool(active.any()):
+                break
+        xa = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
+        if m64.dynamic:
+            xa = m64.perturbed(xa, gens)
+        return xa, log_pred, iters
+
+
+def forecast(model: ModelFamily, x: torch.Tensor) -> torch.Tensor:
+    """f(x) of the transition x_m = f(x_{m-1}) + N(0, Q) (``transition_mean``); the identity for a static family."""
+    return model.transition_mean(x) if model.dynamic else x
+
+
+def gauss_newton(
+    Yw: torch.Tensor, delta: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Gauss–Newton step of J (module docstring, 3.) for whitened sensitivities Yw [B, N, k], whitened innovation
+    δ [B, k, 1] and the iterate w [B, N, 1] → (Δw [B, N, 1], T = [(N − 1) C⁻¹]^{1/2}, T⁻¹). With the thin SVD
+    Yw = U S Vᵀ, C = (N − 1) I + Yw Ywᵀ has eigenvectors U (eigenvalues N − 1 + s²) and N − 1 elsewhere, so
+    Δw = C⁻¹ (Yw δ − (N − 1) w) = U diag(1/(N − 1 + s²)) Uᵀ g + (g − U Uᵀ g)/(N − 1) with g that gradient's
+    negative, and T = I + U diag(√((N − 1)/(N − 1 + s²)) − 1) Uᵀ (T⁻¹ likewise with the reciprocal roots)."""
+    N = Yw.shape[-2]
+    U, s, Vh = torch.linalg.svd(Yw, full_matrices=False)
+    denom = (N - 1) + s**2
+    g = U @ (s[..., None] * (Vh @ delta)) - (N - 1) * w
+    Ug = U.transpose(-1, -2) @ g
+    dw = (g - U @ Ug) / (N - 1) + U @ (Ug / denom[..., None])
+    eye = torch.eye(N, dtype=Yw.dtype)
+    root = torch.sqrt((N - 1) / denom)
+    T = eye + U @ ((root - 1)[..., None] * U.transpose(-1, -2))
+    T_inv = eye + U @ ((1 / root - 1)[..., None] * U.transpose(-1, -2))
+    return dw, T, T_inv
