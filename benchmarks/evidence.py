@@ -36,7 +36,7 @@ from mpflow.operators.references import kalman_filter
 from mpflow.operators.references.grid import diagonal_grid_evidence, static_grid_evidence
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import get_updater
-from mpflow.service.default_methods import default_method
+from mpflow.service.engine.default_methods import default_method
 
 from benchmarks import evidence_reference
 

@@ -27,7 +27,7 @@ its entry point in the group ``mpflow.families``, which puts it in :data:`mpflow
 * the meta-training task distribution (MPF §3.1): :meth:`ModelFamily.sample_task_models` draws B task models
   and priors, ``task_options`` names the options it reads, ``paper_true_x`` the true state of the paper's
   experiment (:func:`mpflow.training.tasks.sample_tasks` simulates the observations);
-* the cost of its work, for the service's cost model (:mod:`mpflow.service.costs`): the integration sub-steps of
+* the cost of its work, for the service's cost model (:mod:`mpflow.service.streams.costs`): the integration sub-steps of
   a step (:meth:`ModelFamily.integration_substeps`, bounded by the service before any step runs) and the
   floating-point operations of one particle's step (:meth:`ModelFamily.particle_flops`);
 * evaluation and benchmark defaults: ``eval_steps`` and ``eval_particles`` (``mpflow evaluate``),
@@ -389,7 +389,7 @@ class ModelFamily:
     def integration_substeps(self, dt: float = 1.0) -> float:
         """The sub-steps of numerical integration that one step of duration ``dt`` runs (the largest over the batch):
         1 for a transition in closed form (every family but ``lorenz96``). A float, which may be astronomically
-        large: a caller compares it with its limit before running the step (:mod:`mpflow.service.costs`)."""
+        large: a caller compares it with its limit before running the step (:mod:`mpflow.service.streams.costs`)."""
         return 1.0
 
     def transition_flops(self) -> float:

@@ -1,4 +1,5 @@
-"""The per-step history key of :class:`~mpflow.service.store.StreamStore` against a real Redis (as ``test_store``):
+"""The per-step history key of :class:`~mpflow.service.store.stream_store.StreamStore` against a real Redis (as
+``test_store``):
 written by the compare-and-set only when it writes, capped, deleted and expiring with the stream, in the stream's
 hash slot. ``test_api_history`` runs these again on a Redis Cluster."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
 
 from tests.integration.test_store import TTL, meta_doc, run
 
