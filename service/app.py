@@ -32,8 +32,8 @@ from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
 from mpflow.operators.models.plugins import CATALOGUE_ORDER
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service import errors
+from mpflow.service.api import ROUTERS
 from mpflow.service.api import docs as redoc_page
-from mpflow.service.api import streams as routes
 from mpflow.service.api import websocket as ws
 from mpflow.service.api.auth import Authenticator, redact_secrets_in_logs
 from mpflow.service.api.metrics import Metrics
@@ -176,9 +176,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sockets = ws.open_sockets(settings)  # WebSockets open, per tenant (MPFLOW_MAX_WEBSOCKETS*)
     app.state.operators = OperatorCatalogue(settings.operator_dir_list)
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
-    app.include_router(routes.api)
-    app.include_router(ws.router)
-    app.include_router(routes.ops)
+    for router in ROUTERS:  # one per resource (mpflow.service.api)
+        app.include_router(router)
     app.include_router(dashboard.router)  # the page at / and the live feed /v1/streams/{id}/events
     # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
     # the gate runs before BodyLimit, so no body is read for a request without a valid key

@@ -10,7 +10,7 @@ headers (browsers). A missing or invalid key refuses the handshake with the HTTP
 ASGI ``websocket.http.response`` extension; servers without it close the handshake, code 1008); an unknown
 stream (or one of another tenant) is answered with a 404 error frame and the socket closed (1008).
 
-Caps (:class:`~mpflow.service.store.quotas.TenantSlots`, ``app.state.sockets``): a tenant with
+Caps (:class:`~mpflow.service.store.quotas.TenantSlots`, :data:`~mpflow.service.api.deps.Sockets`): a tenant with
 ``MPFLOW_MAX_WEBSOCKETS_PER_TENANT`` sockets open on this process is refused the handshake with 429
 ``quota_exceeded`` and ``Retry-After``; when the process holds ``MPFLOW_MAX_WEBSOCKETS`` in all, with 503
 ``too_many_websockets`` (before the caps, 3000 sockets of one client were all accepted: issue 34, item 10).
@@ -23,7 +23,7 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
-from mpflow.service.api.middleware import LOG_KEY
+from mpflow.service.api.deps import AppSettings, Auth, Log, Sockets, Streams
 from mpflow.service.errors import ApiError, from_validation_errors, too_large, unavailable
 from mpflow.service.schemas import ObservationsRequest
 from mpflow.service.settings import Settings
@@ -62,20 +62,24 @@ def _frame(err: ApiError) -> dict:
 
 
 @router.websocket("/v1/streams/{stream_id}/ws")
-async def stream_socket(websocket: WebSocket, stream_id: str) -> None:
-    app = websocket.app
-    info = websocket.scope.get(LOG_KEY)
-    if info is not None:
-        info["stream"] = stream_id
-    sockets: TenantSlots = app.state.sockets
+async def stream_socket(
+    websocket: WebSocket,
+    stream_id: str,
+    streams: Streams,
+    settings: AppSettings,
+    auth: Auth,
+    sockets: Sockets,
+    log: Log,
+) -> None:
+    log.add(stream=stream_id)
     try:
-        tenant = app.state.auth.tenant(websocket.headers.get("authorization"), websocket.query_params.get("api_key"))
+        tenant = auth.tenant(websocket.headers.get("authorization"), websocket.query_params.get("api_key"))
         sockets.take(tenant, _full(sockets))
     except ApiError as err:
         await _deny(websocket, err)
         return
     try:
-        await _serve(websocket, tenant, stream_id)
+        await _serve(websocket, streams, tenant, stream_id, settings.max_body_bytes)
     finally:
         sockets.give(tenant)
 
@@ -105,11 +109,8 @@ def open_sockets(settings: Settings) -> TenantSlots:
     )
 
 
-async def _serve(websocket: WebSocket, tenant: str, stream_id: str) -> None:
+async def _serve(websocket: WebSocket, service: StreamService, tenant: str, stream_id: str, max_bytes: int) -> None:
     """Accept the handshake and answer the client's frames until it goes away."""
-    app = websocket.app
-    service: StreamService = app.state.streams
-    max_bytes = app.state.settings.max_body_bytes
     await websocket.accept()
     try:
         await service.get(tenant, stream_id)

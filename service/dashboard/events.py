@@ -33,19 +33,20 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from mpflow.service.api.middleware import LOG_KEY
-from mpflow.service.api.streams import Tenant, error_responses
+from mpflow.service.api.deps import Log, Streams, Tenant
+from mpflow.service.api.responses import error_responses
 from mpflow.service.errors import ApiError, unavailable
 from mpflow.service.store.quotas import TenantSlots
 from mpflow.service.store.redis_conn import Subscription
 from mpflow.service.store.stream_store import StoreUnavailable, StreamStore
 from mpflow.service.streams.publish import channel
 from redis import exceptions as rexc
+from starlette.requests import HTTPConnection
 
 KEEPALIVE_SECONDS = 15.0
 MAX_FEEDS = 64  # live feeds per process, each with its own subscription connection
@@ -114,6 +115,14 @@ _EVENTS_DOC = (
 )
 
 
+async def live_feeds(conn: HTTPConnection) -> Feeds:
+    """The app's :class:`Feeds` (built by the lifespan), as a dependency."""
+    return conn.app.state.feeds
+
+
+LiveFeeds = Annotated[Feeds, Depends(live_feeds)]
+
+
 @router.get(
     "/v1/streams/{stream_id}/events",
     summary="Live updates of a stream (Server-Sent Events)",
@@ -123,14 +132,12 @@ _EVENTS_DOC = (
         **error_responses(401, 404, 422, 429, 503),
     },
 )
-async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> StreamingResponse:
+async def stream_events(
+    request: Request, stream_id: str, tenant: Tenant, service: Streams, feeds: LiveFeeds, log: Log
+) -> StreamingResponse:
     """Follow a stream live: the stream document now, then one event per applied update (the dashboard's
     feed). The feed ends after a while; reconnect to go on."""
-    info = request.scope.get(LOG_KEY)
-    if info is not None:
-        info["stream"] = stream_id
-    service = request.app.state.streams
-    feeds: Feeds = request.app.state.feeds
+    log.add(stream=stream_id)
     feeds.take(tenant)  # 429 at the tenant's quota, 503 when the process streams MAX_FEEDS
     subscription: Subscription | None = None
     try:
