@@ -76,9 +76,10 @@ class Fallbacks:
         self.on_fallback = on_fallback
         self._log = ThrottledLog(log, FALLBACK_LOG_INTERVAL_S)
 
-    def updater(self, name: str, method: str) -> tuple[Updater, Hashable]:
-        """(updater, engine key) of fall-back ``name`` for a stream of ``method`` (module docstring)."""
-        if weighted(method):
+    def updater(self, name: str, meta: dict[str, Any]) -> tuple[Updater, Hashable]:
+        """(updater, engine key) of fall-back ``name`` for the stream of ``meta`` (module docstring): weighted when
+        the stream's cloud is, under its own options."""
+        if weighted(meta):
             return self.methods.updater(name, None), (name, None)
         return self.methods.uniform_weight_updater(name)
 
@@ -98,7 +99,7 @@ class Fallbacks:
         method = meta["method"]
         tried: list[str] = []
         for name in fallback_methods(method, model):
-            fallback, key = self.updater(name, method)
+            fallback, key = self.updater(name, meta)
             try:
                 start = await self.work.run(meta, hand_over, state, stream, fallback)
                 res = await self.engine.update(fallback, key, name, model, start, obs)

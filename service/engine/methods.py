@@ -83,9 +83,20 @@ def updater_key(meta: dict[str, Any]) -> tuple[str, str | None, str]:
     return meta["method"], meta.get("operator"), options_key(meta.get("method_options"))
 
 
-def weighted(method: str) -> bool:
-    """Whether the particles of a ``method`` stream carry weights (a method this server does not know: assume so)."""
-    return UPDATERS[method].weighted if method in UPDATERS else True
+def capabilities(meta: dict[str, Any]) -> dict[str, bool] | None:
+    """What a stored stream's method does under the stream's own options (:meth:`Updater.capabilities_with`: a
+    weighted cloud, exact, forecasts, ...), as its document publishes it; None for a method this server does not
+    know."""
+    method = UPDATERS.get(meta["method"])
+    return None if method is None else method.capabilities_with(meta.get("method_options") or {})
+
+
+def weighted(meta: dict[str, Any]) -> bool:
+    """Whether a stored stream's particles carry weights under its own options (``mpf`` with ``flow_fraction:
+    "auto"`` does, ``mpf`` without it does not: :func:`capabilities`); a method this server does not know: assume
+    so."""
+    caps = capabilities(meta)
+    return True if caps is None else caps["weighted"]
 
 
 class LRU:

@@ -47,7 +47,7 @@ def draws(meta: dict[str, Any], state: ParticleState, n: int) -> torch.Tensor | 
     family = FAMILIES.get(meta["model"]["family"])  # None: a stored family this server does not know
     gaussian_posterior = family.linear_gaussian if family is not None else True
     seed = summaries.sample_seed(meta["seed"], int(state.step[0]))
-    return summaries.draw(state, n, weighted=weighted(meta["method"]), seed=seed, gaussian_posterior=gaussian_posterior)
+    return summaries.draw(state, n, weighted=weighted(meta), seed=seed, gaussian_posterior=gaussian_posterior)
 
 
 def draw(meta: dict[str, Any], state: ParticleState, n: int) -> list | None:

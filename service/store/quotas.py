@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mpflow.service.errors import ApiError
-from mpflow.service.store.stream_store import StoreUnavailable, StreamStore, _check_name, _guard
+from mpflow.service.store.stream_store import StoreUnavailable, StreamStore, check_name, guard
 from mpflow.service.stream_errors import StreamExistsError
 from mpflow.service.throttled_log import ThrottledLog
 
@@ -150,7 +150,7 @@ class TenantUsage:
         self._recent: OrderedDict[tuple[str, str], tuple[int, float]] = OrderedDict()
 
     def _keys(self, tenant: str) -> list[str]:
-        _check_name("tenant", tenant)
+        check_name("tenant", tenant)
         tag = f"{self.store.prefix}:usage:{{{tenant}}}"
         return [f"{tag}:sizes", f"{tag}:expiry"]
 
@@ -167,7 +167,7 @@ class TenantUsage:
         """Account ``size`` bytes to the stream before it is written; raises 429 over a quota. ``True`` when the
         entry is new (a create that fails then gives it back with :meth:`release`)."""
         args = [stream_id, int(size), int(ttl), self.max_streams, self.max_bytes, "create" if create else "update"]
-        async with _guard(write=True):
+        async with guard(write=True):
             answer = await self._script("reserve", _RESERVE)(keys=self._keys(tenant), args=args)
         verdict = answer[0].decode() if isinstance(answer[0], bytes) else answer[0]
         if verdict == "ok":
@@ -238,12 +238,12 @@ class TenantUsage:
         """Forget a stream: deleted, or a create that did not happen (best effort when the store is down)."""
         self._remember((tenant, stream_id), None)
         with contextlib.suppress(Exception):
-            async with _guard(write=True):
+            async with guard(write=True):
                 await self._script("release", _RELEASE)(keys=self._keys(tenant), args=[stream_id])
 
     async def usage(self, tenant: str) -> tuple[int, int]:
         """``(streams, bytes)`` accounted to ``tenant`` now."""
-        async with _guard():
+        async with guard():
             streams, total = await self._script("usage", _USAGE)(keys=self._keys(tenant)[:1])
         return int(streams), int(total)
 

@@ -240,7 +240,10 @@ def _torn_down(e: BaseException) -> bool:
 
 
 @asynccontextmanager
-async def _guard(write: bool = False) -> AsyncIterator[None]:
+async def guard(write: bool = False) -> AsyncIterator[None]:
+    """Around the store's Redis commands (its own and those of :mod:`.quotas`): a connection failure, a torn-down
+    connection or a refusing server becomes :class:`StoreUnavailable` (503, nothing applied) — or, for a ``write``
+    that may have reached the server, :class:`StoreOutcomeUnknown` (503, retry with the same seq to learn)."""
     try:
         yield
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as e:
@@ -263,7 +266,9 @@ async def _guard(write: bool = False) -> AsyncIterator[None]:
         raise
 
 
-def _check_name(field: str, value: str) -> None:
+def check_name(field: str, value: str) -> None:
+    """ValueError unless ``value`` may be part of a key (a tenant, a stream id): 1-128 characters of
+    ``[A-Za-z0-9._~-]``, so that no name reaches another's keys or hash tag."""
     if not isinstance(value, str) or not _NAME.match(value):
         raise ValueError(f"{field}: expected 1-128 characters from A-Z a-z 0-9 . _ ~ -, got {value!r}")
 
@@ -365,7 +370,7 @@ class StreamStore:
         async with self._deciding:
             if self._reopen is None:
                 return
-            async with _guard():
+            async with guard():
                 cluster = await detect_cluster_async(self.client)
             if cluster:
                 old = self.client
@@ -420,8 +425,8 @@ class StreamStore:
 
     # ------------------------------------------------------------------ keys
     def _keys(self, tenant: str, stream_id: str) -> tuple[str, str]:
-        _check_name("tenant", tenant)
-        _check_name("stream_id", stream_id)
+        check_name("tenant", tenant)
+        check_name("stream_id", stream_id)
         tag = f"{self.prefix}:{{{tenant}:{stream_id}}}"
         return f"{tag}:meta", f"{tag}:state"
 
@@ -440,7 +445,7 @@ class StreamStore:
         return [meta_key, state_key, f"{tag}:history", f"{tag}:ack"]
 
     def _index(self, tenant: str) -> str:
-        _check_name("tenant", tenant)
+        check_name("tenant", tenant)
         return f"{self.prefix}:tenant:{tenant}:streams"
 
     # ------------------------------------------------------------------ operations
@@ -452,7 +457,7 @@ class StreamStore:
         fields = [*_encode_fields(meta), "version", "1", "_index", member]
         args = [_check_ttl(ttl), bytes(state_bytes), *fields]
         await self._decided()
-        async with _guard(write=True):
+        async with guard(write=True):
             await self.client.zadd(index, {member: 0})  # first: the index never misses a stored stream
             result = await self._write(self._create, self._script_keys(tenant, stream_id), args)
             if result == 1:
@@ -465,7 +470,7 @@ class StreamStore:
         """``(meta, state_bytes)`` read by one script (a consistent snapshot), or ``None`` if absent."""
         meta_key, state_key = self._keys(tenant, stream_id)
         await self._decided()
-        async with _guard():
+        async with guard():
             flat, state = await self._get(keys=[meta_key, state_key])
         if not flat or state is None:
             return None
@@ -502,7 +507,7 @@ class StreamStore:
         args = [*head, history_steps, len(entries), *entries, *_encode_fields(new_meta)]
         keys = [meta_key, state_key, self.history_key(tenant, stream_id)]
         await self._decided()
-        async with _guard(write=True):
+        async with guard(write=True):
             return bool(await self._write(self._cas, keys, args))
 
     async def confirm(self, tenant: str, stream_id: str, version: int) -> bool:
@@ -514,7 +519,7 @@ class StreamStore:
             return True
         keys = self._script_keys(tenant, stream_id)
         await self._decided()
-        async with _guard(write=True):
+        async with guard(write=True):
             return bool(await self._write(self._confirm, keys, [str(version)]))
 
     async def history(self, tenant: str, stream_id: str, limit: int) -> tuple[int | None, list[bytes]] | None:
@@ -524,7 +529,7 @@ class StreamStore:
             raise ValueError(f"limit: expected a positive whole number, got {limit!r}")
         meta_key, _ = self._keys(tenant, stream_id)
         await self._decided()
-        async with _guard():
+        async with guard():
             got = await self._history(keys=[meta_key, self.history_key(tenant, stream_id)], args=[limit])
         if got is None:
             return None
@@ -536,7 +541,7 @@ class StreamStore:
         answer that, with replica acknowledgement, also waits until its absence is on the replicas."""
         index = self._index(tenant)
         await self._decided()
-        async with _guard(write=True):
+        async with guard(write=True):
             member = await self._write(self._delete, self._script_keys(tenant, stream_id), [])
             if not member:
                 return False
@@ -557,7 +562,7 @@ class StreamStore:
         items: list[dict[str, Any]] = []
         last: bytes | None = None
         await self._decided()
-        async with _guard():
+        async with guard():
             while len(items) < limit:
                 need = limit - len(items)
                 members = await self.client.zrange(index, start, b"+", bylex=True, offset=0, num=need)
@@ -597,7 +602,7 @@ class StreamStore:
         read-only replica, out of memory, a cluster that is down, too few replicas acknowledging."""
         try:
             await self._decided()
-            async with _guard(write=True):
+            async with guard(write=True):
                 return bool(await self._write(self._probe, [f"{self.prefix}:readyz"], [str(time.time())]))
         except (StoreUnavailable, rexc.RedisError, OSError):
             return False
@@ -607,7 +612,7 @@ class StreamStore:
         await self._decided()
         sub = Subscription(self.client, channel)
         try:
-            async with _guard():
+            async with guard():
                 await sub.start()
         except BaseException:
             await sub.aclose()
@@ -619,7 +624,7 @@ class StreamStore:
         streams)."""
         total = 0
         await self._decided()
-        async with _guard():
+        async with guard():
             async for key in self.client.scan_iter(match=f"{self.prefix}:tenant:*:streams", count=500):
                 total += await self.client.zcard(key)
         return total
@@ -628,10 +633,10 @@ class StreamStore:
         """The deployment's secret ``name`` (key ``<p>:secret:<name>``): ``candidate`` if none was kept yet, else
         the one kept — so every replica sharing the store (one Redis or a cluster) holds the same. Written with
         replica acknowledgement when it is on; raises :class:`StoreUnavailable` when the store does not answer."""
-        _check_name("name", name)
+        check_name("name", name)
         await self._decided()
-        async with _guard(write=True):
+        async with guard(write=True):
             return bytes(await self._write(self._secret, [f"{self.prefix}:secret:{name}"], [bytes(candidate)]))
 
 
-__all__ = ["StoreOutcomeUnknown", "StoreUnavailable", "StreamStore"]
+__all__ = ["StoreOutcomeUnknown", "StoreUnavailable", "StreamStore", "check_name", "guard"]

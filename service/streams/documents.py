@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mpflow.operators.models import FAMILIES
-from mpflow.operators.updaters import UPDATERS
+from mpflow.service.engine.methods import capabilities
 from mpflow.service.streams import pit
 
 #: the metadata fields of an entry of ``GET /v1/streams``
@@ -32,13 +32,6 @@ def untrained(meta: dict[str, Any]) -> bool:
     """Whether the stream runs the untrained flow: method ``mpf`` without a trained operator (the Daum–Huang base
     flow, no learned correction)."""
     return meta["method"] == "mpf" and meta.get("operator") is None
-
-
-def capabilities(meta: dict[str, Any]) -> dict[str, bool] | None:
-    """What the stream's method does with the stream's own options (:meth:`Updater.capabilities_with`: a weighted
-    cloud, exact, forecasts, ...); None for a stored method this server does not know."""
-    method = UPDATERS.get(meta["method"])
-    return None if method is None else method.capabilities_with(meta.get("method_options") or {})
 
 
 def document(stream_id: str, meta: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:

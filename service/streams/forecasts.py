@@ -22,14 +22,12 @@ from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.service.engine import views
-from mpflow.service.engine.methods import Methods
 from mpflow.service.engine.numerics import finite_json
 from mpflow.service.engine.summary import QUANTILES, batch_weighted_quantiles
-from mpflow.service.engine.tensor_work import TensorWork
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.settings import Settings
-from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.streams import costs
+from mpflow.service.streams.deps import StreamPart
 from mpflow.service.streams.documents import state_names
 
 _Z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(QUANTILES, dtype=torch.float64))
@@ -108,14 +106,8 @@ def check_work(
     return costs.check(settings, "steps", steps, lambda k: costs.forecast_cost(model, updater, n, k, dt, samples), what)
 
 
-class Forecasts:
+class Forecasts(StreamPart):
     """Answers forecast requests (module docstring)."""
-
-    def __init__(self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork) -> None:
-        self.settings = settings
-        self.store = store
-        self.methods = methods
-        self.work = work
 
     async def forecast(self, tenant: str, stream_id: str, steps: int, dt: float, samples: int) -> dict[str, Any]:
         """The answer to ``GET .../forecast?steps=&dt=&samples=``; 413 over ``max_forecast_steps`` or

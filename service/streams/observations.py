@@ -4,28 +4,32 @@ event.
 
 The event for the dashboard's live feeds (:func:`mpflow.service.streams.publish.update_event`) and the steps'
 history entries (:mod:`mpflow.service.streams.history`) travel with the compare-and-set, so viewers hear of an update,
-and the
-history records it, exactly when it is stored and never for one that lost its race.
+and the history records it, exactly when it is stored and never for one that lost its race.
+
+``POST /v1/observations:batch`` (:func:`run_batch`) is many such requests in one, each answered on its own: updates
+of one stream run in request order, updates of different streams concurrently (so the update engine can micro-batch
+them). Each result carries the status its own ``POST .../observations`` would have had, and the stream document or
+the error body; one update's refusal does not affect the others.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import Updater
 from mpflow.service.engine import views
-from mpflow.service.engine.methods import Methods
 from mpflow.service.engine.sequencing import KeyedLocks, Seq, check_seq, until_written
-from mpflow.service.engine.stepping import Stepper, parse
-from mpflow.service.engine.tensor_work import TensorWork
-from mpflow.service.engine.update_engine import UpdateEngine
-from mpflow.service.errors import too_large
-from mpflow.service.schemas import ObservationsRequest
+from mpflow.service.engine.stepping import parse
+from mpflow.service.errors import ApiError, too_large, unavailable
+from mpflow.service.schemas import BatchRequest, ObservationsRequest
 from mpflow.service.settings import Settings
-from mpflow.service.store.quotas import TenantUsage, stored_size
-from mpflow.service.store.stream_store import StreamStore
+from mpflow.service.store.quotas import stored_size
+from mpflow.service.store.stream_store import StoreUnavailable
 from mpflow.service.streams import costs, history, pit
+from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import now, observation_document
 from mpflow.service.streams.publish import update_event
 
@@ -65,26 +69,11 @@ def check_work(
     return spent
 
 
-class Observations:
+class Observations(StreamPart):
     """Applies observation requests exactly once (module docstring)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: StreamStore,
-        engine: UpdateEngine,
-        methods: Methods,
-        work: TensorWork,
-        stepper: Stepper,
-        usage: TenantUsage,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.engine = engine
-        self.methods = methods
-        self.work = work
-        self.stepper = stepper
-        self.usage = usage
+    def __init__(self, deps: StreamDeps) -> None:
+        super().__init__(deps)
         self._locks = KeyedLocks()
 
     async def observe(
@@ -156,4 +145,47 @@ class Observations:
         return doc if stored else None
 
 
-__all__ = ["Observations", "check_samples", "check_work"]
+Observe = Callable[[str, str, ObservationsRequest], Awaitable[dict[str, Any]]]
+
+
+async def run_batch(
+    observe: Observe,
+    tenant: str,
+    req: BatchRequest,
+    max_observations: int,
+    on_store_error: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The results of the batch's updates, in request order; 413 when they hold more than ``max_observations``
+    observation steps in all. ``observe(tenant, stream_id, request)`` answers one update; ``on_store_error`` is
+    called for each that met an unreachable store."""
+    total = sum(len(u.observations) for u in req.updates)
+    if total > max_observations:
+        raise too_large(f"updates: at most {max_observations} observation steps per request in all, got {total}")
+    results: list[dict[str, Any] | None] = [None] * len(req.updates)
+    chains: dict[str, list[int]] = {}
+    for i, u in enumerate(req.updates):
+        chains.setdefault(u.stream_id, []).append(i)
+
+    async def one(i: int) -> dict[str, Any]:
+        u = req.updates[i]
+        body = ObservationsRequest(seq=u.seq, observations=u.observations, return_samples=u.return_samples)
+        try:
+            doc = await observe(tenant, u.stream_id, body)
+            return {"stream_id": u.stream_id, "status": 200, "stream": doc}
+        except ApiError as err:
+            return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
+        except StoreUnavailable as exc:
+            if on_store_error is not None:
+                on_store_error()
+            err = unavailable(exc)
+            return {"stream_id": u.stream_id, "status": err.status, "error": err.body()["error"]}
+
+    async def chain(indices: list[int]) -> None:
+        for i in indices:
+            results[i] = await one(i)
+
+    await asyncio.gather(*(chain(ix) for ix in chains.values()))
+    return [r for r in results if r is not None]
+
+
+__all__ = ["Observations", "check_samples", "check_work", "run_batch"]

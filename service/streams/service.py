@@ -1,23 +1,19 @@
 """The stream service the HTTP and WebSocket routes call: create, observe (one request or a batch), read, sample,
 list and delete streams (docs/API.md). It only wires the modules that do the work, one concern each:
 
+* :mod:`mpflow.service.streams.deps` — what the parts below share, handed to each whole;
 * :mod:`mpflow.service.streams.creation` — validating a new stream and drawing its step-0 state;
-* :mod:`mpflow.service.engine.methods` — the method of a new stream, and the cached updater and model of a stored one;
-* :mod:`mpflow.service.streams.observations` — an observation request end to end, exactly once, under the ``seq`` rules
-  and compare-and-set of :mod:`mpflow.service.engine.sequencing`;
-* :mod:`mpflow.service.engine.stepping` — the steps on the update engine, each checked and summarised on its worker;
-* :mod:`mpflow.service.engine.fallback` — the safe methods that compute a step whose method failed numerically
-  (:mod:`mpflow.service.engine.numerics`: what counts as a failure, and the finiteness guard before every write);
-* :mod:`mpflow.service.streams.batch` — ``POST /v1/observations:batch``;
+* :mod:`mpflow.service.streams.observations` — an observation request (or a batch of them) end to end, exactly
+  once, under the ``seq`` rules and compare-and-set of :mod:`mpflow.service.engine.sequencing`, its steps run by
+  the engine (:mod:`mpflow.service.engine`: stepping, fall-backs, micro-batching);
 * :mod:`mpflow.service.streams.forecasts` — ``GET .../forecast``, the predictive distributions k steps ahead;
 * :mod:`mpflow.service.streams.smoothed` — ``GET .../smoothed``, the fixed-lag smoothed marginals;
 * :mod:`mpflow.service.streams.snapshots` — ``GET .../export`` and ``POST /v1/streams:import``;
 * :mod:`mpflow.service.engine.views` and :mod:`mpflow.service.streams.documents` — what reads show, and the JSON
-documents;
+  documents;
 * :mod:`mpflow.service.streams.history` — the per-step history a stream keeps (``GET .../history``);
-* :mod:`mpflow.service.store.quotas` — each tenant's streams and stored bytes, reserved before every write that grows
-them;
-* :mod:`mpflow.service.engine.tensor_work` — whether tensor work runs on the event loop or on the engine's threads.
+* :mod:`mpflow.service.store.quotas` — each tenant's streams and stored bytes, reserved before every write that
+  grows them.
 
 Refusals are :class:`~mpflow.service.errors.ApiError` s whose type fixes the HTTP status
 (:mod:`mpflow.service.errors`, :mod:`mpflow.service.stream_errors`); an unreachable store raises
@@ -45,10 +41,10 @@ from mpflow.service.settings import Settings
 from mpflow.service.store.quotas import TenantUsage
 from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.streams import costs, creation, history
-from mpflow.service.streams.batch import run_batch
+from mpflow.service.streams.deps import StreamDeps
 from mpflow.service.streams.documents import document, list_entry
 from mpflow.service.streams.forecasts import Forecasts
-from mpflow.service.streams.observations import Observations, check_samples
+from mpflow.service.streams.observations import Observations, check_samples, run_batch
 from mpflow.service.streams.smoothed import Smoothing
 from mpflow.service.streams.snapshots import Snapshots
 
@@ -80,10 +76,11 @@ class StreamService:
         self.fallbacks = Fallbacks(self.methods, engine, self.work, on_fallback)
         self.stepper = Stepper(engine, self.work, self.fallbacks)
         self.usage = TenantUsage(store, settings.max_streams_per_tenant, settings.max_stored_bytes_per_tenant)
-        self.observations = Observations(settings, store, engine, self.methods, self.work, self.stepper, self.usage)
-        self.forecasts = Forecasts(settings, store, self.methods, self.work)
-        self.snapshots = Snapshots(settings, store, self.methods, self.work, self.usage)
-        self.smoothing = Smoothing(settings, store, self.methods, self.work)
+        deps = StreamDeps(settings, store, engine, self.methods, self.work, self.stepper, self.usage)
+        self.observations = Observations(deps)
+        self.forecasts = Forecasts(deps)
+        self.snapshots = Snapshots(deps)
+        self.smoothing = Smoothing(deps)
 
     async def create(self, tenant: str, req: CreateStreamRequest) -> dict[str, Any]:
         meta, state, summary = await self.work.off_loop(creation.prepare, self.settings, self.methods, req)

@@ -14,13 +14,10 @@ from typing import Any
 import torch
 from mpflow.operators.state import ParticleState
 from mpflow.service.engine import views
-from mpflow.service.engine.methods import Methods
 from mpflow.service.engine.numerics import finite_json
-from mpflow.service.engine.tensor_work import TensorWork
 from mpflow.service.errors import ApiError, invalid
-from mpflow.service.settings import Settings
-from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.streams import costs
+from mpflow.service.streams.deps import StreamPart
 
 
 def disabled(stream_id: str) -> ApiError:
@@ -39,14 +36,8 @@ def document(stream_id: str, lag: int, step: int, steps: list[int], means: list,
     return {"stream_id": stream_id, "step": step, "lag": lag, "steps": rows}
 
 
-class Smoothing:
+class Smoothing(StreamPart):
     """Answers ``GET .../smoothed`` (module docstring)."""
-
-    def __init__(self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork) -> None:
-        self.settings = settings
-        self.store = store
-        self.methods = methods
-        self.work = work
 
     async def smoothed(self, tenant: str, stream_id: str) -> dict[str, Any]:
         meta, data = await views.read(self.store, tenant, stream_id)

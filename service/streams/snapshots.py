@@ -34,17 +34,13 @@ from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.operators.updaters import Updater
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine import views
-from mpflow.service.engine.methods import Methods
 from mpflow.service.engine.numerics import within_float32
-from mpflow.service.engine.tensor_work import TensorWork
 from mpflow.service.errors import ApiError
-from mpflow.service.settings import Settings
-from mpflow.service.store.quotas import TenantUsage
-from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.stream_errors import OperatorUnavailableError
 from mpflow.service.streams import costs
 from mpflow.service.streams import snapshot_checks as checks
 from mpflow.service.streams.creation import check_smoothing, state_size
+from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import document, now
 from mpflow.service.streams.snapshot_signing import SnapshotKey, key_id, signature, verifies
 
@@ -179,18 +175,12 @@ def _one_step(model: ModelFamily, updater: Updater, lag: int, n: int) -> costs.C
     return costs.observations_cost(model, updater, n, [(1.0, None)], 0, lag)
 
 
-class Snapshots:
+class Snapshots(StreamPart):
     """Exports and imports streams (module docstring)."""
 
-    def __init__(
-        self, settings: Settings, store: StreamStore, methods: Methods, work: TensorWork, usage: TenantUsage
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.methods = methods
-        self.work = work
-        self.key = SnapshotKey(settings, store)
-        self.usage = usage
+    def __init__(self, deps: StreamDeps) -> None:
+        super().__init__(deps)
+        self.key = SnapshotKey(deps.settings, deps.store)
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         """The snapshot of the caller's stream (404 for an unknown one or another tenant's)."""
