@@ -38,7 +38,7 @@ from mpflow.service.api import websocket as ws
 from mpflow.service.api.auth import Authenticator, redact_secrets_in_logs
 from mpflow.service.api.metrics import Metrics
 from mpflow.service.api.middleware import AuthGate, BodyLimit, Observe
-from mpflow.service.dashboard import routes as dashboard
+from mpflow.service.dashboard import router as dashboard
 from mpflow.service.dashboard.events import Feeds
 from mpflow.service.engine.catalogue import OperatorCatalogue, methods_for
 from mpflow.service.engine.methods import check_method_options
@@ -178,7 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
     for router in ROUTERS:  # one per resource (mpflow.service.api)
         app.include_router(router)
-    app.include_router(dashboard.router)  # the page at / and the live feed /v1/streams/{id}/events
+    app.include_router(dashboard)  # the page at / and the live feed /v1/streams/{id}/events
     # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
     # the gate runs before BodyLimit, so no body is read for a request without a valid key
     app.add_middleware(
