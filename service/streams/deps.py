@@ -32,38 +32,18 @@ class StreamDeps:
 
 
 class StreamPart:
-    """A part of the stream service: its dependencies are the fields of the :class:`StreamDeps` it was built with."""
+    """A part of the stream service: its dependencies are the fields of the :class:`StreamDeps` it was built with,
+    copied to plain attributes (read on every request: an attribute, not a property call)."""
 
     def __init__(self, deps: StreamDeps) -> None:
         self.deps = deps
-
-    @property
-    def settings(self) -> Settings:
-        return self.deps.settings
-
-    @property
-    def store(self) -> StreamStore:
-        return self.deps.store
-
-    @property
-    def engine(self) -> UpdateEngine:
-        return self.deps.engine
-
-    @property
-    def methods(self) -> Methods:
-        return self.deps.methods
-
-    @property
-    def work(self) -> TensorWork:
-        return self.deps.work
-
-    @property
-    def stepper(self) -> Stepper:
-        return self.deps.stepper
-
-    @property
-    def usage(self) -> TenantUsage:
-        return self.deps.usage
+        self.settings: Settings = deps.settings
+        self.store: StreamStore = deps.store
+        self.engine: UpdateEngine = deps.engine
+        self.methods: Methods = deps.methods
+        self.work: TensorWork = deps.work
+        self.stepper: Stepper = deps.stepper
+        self.usage: TenantUsage = deps.usage
 
 
 __all__ = ["StreamDeps", "StreamPart"]
