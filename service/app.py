@@ -4,8 +4,7 @@ The lifespan opens what a replica needs and closes it on shutdown:
 
 1. the state store — ``MPFLOW_REDIS_URL`` (one Redis or any node of a Redis Cluster, told apart by asking it), or the
    embedded Redis of :mod:`mpflow.service.store.embedded` under ``data_dir``; an unreachable store does not stop the
-   start
-   (``/readyz`` answers 503, requests 503 until it is back);
+   start (``/readyz`` answers 503, requests 503 until it is back);
 2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.streams.snapshot_signing`);
 3. the update engine (micro-batching dispatchers and their worker threads: a fast and a slow lane);
 4. the watchdog (:mod:`mpflow.service.engine.watchdog`): a thread that tells ``/readyz`` when the event loop lags or a

@@ -2,8 +2,7 @@
 
 :class:`ApiError` is what the service code raises; the handlers registered by :func:`install` turn it, FastAPI's
 request validation errors, Starlette's HTTP errors, :class:`~mpflow.service.store.stream_store.StoreUnavailable` and
-anything
-unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
+anything unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
 every other fault of the request — a field of the wrong type, a value the model family refuses, an unknown
 operator — is 422 ``invalid_request`` with a message that names the field (``observations[0]: ...``): one code
 for one kind of fault, whether pydantic or the operators found it; an unreachable store is 503 with

@@ -15,9 +15,8 @@ numbers the data rows) and its column; so is a missing ``dt`` or input.
 
 Running: in-process by default — the service's own stepping (:class:`~mpflow.service.engine.stepping.Stepper` on an
 :class:`~mpflow.service.engine.update_engine.UpdateEngine`, its fall-backs included) without HTTP or a store; with
-``--server
-URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once, retried
-safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
+``--server URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once,
+retried safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
 observation answers, written one row per step by :func:`mpflow.client.frames.steps_frame` (``mean_<name>``,
 ``std_<name>``, ``q0.05_<name>``, ``q0.5_<name>``, ``q0.95_<name>``, ``log_evidence_increment``, ``ess``, and any
 other field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix; stdout as CSV without it), and

@@ -18,8 +18,7 @@ method is reproducible per stream whatever the batch it ran in.
 
 Cost. :meth:`Updater.step_work` and :meth:`Updater.forecast_work` estimate one update's and one forecast's
 floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.streams.costs`), which
-refuses
-a request over its budget before any of this runs; a method whose work grows otherwise than a particle filter's
+refuses a request over its budget before any of this runs; a method whose work grows otherwise than a particle filter's
 (iterations, pairs of particles, d³ algebra) overrides them.
 
 Hand-over between methods. A step one method cannot compute (it fails numerically) may be computed by another

@@ -31,8 +31,7 @@ the predictive, so that the step inflated the cloud before its flow pulled it ba
 model or prior outside their trained operator's training domain (the stream document's ``operator_domain``).
 ``mpflow_event_loop_lag_seconds`` (gauge) and ``mpflow_worker_busy_seconds`` (gauge; worker: ``fast``, ``slow``,
 ``aux``) are the watchdog's figures (:mod:`mpflow.service.engine.watchdog`): how late the event loop runs a callback,
-and
-how long each compute worker has been on its current job (0 when idle; the longest of the auxiliary threads).
+and how long each compute worker has been on its current job (0 when idle; the longest of the auxiliary threads).
 
 **Several workers** (``python -m mpflow serve --workers N``, N > 1; see :mod:`mpflow.cli.serve`). Each uvicorn worker is
 a process with its own metrics, so with a registry per process a scrape would show only the counts of the one

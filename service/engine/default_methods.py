@@ -1,7 +1,6 @@
 """The method a stream gets when its request names none: the one ``benchmarks/equal_compute.py`` measured most
 accurate for its (family, d), read from ``service/engine/default_methods.json`` (written by that benchmark's full run
-and
-committed with it; ``tests/unit/test_default_methods.py`` checks that the service follows it).
+and committed with it; ``tests/unit/test_default_methods.py`` checks that the service follows it).
 
 An entry gives the method, its options (``mpf``'s ``operator`` and ``substeps``) and the particle count it was
 measured with — used when the request gives none — and a one-line reason, which the stream document carries as

@@ -1,6 +1,5 @@
 """The fall-back chain of one step: when the stream's method fails numerically (:mod:`mpflow.service.engine.numerics`),
-the
-step is computed again from the same state by the first safe method that succeeds, and its result taken back in
+the step is computed again from the same state by the first safe method that succeeds, and its result taken back in
 the form of the stream's method.
 
 The service reads no method's state: each updater converts its own (``to_particles``, ``density``,

@@ -1,8 +1,7 @@
 """Which of the update engine's lanes runs a step: a fast lane for light steps, a slow lane for heavy ones.
 
 The engine (:mod:`mpflow.service.engine.update_engine`) runs each lane's batches on a worker thread of its own, so a
-heavy
-stream's step — seconds of arithmetic at the largest particle counts — delays only the other heavy steps, never a
+heavy stream's step — seconds of arithmetic at the largest particle counts — delays only the other heavy steps, never a
 light one (issue 34: one tenant's N = 65536, d = 64 ``smc`` stream raised another tenant's Kalman update p50 from
 11 ms to 1.09 s when every step shared one worker). Torch releases the GIL inside its kernels, so the two workers
 really overlap; the light lane's steps are short, so the heavy lane loses little.

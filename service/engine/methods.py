@@ -250,8 +250,7 @@ class Methods:
 
     def default(self, model: ModelFamily, requested: dict[str, Any] | None = None) -> Choice:
         """The measured default for ``model`` (:mod:`mpflow.service.engine.default_methods`), or ``smc`` where the
-        default's
-        options, under the ``requested`` ones, cannot run the model's parameters (measured at the benchmark's:
+        default's options, under the ``requested`` ones, cannot run the model's parameters (measured at the benchmark's:
         lorenz96's measured flow_fraction needs a linear observation, which arctan is not)."""
         dm = default_method(model.name, model.state_dim, model.linear_gaussian, params=model_regime(model.params))
         options = {k: v for k, v in dm.options.items() if k != "operator"}

@@ -2,9 +2,8 @@
 
 A request of one step runs as one job of the engine's micro-batches (with other streams' steps); a request of
 several runs as *run* jobs (:meth:`~mpflow.service.engine.update_engine.UpdateEngine.update_run`): the worker applies
-its steps
-one after the other, as many as fit in a run's slice, with one hop to the worker per slice instead of one per step
-(a 1000-observation request costs close to the same steps in-process: docs/benchmarks.md "Long requests"). What
+its steps one after the other, as many as fit in a run's slice, with one hop to the worker per slice instead of one per
+step (a 1000-observation request costs close to the same steps in-process: docs/benchmarks.md "Long requests"). What
 follows each step — the finiteness check, the summary, its ``per_step`` entry, and for the request's last step
 encoding the new state and any draws — runs on the worker too, as the job's ``after`` hook (:func:`_after_run`),
 the summaries and checks of all the run's states in one vectorised pass (the engine's ``summarise`` hook,

@@ -2,9 +2,8 @@
 
 With ``MPFLOW_REDIS_WAIT_REPLICAS = N`` a write is acknowledged only once N replicas have it
 (:mod:`mpflow.service.store.stream_store`), so a primary with fewer than N replicas in sync answers every write of its
-streams
-503 ``store_outcome_unknown`` until a replica is back; the other primaries are unaffected. A shard with exactly N
-replicas is degraded by its first failure: a replica lost, or its primary lost (a replica takes over and is left
+streams 503 ``store_outcome_unknown`` until a replica is back; the other primaries are unaffected. A shard with exactly
+N replicas is degraded by its first failure: a replica lost, or its primary lost (a replica takes over and is left
 with N - 1). N + 1 replicas per shard keep ``WAIT N`` writable through one failure (docs/operations.md, measured
 in ``benchmarks/cluster_faults.py``).
 

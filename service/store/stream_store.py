@@ -38,16 +38,15 @@ carries the stream's hash tag, so the script stays single-slot and the event sta
 Replica acknowledgement (``wait_replicas = N > 0``): every write (create, compare-and-set, delete) is followed on
 its connection by ``WAIT N wait_timeout_ms`` and acknowledged only when N replicas have it; otherwise the write
 is on the primary only and :class:`StoreOutcomeUnknown` is raised
-(:func:`mpflow.service.store.redis_conn.run_acknowledged`).
-So is every answer that acknowledges a write without making one — a ``duplicate`` (:meth:`StreamStore.confirm`), a
-create that finds the stream, a delete that finds none (what a client retrying after a 503 is told). Those scripts
-write too, something that changes nothing (``_NO_CHANGE``: a scratch key of the stream's slot set and deleted),
-because ``WAIT`` proves nothing about another connection's writes: Redis keeps, per connection, the replication
-offset after that connection's last write and waits for the replicas to reach it — a connection that wrote nothing
-waits for offset 0, which every connected replica has. The no-change write's offset lies past every write the
-primary ran before it, the acknowledged one included (the script sees it there), and a replica at that offset
-holds the primary's data as of then (one ordered replication stream). The script checks the stream on the same
-node in the same atomic step: a failover between the service's read and the proof that lost the write shows as
+(:func:`mpflow.service.store.redis_conn.run_acknowledged`). So is every answer that acknowledges a write without making
+one — a ``duplicate`` (:meth:`StreamStore.confirm`), a create that finds the stream, a delete that finds none (what a
+client retrying after a 503 is told). Those scripts write too, something that changes nothing (``_NO_CHANGE``: a scratch
+key of the stream's slot set and deleted), because ``WAIT`` proves nothing about another connection's writes: Redis
+keeps, per connection, the replication offset after that connection's last write and waits for the replicas to reach it
+— a connection that wrote nothing waits for offset 0, which every connected replica has. The no-change write's offset
+lies past every write the primary ran before it, the acknowledged one included (the script sees it there), and a replica
+at that offset holds the primary's data as of then (one ordered replication stream). The script checks the stream on the
+same node in the same atomic step: a failover between the service's read and the proof that lost the write shows as
 a changed version (``confirm`` answers ``False``: read again, and the step is applied anew), never as a proof
 from a primary that does not have it. Measured in ``benchmarks/cluster_faults.py``.
 

@@ -96,8 +96,7 @@ def check_work(
 ) -> costs.Cost:
     """The forecast's estimated cost; 413 before any tensor work for a ``dt`` that integrates in too many
     sub-steps, or a forecast over the cost model's budget (:mod:`mpflow.service.streams.costs`): ``samples`` named when
-    even
-    one horizon of them is over it, else ``steps``, with how many fit."""
+    even one horizon of them is over it, else ``steps``, with how many fit."""
     costs.check_substeps(settings, model, dt, "")
     n = int(meta["num_particles"])
     what = f"a forecast of this {meta['method']} stream (N = {n}, d = {model.state_dim})"

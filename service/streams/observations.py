@@ -50,9 +50,8 @@ def check_work(
 ) -> costs.Cost:
     """The request's estimated cost; 413 before any tensor work for a step that integrates in too many sub-steps
     (its ``dt``) or a request over the cost model's budget (:mod:`mpflow.service.streams.costs`), naming
-    ``observations``
-    and how many fit; with a ``budget`` shared by a batch's updates, also when the batch's updates together are
-    over it."""
+    ``observations`` and how many fit; with a ``budget`` shared by a batch's updates, also when the batch's updates
+    together are over it."""
     steps = costs.requested_steps(req.observations)
     for i, (dt, _) in enumerate(steps):
         costs.check_substeps(settings, model, dt, f"observations[{i}]")

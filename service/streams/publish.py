@@ -5,11 +5,9 @@ published only once the update is stored. The channel carries the stream keys' h
 sharded channel (SPUBLISH/SSUBSCRIBE) of the stream's own slot, so the CAS script stays single-slot.
 :func:`update_event` builds that event as ``(channel, payload)`` for
 :meth:`~mpflow.service.store.stream_store.StreamStore.compare_and_set` (``event=``), whose script PUBLISHes it right
-after its
-write and only if the write happened — atomically with it and without a second round trip
+after its write and only if the write happened — atomically with it and without a second round trip
 (:meth:`~mpflow.service.streams.service.StreamService.observe` passes it). Because the channel lives in the store, a
-viewer
-connected to one replica sees updates applied by any replica.
+viewer connected to one replica sees updates applied by any replica.
 
 Event size is bounded: ``summary`` leaves out ``cov`` (d² numbers) and ``per_step`` keeps the last entries only,
 up to ``MAX_EVENT_NUMBERS`` numbers (means, stds, quantiles) in all (a 1000-step batch of a 2-D stream is sent whole).

@@ -1,6 +1,5 @@
 """Per-tenant stream and stored-bytes quotas (:mod:`mpflow.service.store.quotas`) across replicas: two apps over one
-store
-(one Redis, and a Redis Cluster, where a tenant's accounting keys share a slot of their own), creating, importing,
+store (one Redis, and a Redis Cluster, where a tenant's accounting keys share a slot of their own), creating, importing,
 updating and deleting concurrently. The quota is never passed, the accounted total is always the sum of the
 streams' entries, and it matches what is stored.
 """

@@ -1,7 +1,6 @@
 """The per-step history key of :class:`~mpflow.service.store.stream_store.StreamStore` against a real Redis (as
-``test_store``):
-written by the compare-and-set only when it writes, capped, deleted and expiring with the stream, in the stream's
-hash slot. ``test_api_history`` runs these again on a Redis Cluster."""
+``test_store``): written by the compare-and-set only when it writes, capped, deleted and expiring with the stream, in
+the stream's hash slot. ``test_api_history`` runs these again on a Redis Cluster."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """``mpflow filter`` agrees with the service (issue 38, item 2): without ``--method`` it runs the service's measured
 default for the family and d (``service/engine/default_methods.json``) with that entry's particle count; every
-registered
-family runs with no options at all (its demonstration d); unknown names are refused naming the known ones."""
+registered family runs with no options at all (its demonstration d); unknown names are refused naming the known ones."""
 
 from __future__ import annotations
 

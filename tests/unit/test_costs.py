@@ -1,7 +1,6 @@
 """The cost model (:mod:`mpflow.service.streams.costs`) and the bounded integration loops it relies on: sub-steps
-counted by
-the family, the loop refusing more than its ceiling, estimates that grow as the methods do, and 413s that name the
-field, the limit and the largest value that fits."""
+counted by the family, the loop refusing more than its ceiling, estimates that grow as the methods do, and 413s that
+name the field, the limit and the largest value that fits."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Where :class:`mpflow.service.engine.tensor_work.TensorWork` runs tensor work: small work on the event loop while at
-most
-one observation request is in flight, everything else on the engine's auxiliary threads."""
+most one observation request is in flight, everything else on the engine's auxiliary threads."""
 
 from __future__ import annotations
 
