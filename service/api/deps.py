@@ -10,6 +10,7 @@ parameter to ``/openapi.json`` except :data:`Tenant` (the bearer scheme, as befo
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Security
@@ -58,41 +59,26 @@ async def tenant_of(
     return tenant
 
 
-async def stream_service(conn: HTTPConnection) -> StreamService:
-    return conn.app.state.streams
+def from_state(name: str) -> Callable[[HTTPConnection], Awaitable[Any]]:
+    """A provider of ``app.state.<name>`` (what the lifespan or ``create_app`` put there)."""
+
+    async def provide(conn: HTTPConnection) -> Any:
+        return getattr(conn.app.state, name)
+
+    provide.__name__ = provide.__qualname__ = f"app_state_{name}"
+    return provide
 
 
-async def stream_store(conn: HTTPConnection) -> StreamStore:
-    return conn.app.state.store
-
-
-async def settings(conn: HTTPConnection) -> Settings:
-    return conn.app.state.settings
-
-
-async def operators(conn: HTTPConnection) -> OperatorCatalogue:
-    return conn.app.state.operators
-
-
-async def metrics(conn: HTTPConnection) -> Metrics:
-    return conn.app.state.metrics
-
-
-async def authenticator(conn: HTTPConnection) -> Authenticator:
-    return conn.app.state.auth
-
-
-async def degraded_shards(conn: HTTPConnection) -> DegradedShards:
-    return conn.app.state.degraded
-
-
-async def watchdog(conn: HTTPConnection) -> Watchdog:
-    return conn.app.state.watchdog
-
-
-async def websocket_slots(conn: HTTPConnection) -> TenantSlots:
-    return conn.app.state.sockets
-
+#: the providers, by name, for ``app.dependency_overrides[deps.stream_service] = ...``
+stream_service = from_state("streams")
+stream_store = from_state("store")
+settings = from_state("settings")
+operators = from_state("operators")
+metrics = from_state("metrics")
+authenticator = from_state("auth")
+degraded_shards = from_state("degraded")
+watchdog = from_state("watchdog")
+websocket_slots = from_state("sockets")
 
 Tenant = Annotated[str, Security(tenant_of)]
 Log = Annotated[LogLine, Depends(log_line)]
