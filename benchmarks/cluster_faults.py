@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
 
 from tests.harness.cluster import LocalCluster
 from tests.harness.cluster_faults import FAULTS, run_case

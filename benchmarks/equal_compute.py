@@ -41,7 +41,7 @@ the end point is used and flagged (``≥``).
 
 Output: a markdown table, ``<out>.json``, ``<out>.png`` (error against compute per scenario, SMC's curve with
 mpf's point on it, both regimes) and, from the scenarios marked ``default``, the default-method table the service
-reads (``service/default_methods.json``, written only by a full run; see ``docs/DESIGN.md`` "Default method").
+reads (``service/engine/default_methods.json``, written only by a full run; see ``docs/DESIGN.md`` "Default method").
 ``--out`` defaults to ``benchmarks/results/equal_compute`` (``equal_compute-quick`` with ``--quick``, git-ignored).
 """
 
@@ -77,7 +77,7 @@ from tqdm import tqdm
 from benchmarks import report
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULTS_FILE = ROOT / "service" / "default_methods.json"
+DEFAULTS_FILE = ROOT / "service" / "engine" / "default_methods.json"
 DATA_SEED_BASE = 7_000_003
 MPF_PARTICLES = 256
 #: up to 16384: a stream's stored state grows with N (64 KiB per dimension at 16384), and the service writes it

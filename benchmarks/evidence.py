@@ -36,8 +36,8 @@ from mpflow.operators.references import kalman_filter
 from mpflow.operators.references.grid import diagonal_grid_evidence, static_grid_evidence
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import get_updater
-from mpflow.service import default_methods
-from mpflow.service.default_methods import default_method
+from mpflow.service.engine import default_methods
+from mpflow.service.engine.default_methods import default_method
 
 from benchmarks import evidence_reference
 
@@ -89,7 +89,7 @@ def run(method: str, options: dict, n: int, seed: int, model, prior, obs: torch.
 
 def default_mpf_variants() -> list[tuple[str, dict]]:
     """(label, options) of every ``mpf`` configuration that serves as a default somewhere (the options of the
-    default-method table, ``service/default_methods.json``), each once."""
+    default-method table, ``service/engine/default_methods.json``), each once."""
     seen, out = set(), []
     for entry in default_methods.table():
         if entry["method"] != "mpf":

@@ -67,12 +67,12 @@ def simulated(n: int, seed: int) -> np.ndarray:
 
 def bare_loop(method: str, obs: list[list[float]]) -> float:
     """Seconds of the ``updater.update`` calls alone, from a stream created as the service creates it."""
-    from mpflow.service import creation
-    from mpflow.service.catalogue import OperatorCatalogue
-    from mpflow.service.methods import Methods
+    from mpflow.service.engine.catalogue import OperatorCatalogue
+    from mpflow.service.engine.methods import Methods
+    from mpflow.service.engine.stepping import parse
     from mpflow.service.schemas import CreateStreamRequest
     from mpflow.service.settings import Settings
-    from mpflow.service.stepping import parse
+    from mpflow.service.streams import creation
 
     settings = Settings()
     methods = Methods(settings, OperatorCatalogue(settings.operator_dir_list))

@@ -36,7 +36,7 @@ truth on every experiment, :func:`lost_threshold`; the cheaper rows that lost it
 ``kalman`` (and ``svgd``, ``nvgd``) cannot run Lorenz-96 — they push Gaussian moments through an affine transition —
 and are reported as refused, with the refusal's message. A full run writes the service's default for ``lorenz96``
 of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ and ``obs_every``) into
-``service/default_methods.json``; ``--only SETTING`` replaces that setting's entry alone.
+``service/engine/default_methods.json``; ``--only SETTING`` replaces that setting's entry alone.
 
 ``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
 ``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
@@ -72,7 +72,7 @@ from mpflow.operators.mpf.ring import RingLETKF
 from mpflow.operators.rng import generator
 from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import UPDATERS, get_updater
-from mpflow.service.default_methods import REGIME_KEYS
+from mpflow.service.engine.default_methods import REGIME_KEYS
 from mpflow.training.ring_train import load_flow
 
 from benchmarks import report
@@ -441,7 +441,7 @@ def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
         "state_dim": result["d"],
         "setting": result["setting"],
         "params": result["params"],
-        # the model parameters a stream's default is matched on (:mod:`mpflow.service.default_methods`)
+        # the model parameters a stream's default is matched on (:mod:`mpflow.service.engine.default_methods`)
         "regime": {k: float(model.params[k][0]) for k in REGIME_KEYS},
         "method": best["method"],
         "num_particles": best["N"],

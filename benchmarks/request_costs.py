@@ -1,8 +1,8 @@
 """The worst request each endpoint accepts at the default limits: its time and the server's peak memory
-(docs/API.md "Limits", the cost model of :mod:`mpflow.service.costs`).
+(docs/API.md "Limits", the cost model of :mod:`mpflow.service.streams.costs`).
 
 For each case — an endpoint, a stream (family, method, N, d) and the request grown to the largest size the cost
-model accepts (:func:`mpflow.service.costs.largest`, from the same estimates the server checks) — the stream is
+model accepts (:func:`mpflow.service.streams.costs.largest`, from the same estimates the server checks) — the stream is
 created on a real server (``python -m mpflow serve`` with its default limits, on the Redis of
 ``MPFLOW_REDIS_URL``, else redis://127.0.0.1:6379/0), the server's peak RSS is reset to its current RSS
 (``/proc/PID/clear_refs`` 5), the request is sent, and its wall time and the growth of the server's peak RSS
@@ -34,8 +34,8 @@ import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import get_updater
-from mpflow.service import costs
 from mpflow.service.settings import Settings
+from mpflow.service.streams import costs
 
 from tests.harness.server import drop_prefix, serve_as_user
 from tests.harness.specs import DEFAULT_REDIS

@@ -6,15 +6,15 @@ single-observation updates, one after the other, by :class:`mpflow.client.http.C
 around the service's own functions (class-level wrappers, so nothing in the service changes):
 
 * ``client e2e``: the request as the client sees it (``Client.request``);
-* ``app``: the ASGI app, outermost middleware to the last byte (:class:`mpflow.service.middleware.Observe`);
+* ``app``: the ASGI app, outermost middleware to the last byte (:class:`mpflow.service.api.middleware.Observe`);
 * ``observe()``: :meth:`StreamService.observe`, the handler's work; ``app − observe()`` is routing, body
   parsing/validation (pydantic), the JSON answer and the middleware; ``client e2e − app`` is HTTP (uvicorn,
   sockets, httpx);
 * inside ``observe()``: ``store.get`` / ``store.compare_and_set`` (Redis round trips), ``resolve`` (the
-  cached model and updater, :meth:`mpflow.service.methods.Methods.resolve`), ``decode`` (the stored state,
-  :meth:`mpflow.service.tensor_work.TensorWork.decode`), ``engine.update`` (queue, thread hop, the update and the
+  cached model and updater, :meth:`mpflow.service.engine.methods.Methods.resolve`), ``decode`` (the stored state,
+  :meth:`mpflow.service.engine.tensor_work.TensorWork.decode`), ``engine.update`` (queue, thread hop, the update and the
   job's ``after`` hook) with ``updater.update`` (compute only) and ``finish`` (summary, encode the state, draws:
-  :func:`mpflow.service.stepping.finish`, on the worker) inside it, each ``engine.run(fn)`` (aux thread hop + fn)
+  :func:`mpflow.service.engine.stepping.finish`, on the worker) inside it, each ``engine.run(fn)`` (aux thread hop + fn)
   where one happens.
 
 A stage whose function the service no longer has is left out and listed (``not_instrumented``): the wrappers
@@ -49,9 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mpflow.service import methods, middleware, stepping, store, streams, summary, tensor_work
-from mpflow.service.engine import UpdateEngine
+from mpflow.service.api import middleware
+from mpflow.service.engine import methods, stepping, summary, tensor_work
+from mpflow.service.engine.update_engine import UpdateEngine
 from mpflow.service.settings import Settings
+from mpflow.service.store import stream_store as store
+from mpflow.service.streams import service as streams
 
 from benchmarks import report
 from mpflow.client.http import Client

@@ -3,16 +3,17 @@
 The lifespan opens what a replica needs and closes it on shutdown:
 
 1. the state store — ``MPFLOW_REDIS_URL`` (one Redis or any node of a Redis Cluster, told apart by asking it), or the
-   embedded Redis of :mod:`mpflow.service.embedded` under ``data_dir``; an unreachable store does not stop the start
-   (``/readyz`` answers 503, requests 503 until it is back);
-2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.snapshot_signing`);
+   embedded Redis of :mod:`mpflow.service.store.embedded` under ``data_dir``; an unreachable store does not stop the
+   start (``/readyz`` answers 503, requests 503 until it is back);
+2. the trained-operator catalogue (listed once), and the snapshot key (:mod:`mpflow.service.streams.snapshot_signing`);
 3. the update engine (micro-batching dispatchers and their worker threads: a fast and a slow lane);
-4. the watchdog (:mod:`mpflow.service.watchdog`): a thread that tells ``/readyz`` when the event loop lags or a
+4. the watchdog (:mod:`mpflow.service.engine.watchdog`): a thread that tells ``/readyz`` when the event loop lags or a
    compute worker is stuck.
 
-Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.middleware.Observe`), the auth
-gate (:class:`~mpflow.service.middleware.AuthGate`: no body is read without a valid key), then the body limit and
-read deadline (:class:`~mpflow.service.middleware.BodyLimit`). Every error has the body of :mod:`mpflow.service.errors`.
+Middleware, outermost first: metrics and the JSON access log (:class:`~mpflow.service.api.middleware.Observe`), the auth
+gate (:class:`~mpflow.service.api.middleware.AuthGate`: no body is read without a valid key), then the body limit and
+read deadline (:class:`~mpflow.service.api.middleware.BodyLimit`). Every error has the body of
+:mod:`mpflow.service.errors`.
 """
 
 from __future__ import annotations
@@ -29,22 +30,25 @@ from fastapi_offline import FastAPIOffline
 from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
 from mpflow.operators.models.plugins import CATALOGUE_ORDER
 from mpflow.operators.updaters import UPDATERS
-from mpflow.service import errors, redoc_page, routes, ws
-from mpflow.service.auth import Authenticator, redact_secrets_in_logs
-from mpflow.service.catalogue import OperatorCatalogue, methods_for
-from mpflow.service.dashboard import routes as dashboard
+from mpflow.service import errors
+from mpflow.service.api import ROUTERS
+from mpflow.service.api import docs as redoc_page
+from mpflow.service.api import websocket as ws
+from mpflow.service.api.auth import Authenticator, redact_secrets_in_logs
+from mpflow.service.api.metrics import Metrics
+from mpflow.service.api.middleware import AuthGate, BodyLimit, Observe
+from mpflow.service.dashboard import router as dashboard
 from mpflow.service.dashboard.events import Feeds
-from mpflow.service.embedded import EmbeddedRedis
-from mpflow.service.engine import UpdateEngine
-from mpflow.service.methods import check_method_options
-from mpflow.service.metrics import Metrics
-from mpflow.service.middleware import AuthGate, BodyLimit, Observe
-from mpflow.service.replication import DegradedShards
+from mpflow.service.engine.catalogue import OperatorCatalogue, methods_for
+from mpflow.service.engine.methods import check_method_options
+from mpflow.service.engine.stepping import row_views
+from mpflow.service.engine.update_engine import UpdateEngine
+from mpflow.service.engine.watchdog import Watchdog
 from mpflow.service.settings import Settings
-from mpflow.service.stepping import row_views
-from mpflow.service.store import StoreUnavailable, StreamStore
-from mpflow.service.streams import StreamService
-from mpflow.service.watchdog import Watchdog
+from mpflow.service.store.embedded import EmbeddedRedis
+from mpflow.service.store.replication import DegradedShards
+from mpflow.service.store.stream_store import StoreUnavailable, StreamStore
+from mpflow.service.streams.service import StreamService
 
 log = logging.getLogger("mpflow.app")
 
@@ -171,10 +175,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sockets = ws.open_sockets(settings)  # WebSockets open, per tenant (MPFLOW_MAX_WEBSOCKETS*)
     app.state.operators = OperatorCatalogue(settings.operator_dir_list)
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
-    app.include_router(routes.api)
-    app.include_router(ws.router)
-    app.include_router(routes.ops)
-    app.include_router(dashboard.router)  # the page at / and the live feed /v1/streams/{id}/events
+    for router in ROUTERS:  # one per resource (mpflow.service.api)
+        app.include_router(router)
+    app.include_router(dashboard)  # the page at / and the live feed /v1/streams/{id}/events
     # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
     # the gate runs before BodyLimit, so no body is read for a request without a valid key
     app.add_middleware(

@@ -1,8 +1,8 @@
 """Every 4xx/5xx answer as ``{"error": {"code": "<snake_case>", "message": "<what and how to fix>"}}`` (docs/API.md).
 
 :class:`ApiError` is what the service code raises; the handlers registered by :func:`install` turn it, FastAPI's
-request validation errors, Starlette's HTTP errors, :class:`~mpflow.service.store.StoreUnavailable` and anything
-unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
+request validation errors, Starlette's HTTP errors, :class:`~mpflow.service.store.stream_store.StoreUnavailable` and
+anything unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
 every other fault of the request — a field of the wrong type, a value the model family refuses, an unknown
 operator — is 422 ``invalid_request`` with a message that names the field (``observations[0]: ...``): one code
 for one kind of fault, whether pydantic or the operators found it; an unreachable store is 503 with
@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi import routing as fastapi_routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from mpflow.service.store import StoreOutcomeUnknown, StoreUnavailable
+from mpflow.service.store.stream_store import StoreOutcomeUnknown, StoreUnavailable
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -83,7 +83,7 @@ def too_large(message: str) -> ApiError:
 
 def unavailable(exc: BaseException | None = None) -> ApiError:
     """503 with ``Retry-After``. A write that was sent but never answered
-    (:class:`~mpflow.service.store.StoreOutcomeUnknown`)
+    (:class:`~mpflow.service.store.stream_store.StoreOutcomeUnknown`)
     may still have been applied by the store: that answer says so (``store_outcome_unknown``) and how to find out —
     the same request with the same ``seq`` answers ``duplicate`` if it was."""
     headers = {"Retry-After": str(RETRY_AFTER_S)}

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.smoothing import MAX_LAG as MAX_SMOOTHING_LAG
 from mpflow.operators.updaters import CAPABILITIES, UPDATERS
-from mpflow.service.numerics import FALLBACK_ORDER
+from mpflow.service.engine.numerics import FALLBACK_ORDER
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9._~-]{1,128}$"

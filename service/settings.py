@@ -17,27 +17,28 @@ bad value fails at start with a message naming the field.
 - ``method_options``: per-method updater options as JSON, e.g. ``{"nvgd": {"max_iters": 30}}`` (the keys of each
   updater's ``defaults``; checked when the app starts).
 - ``history_steps``: the per-step history each stream keeps, its last N steps (``GET /v1/streams/{id}/history``;
-  :mod:`mpflow.service.history`).
+  :mod:`mpflow.service.streams.history`).
 - ``max_request_flops``, ``max_request_bytes``, ``max_integration_substeps``: the cost model's budgets
-  (:mod:`mpflow.service.costs`): a request's estimated floating-point operations and peak bytes, and the
+  (:mod:`mpflow.service.streams.costs`): a request's estimated floating-point operations and peak bytes, and the
   numerical-integration sub-steps of one step (Lorenz-96's RK4 over Δ·dt).
 - ``metrics_public``: ``true`` (default) serves ``GET /metrics`` without an API key, for a Prometheus scraper
   inside the cluster; ``false`` makes it need a valid key (any tenant's) when ``api_keys`` is set. With auth on,
   ``/healthz`` and ``/readyz`` (and ``/metrics`` when public) are the only API routes answered without a key.
-- ``snapshot_key``: the secret that signs stream snapshots (HMAC-SHA256, :mod:`mpflow.service.snapshot_signing`), at
+- ``snapshot_key``: the secret that signs stream snapshots (HMAC-SHA256,
+:mod:`mpflow.service.streams.snapshot_signing`), at
   least 32 characters; unset (default), a random key is generated once and kept in the store, so every replica
   of a deployment signs and verifies with the same one.
 - ``updater_cache_size``: updaters kept per process, one per distinct (method, operator, stream options), least
-  recently used dropped first (:mod:`mpflow.service.methods`).
+  recently used dropped first (:mod:`mpflow.service.engine.methods`).
 - ``body_read_timeout_s``: a request body not fully received this long after its first read is answered 408
   ``body_timeout`` and its connection closed; ``max_body_bytes_in_flight``: the request bodies one process holds
   at once (one tenant at most half of it: 429; all tenants: 503 ``server_busy``); ``max_streams_per_tenant``,
   ``max_stored_bytes_per_tenant``, ``max_feeds_per_tenant``, ``max_websockets_per_tenant`` (per process) and
-  ``max_websockets`` (per process, all tenants): the quotas of :mod:`mpflow.service.quotas`, 429
+  ``max_websockets`` (per process, all tenants): the quotas of :mod:`mpflow.service.store.quotas`, 429
   ``quota_exceeded`` with ``Retry-After`` past them.
 - ``loop_lag_limit_seconds``, ``worker_deadline_seconds``: ``/readyz`` answers 503 while the event loop lags
   beyond the first (and for a few seconds after), or a compute worker has been on one job longer than the second
-  (:mod:`mpflow.service.watchdog`).
+  (:mod:`mpflow.service.engine.watchdog`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class Settings(BaseSettings):
     # -- snapshots and updater cache (issue 34)
     snapshot_key: SecretStr | None = None
     updater_cache_size: int = 64
-    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.quotas)
+    # request deadline and per-tenant quotas (docs/API.md "Limits"; mpflow.service.store.quotas)
     body_read_timeout_s: float = 20.0
     max_body_bytes_in_flight: int = 256 * 1024 * 1024
     max_streams_per_tenant: int = 10_000
@@ -115,11 +116,11 @@ class Settings(BaseSettings):
     max_feeds_per_tenant: int = 16
     max_websockets: int = 1024
     max_websockets_per_tenant: int = 128
-    # the cost model's budgets (mpflow.service.costs; docs/API.md "Limits")
+    # the cost model's budgets (mpflow.service.streams.costs; docs/API.md "Limits")
     max_request_flops: float = 2.5e10
     max_request_bytes: int = 384 * 1024 * 1024
     max_integration_substeps: int = 1000
-    # truthful health (service/watchdog.py)
+    # truthful health (service/engine/watchdog.py)
     loop_lag_limit_seconds: float = 1.0
     worker_deadline_seconds: float = 30.0
 

@@ -33,7 +33,7 @@ class StreamExistsError(StreamError):
 
 
 class SeqConflictError(StreamError):
-    """A ``seq`` that leaves a gap or partly overlaps the applied steps (:mod:`mpflow.service.sequencing`)."""
+    """A ``seq`` that leaves a gap or partly overlaps the applied steps (:mod:`mpflow.service.engine.sequencing`)."""
 
     STATUS, CODE = 409, "seq_conflict"
 

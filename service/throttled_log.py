@@ -1,7 +1,7 @@
 """Warnings that may repeat on every request, at most once per interval and kind.
 
-A stream whose method keeps failing numerically falls back on every step (:mod:`mpflow.service.streams`); one WARNING
-per step would flood the log at hundreds of updates per second, while ``mpflow_update_fallbacks_total`` already
+A stream whose method keeps failing numerically falls back on every step (:mod:`mpflow.service.streams.service`); one
+WARNING per step would flood the log at hundreds of updates per second, while ``mpflow_update_fallbacks_total`` already
 counts every one. :class:`ThrottledLog` writes the first warning of a kind, then at most one per ``interval_s``,
 saying how many of that kind it left out since the last one it wrote. Meant for one thread (the event loop).
 """

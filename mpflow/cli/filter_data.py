@@ -3,7 +3,7 @@
 The model file is the body of ``POST /v1/streams`` (docs/API.md): ``{"model": {"family", "params"}, "prior": {...},
 "method", "num_particles", "seed", "method_options", "state_names", ...}``. It is validated by the service's own
 request schema (:class:`~mpflow.service.schemas.CreateStreamRequest`) and, in-process, by the service's own stream
-creation (:func:`mpflow.service.creation.prepare`): a file accepted here is accepted by a server, and a stream
+creation (:func:`mpflow.service.streams.creation.prepare`): a file accepted here is accepted by a server, and a stream
 created here is the one a server would create (the same method, particles and seed give the same numbers).
 
 The data file (``.csv``, ``.csv.gz``, ``.tsv`` or ``.parquet``/``.pq``): one row per step; the observation
@@ -13,10 +13,10 @@ each step's control inputs ``u``. An empty cell is a missing entry; a row whose 
 a step without a measurement. A cell that is not a number is refused naming its row (1-based, as a spreadsheet
 numbers the data rows) and its column; so is a missing ``dt`` or input.
 
-Running: in-process by default — the service's own stepping (:class:`~mpflow.service.stepping.Stepper` on an
-:class:`~mpflow.service.engine.UpdateEngine`, its fall-backs included) without HTTP or a store; with ``--server
-URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once, retried
-safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
+Running: in-process by default — the service's own stepping (:class:`~mpflow.service.engine.stepping.Stepper` on an
+:class:`~mpflow.service.engine.update_engine.UpdateEngine`, its fall-backs included) without HTTP or a store; with
+``--server URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once,
+retried safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
 observation answers, written one row per step by :func:`mpflow.client.frames.steps_frame` (``mean_<name>``,
 ``std_<name>``, ``q0.05_<name>``, ``q0.5_<name>``, ``q0.95_<name>``, ``log_evidence_increment``, ``ess``, and any
 other field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix; stdout as CSV without it), and
@@ -203,17 +203,17 @@ def filter_in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, ti
 
 
 async def _in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, tick: Callable[[int], None]) -> Filtered:
-    from mpflow.service import creation
-    from mpflow.service.catalogue import OperatorCatalogue
-    from mpflow.service.engine import UpdateEngine
+    from mpflow.service.engine.catalogue import OperatorCatalogue
+    from mpflow.service.engine.fallback import Fallbacks
+    from mpflow.service.engine.methods import Methods
+    from mpflow.service.engine.stepping import Stepper, parse, row_views
+    from mpflow.service.engine.tensor_work import TensorWork
+    from mpflow.service.engine.update_engine import UpdateEngine
     from mpflow.service.errors import ApiError
-    from mpflow.service.fallback import Fallbacks
-    from mpflow.service.methods import Methods
     from mpflow.service.results import state_names
     from mpflow.service.schemas import CreateStreamRequest
     from mpflow.service.settings import Settings
-    from mpflow.service.stepping import Stepper, parse, row_views
-    from mpflow.service.tensor_work import TensorWork
+    from mpflow.service.streams import creation
 
     settings = Settings()
     operators = OperatorCatalogue(settings.operator_dir_list)

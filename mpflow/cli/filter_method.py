@@ -1,11 +1,11 @@
 """The method ``mpflow filter`` runs, chosen as the service chooses it (one source of defaults).
 
 Without ``--method`` (and ``--operator``) the command runs what a stream of the same model would get from the
-service when its request names no method: :meth:`mpflow.service.methods.Methods.default`, the method
+service when its request names no method: :meth:`mpflow.service.engine.methods.Methods.default`, the method
 ``benchmarks.equal_compute`` (and the family benchmarks) measured most accurate for the family, d and regime
-(``service/default_methods.json``), with its measured options and particle count N — under this machine's
+(``service/engine/default_methods.json``), with its measured options and particle count N — under this machine's
 ``MPFLOW_METHOD_OPTIONS``, as the service applies them. ``--particles`` overrides N; without it a method the table
-gives no N for runs the service's default, 256 (:data:`mpflow.service.creation.DEFAULT_PARTICLES`).
+gives no N for runs the service's default, 256 (:data:`mpflow.service.streams.creation.DEFAULT_PARTICLES`).
 
 With ``--method`` the updater is that method's own defaults (``mpf``: the operator named, else the newest one that
 the service would pick automatically for the family and d, else the untrained base flow).
@@ -31,10 +31,10 @@ class FilterMethod:
 
 def service_default(model: ModelFamily, particles: int | None) -> FilterMethod:
     """The service's measured default for ``model`` (module docstring)."""
-    from mpflow.service.catalogue import OperatorCatalogue
-    from mpflow.service.creation import DEFAULT_PARTICLES
-    from mpflow.service.methods import Methods
+    from mpflow.service.engine.catalogue import OperatorCatalogue
+    from mpflow.service.engine.methods import Methods
     from mpflow.service.settings import Settings
+    from mpflow.service.streams.creation import DEFAULT_PARTICLES
 
     settings = Settings()
     operators = OperatorCatalogue(settings.operator_dir_list)
@@ -55,7 +55,7 @@ def service_default(model: ModelFamily, particles: int | None) -> FilterMethod:
 def named_method(method: str, operator: str | None, model: ModelFamily, particles: int | None) -> FilterMethod:
     """``--method`` (and ``--operator``, for ``mpf``) as asked, with ``particles`` or 256."""
     from mpflow.operators.updaters import get_updater
-    from mpflow.service.creation import DEFAULT_PARTICLES
+    from mpflow.service.streams.creation import DEFAULT_PARTICLES
 
     if operator and method != "mpf":
         raise ValueError(f"--operator: only used with --method mpf, not {method}")

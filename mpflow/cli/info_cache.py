@@ -1,7 +1,7 @@
 """``mpflow info``'s catalogue (families, methods, trained operators), cached so that the command need not import
 torch each time it runs.
 
-The catalogue is what :mod:`mpflow.service.catalogue` lists for the service (``GET /v1/models``,
+The catalogue is what :mod:`mpflow.service.engine.catalogue` lists for the service (``GET /v1/models``,
 ``GET /v1/operators``), built by importing the model families, the updaters and the operator registry — torch
 among them, seconds of start-up. It depends only on files, so it is kept as JSON under ``$XDG_CACHE_HOME/mpflow``
 (``~/.cache/mpflow``), named by a key over everything it is read from:
@@ -53,7 +53,8 @@ def _files(folders: Iterable[Path], pattern: str) -> list[str]:
 
 def operator_folders(extra_dirs: list[str]) -> list[Path]:
     """The folders the catalogue lists operators from: the shipped ``operators/pretrained``, then
-    ``MPFLOW_OPERATOR_DIRS`` and the service's own setting (as :class:`~mpflow.service.catalogue.OperatorCatalogue`
+    ``MPFLOW_OPERATOR_DIRS`` and the service's own setting (as
+    :class:`~mpflow.service.engine.catalogue.OperatorCatalogue`
     does)."""
     spec = importlib.util.find_spec("mpflow.operators")  # finds the package without importing it (nor torch)
     roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []

@@ -185,7 +185,7 @@ def _catalogue(operator_dirs: list[str], max_state_dim: int) -> dict[str, Any]:
     """Families, methods and operators as the service lists them (imports torch: :mod:`mpflow.cli.info_cache`
     keeps the result)."""
     from mpflow.operators.updaters import UPDATERS
-    from mpflow.service import catalogue
+    from mpflow.service.engine import catalogue
 
     operators = catalogue.OperatorCatalogue(operator_dirs)
     operators.load()

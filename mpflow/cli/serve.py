@@ -4,7 +4,7 @@
 point of ``python -m mpflow serve``. Worker processes: ``--workers``, else ``MPFLOW_WORKERS``, else
 :func:`default_workers` — one per CPU core this process may use, at most ``MAX_DEFAULT_WORKERS`` (each worker has
 its own event loop, engine and GIL; measured on 2 cores, 64 streams of ``mpf``: 634 updates/s with one worker, 1029
-with two). Workers on the embedded store share its one redis-server (:mod:`mpflow.service.embedded`). Every other
+with two). Workers on the embedded store share its one redis-server (:mod:`mpflow.service.store.embedded`). Every other
 setting comes from ``MPFLOW_*`` (see :mod:`mpflow.service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for
 the worker processes. Without it the embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
 """
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mpflow.service.auth import RedactSecrets
+from mpflow.service.api.auth import RedactSecrets
 
 #: the most workers the default starts: each loads torch and the operators (a few hundred MB) and micro-batches
 #: only its own requests, so past a handful of cores more replicas serve better than more workers
@@ -142,7 +142,7 @@ def shared_metrics_dir(workers: int) -> Iterator[str | None]:
     for the workers, which are spawned later and inherit the environment; removed, with the variable, on exit.
     Yields the directory in use, or None with one worker. A directory the user set already is used as it is
     and kept (SystemExit if it is not a directory, before any worker starts)."""
-    from mpflow.service.metrics import MULTIPROC_ENV
+    from mpflow.service.api.metrics import MULTIPROC_ENV
 
     own = os.environ.get(MULTIPROC_ENV)
     if own:

@@ -25,7 +25,7 @@ A family class is its probabilistic model; a new family is one file (plus its en
 * its parameters as the API takes them and the catalogue's text (``GET /v1/models``) are its ``spec``
   (:mod:`mpflow.operators.models.spec`); the names of the state's dimensions are :meth:`ModelFamily.state_names`
   (the stream document's ``state_names``);
-* the cost of its work, for the service's cost model (:mod:`mpflow.service.costs`): the integration sub-steps of
+* the cost of its work, for the service's cost model (:mod:`mpflow.service.streams.costs`): the integration sub-steps of
   a step (:meth:`ModelFamily.integration_substeps`, bounded by the service before any step runs) and the
   floating-point operations of one particle's step (:meth:`ModelFamily.particle_flops`);
 * what a trained operator's task distribution covers (:meth:`ModelFamily.task_domain`) and how a stream is
@@ -340,7 +340,7 @@ class ModelFamily:
     def integration_substeps(self, dt: float = 1.0) -> float:
         """The sub-steps of numerical integration that one step of duration ``dt`` runs (the largest over the batch):
         1 for a transition in closed form (every family but ``lorenz96``). A float, which may be astronomically
-        large: a caller compares it with its limit before running the step (:mod:`mpflow.service.costs`)."""
+        large: a caller compares it with its limit before running the step (:mod:`mpflow.service.streams.costs`)."""
         return 1.0
 
     def transition_flops(self) -> float:

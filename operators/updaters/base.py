@@ -21,8 +21,8 @@ Each observed step also reports its predictive p-values (:meth:`pit`); a method 
 predicts once.
 
 Cost. :meth:`Updater.step_work` and :meth:`Updater.forecast_work` estimate one update's and one forecast's
-floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.costs`), which refuses
-a request over its budget before any of this runs; a method whose work grows otherwise than a particle filter's
+floating-point operations and peak bytes for the service's cost model (:mod:`mpflow.service.streams.costs`), which
+refuses a request over its budget before any of this runs; a method whose work grows otherwise than a particle filter's
 (iterations, pairs of particles, d³ algebra) overrides them.
 
 Hand-over between methods. A step one method cannot compute (it fails numerically) may be computed by another
@@ -74,7 +74,7 @@ from mpflow.operators.updaters.predictive import Predictive, particle_predictive
 
 
 class StepWork(NamedTuple):
-    """An estimate of one update of one stream (:meth:`Updater.step_work`, read by :mod:`mpflow.service.costs`):
+    """An estimate of one update of one stream (:meth:`Updater.step_work`, read by :mod:`mpflow.service.streams.costs`):
     floating-point operations, and the peak bytes of the tensors it holds at once."""
 
     flops: float

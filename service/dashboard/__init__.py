@@ -2,9 +2,21 @@
 
 * :mod:`.pages` — the page (``GET /``, ``GET /streams/{id}``) and its script and style (``static/``; plain
   canvas, no build step, no CDN);
-* :mod:`.events` — ``GET /v1/streams/{id}/events``, a Server-Sent-Events feed of a stream's updates;
-* :mod:`.publish` — the other end of that feed: updates published through Redis as they are stored;
-* :mod:`.routes` — the router ``create_app`` includes.
+* :mod:`.events` — ``GET /v1/streams/{id}/events``, a Server-Sent-Events feed of a stream's updates; the other end
+  of that feed, updates published through Redis as they are stored, is the stream service's
+  (:mod:`mpflow.service.streams.publish`).
 
-This package file imports nothing, so :mod:`mpflow.service.streams` can import :mod:`.publish` without a cycle.
+:data:`router` holds both; ``create_app`` includes it. Nothing below the HTTP layer imports the dashboard, and the
+API's routers do not either (the layering contract of pyproject.toml).
 """
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from mpflow.service.dashboard import events, pages
+
+router = APIRouter()
+router.include_router(pages.router)
+router.include_router(events.router)
+
+__all__ = ["router"]

@@ -2,7 +2,7 @@
 
 The feed authenticates like every ``/v1`` route (``Authorization: Bearer <key>``; the dashboard sends it with
 ``fetch``, so the key never appears in a URL or a log) and answers 404 for an unknown stream or one of another
-tenant. It subscribes to the stream's channel (:mod:`mpflow.service.dashboard.publish`) *before* it reads the stream,
+tenant. It subscribes to the stream's channel (:mod:`mpflow.service.streams.publish`) *before* it reads the stream,
 so no update falls in between, and then sends::
 
     event: stream        the stream document (as GET /v1/streams/{id}) at the moment of subscribing
@@ -11,7 +11,7 @@ so no update falls in between, and then sends::
     : keep-alive         a comment every KEEPALIVE_SECONDS without updates
 
 Each feed holds one Redis connection for its subscription (on a Redis Cluster an ``SSUBSCRIBE`` on the primary of
-the stream's slot, moved by redis-py when the slot moves: :class:`mpflow.service.redis_conn.Subscription`), from a
+the stream's slot, moved by redis-py when the slot moves: :class:`mpflow.service.store.redis_conn.Subscription`), from a
 pool of its own (:class:`Feeds`, opened by the
 app's lifespan) so that viewers can never take the connections the API's reads and writes need; at most
 ``MAX_FEEDS`` feeds per process, beyond which a feed is refused with 503 ``too_many_feeds`` and ``Retry-After``,
@@ -33,19 +33,20 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from mpflow.service.dashboard.publish import channel
+from mpflow.service.api.deps import Log, Streams, Tenant
+from mpflow.service.api.responses import error_responses
 from mpflow.service.errors import ApiError, unavailable
-from mpflow.service.middleware import LOG_KEY
-from mpflow.service.quotas import TenantSlots
-from mpflow.service.redis_conn import Subscription
-from mpflow.service.routes import Tenant, error_responses
-from mpflow.service.store import StoreUnavailable, StreamStore
+from mpflow.service.store.quotas import TenantSlots
+from mpflow.service.store.redis_conn import Subscription
+from mpflow.service.store.stream_store import StoreUnavailable, StreamStore
+from mpflow.service.streams.publish import channel
 from redis import exceptions as rexc
+from starlette.requests import HTTPConnection
 
 KEEPALIVE_SECONDS = 15.0
 MAX_FEEDS = 64  # live feeds per process, each with its own subscription connection
@@ -58,7 +59,7 @@ router = APIRouter()
 
 class Feeds:
     """The live feeds of one process: a Redis connection pool of their own (``MAX_FEEDS`` connections) and the
-    open feeds, per tenant (:class:`~mpflow.service.quotas.TenantSlots`: at most ``per_tenant`` each, so that one
+    open feeds, per tenant (:class:`~mpflow.service.store.quotas.TenantSlots`: at most ``per_tenant`` each, so that one
     tenant cannot hold every feed of the process). ``cluster``: the store's mode when known (``None``: asked, as
     :meth:`StreamStore.from_url`)."""
 
@@ -114,6 +115,14 @@ _EVENTS_DOC = (
 )
 
 
+async def live_feeds(conn: HTTPConnection) -> Feeds:
+    """The app's :class:`Feeds` (built by the lifespan), as a dependency."""
+    return conn.app.state.feeds
+
+
+LiveFeeds = Annotated[Feeds, Depends(live_feeds)]
+
+
 @router.get(
     "/v1/streams/{stream_id}/events",
     summary="Live updates of a stream (Server-Sent Events)",
@@ -123,14 +132,12 @@ _EVENTS_DOC = (
         **error_responses(401, 404, 422, 429, 503),
     },
 )
-async def stream_events(request: Request, stream_id: str, tenant: Tenant) -> StreamingResponse:
+async def stream_events(
+    request: Request, stream_id: str, tenant: Tenant, service: Streams, feeds: LiveFeeds, log: Log
+) -> StreamingResponse:
     """Follow a stream live: the stream document now, then one event per applied update (the dashboard's
     feed). The feed ends after a while; reconnect to go on."""
-    info = request.scope.get(LOG_KEY)
-    if info is not None:
-        info["stream"] = stream_id
-    service = request.app.state.streams
-    feeds: Feeds = request.app.state.feeds
+    log.add(stream=stream_id)
     feeds.take(tenant)  # 429 at the tenant's quota, 503 when the process streams MAX_FEEDS
     subscription: Subscription | None = None
     try:

@@ -8,7 +8,8 @@
   for the oldest Kubernetes version we support and the newest the package knows.
 * The wiring between the files is checked where a typo would only show at run time: MPFLOW_* names are real
   settings, probes hit /readyz and /healthz, selectors match, the Grafana panels query metrics that
-  :mod:`mpflow.service.metrics` defines, Prometheus scrapes the compose ``api`` service, COPY sources reach the build.
+  :mod:`mpflow.service.api.metrics` defines, Prometheus scrapes the compose ``api`` service, COPY sources reach the
+  build.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from mpflow.service.metrics import Metrics
+from mpflow.service.api.metrics import Metrics
 from mpflow.service.settings import Settings
 
 try:  # a dev dependency (pyproject.toml): its wheel carries the Kubernetes JSON schemas
@@ -159,7 +160,7 @@ def test_prometheus_scrapes_every_api_replica() -> None:
 
 
 def _defined_series() -> set[str]:
-    """The sample names service/metrics.py exposes (a counter ``x`` exposes ``x_total``; a histogram
+    """The sample names service/api/metrics.py exposes (a counter ``x`` exposes ``x_total``; a histogram
     ``x_bucket``, ``x_sum``, ``x_count``)."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     series = set()

@@ -22,7 +22,7 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.references import kalman_filter
-from mpflow.service.default_methods import default_method
+from mpflow.service.engine.default_methods import default_method
 from mpflow.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

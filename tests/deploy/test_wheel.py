@@ -69,6 +69,9 @@ def test_the_wheel_claims_only_mpflow(wheel: Path) -> None:
     assert top == {"mpflow", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, top
     assert any(n.startswith("mpflow/operators/pretrained/") and n.endswith("config.json") for n in names)
     assert "mpflow/service/dashboard/static/index.html" in names
+    assert "mpflow/service/engine/default_methods.json" in names  # the measured defaults travel with their reader
+    for part in ("api", "streams", "engine", "store", "dashboard"):
+        assert f"mpflow/service/{part}/__init__.py" in names, part
     assert not any(n.startswith(("mpflow/tests", "mpflow/benchmarks")) for n in names)
 
 

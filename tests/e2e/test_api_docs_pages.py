@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from mpflow.service.api.docs import CDN_LOGO, REDOC_JS
 from mpflow.service.app import DOCS_ASSETS
-from mpflow.service.redoc_page import CDN_LOGO, REDOC_JS
 
 from tests.e2e.test_dashboard import WAIT_MS, PageLog, _sync, browser  # noqa: F401  (fixture)
 from tests.harness.server import drop_prefix, serve_in_thread

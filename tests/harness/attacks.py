@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.service import snapshots
+from mpflow.service.streams import snapshots
 
 from tests.harness.isolation import ALPHA, BETA, create, gaussian_stream
 

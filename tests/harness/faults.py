@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mpflow.service.embedded import running_server
+from mpflow.service.store.embedded import running_server
 
 from mpflow.client.http import Retry
 from tests.harness.server import (

@@ -36,9 +36,9 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 from mpflow.service.app import create_app
-from mpflow.service.embedded import running_server
 from mpflow.service.settings import Settings
-from mpflow.service.store import StreamStore
+from mpflow.service.store.embedded import running_server
+from mpflow.service.store.stream_store import StreamStore
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root: `python -m mpflow serve` runs from there
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.service.snapshots import checksum, header
+from mpflow.service.streams.snapshots import checksum, header
 from safetensors.torch import save
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mpflow.service.embedded import running_server
-from mpflow.service.store import StreamStore
+from mpflow.service.store.embedded import running_server
+from mpflow.service.store.stream_store import StreamStore
 
 from mpflow.client.http import Retry
 from tests.harness.deadline import run_with_deadline

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
 
 from mpflow.client.http import AsyncStream, MpflowError
 from tests.harness.specs import PRIOR, STATE_DIM, TENANT

@@ -121,7 +121,7 @@ def test_micro_batching_across_streams_keeps_answers(redis_url):
                 for i in range(12):
                     await c.post("/v1/streams", json={**spec, "stream_id": f"b{i}"})
                 # one observation per request: a request of several runs its steps as one job of its own (a run,
-                # service/engine.py), and only a request's last step joins the cross-stream batches
+                # service/engine/update_engine.py), and only a request's last step joins the cross-stream batches
                 for o in obs:
                     rs = await asyncio.gather(
                         *(c.post(f"/v1/streams/b{i}/observations", json={"observations": [o]}) for i in range(12))

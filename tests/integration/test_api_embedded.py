@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from mpflow.service.embedded import EmbeddedRedis
 from mpflow.service.settings import Settings
+from mpflow.service.store.embedded import EmbeddedRedis
 
 from tests.harness.server import serve_in_process
 
@@ -94,7 +94,7 @@ def test_two_processes_stopping_at_once_still_shut_the_server_down(tmp_path):
     left running (a leaked daemon would hold the AOF after the service is gone)."""
     import threading
 
-    from mpflow.service.embedded import running_server
+    from mpflow.service.store.embedded import running_server
 
     data = tmp_path / "data"
     servers = [EmbeddedRedis(data), EmbeddedRedis(data)]

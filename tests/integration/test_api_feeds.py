@@ -8,9 +8,9 @@ import json
 import uuid
 from typing import Any
 
-from mpflow.service.auth import OPEN_TENANT
-from mpflow.service.dashboard.publish import channel, update_event
-from mpflow.service.store import StreamStore
+from mpflow.service.api.auth import OPEN_TENANT
+from mpflow.service.store.stream_store import StreamStore
+from mpflow.service.streams.publish import channel, update_event
 
 from tests.harness.server import drop_prefix, serve_in_process
 from tests.integration.test_api_streams import new_stream, settings

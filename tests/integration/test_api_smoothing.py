@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from mpflow.service.settings import Settings
-from mpflow.service.snapshots import MEDIA_TYPE
+from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.rts import PARAMS, PRIOR, data, numpy_rts
 from tests.harness.server import drop_prefix, serve_in_thread

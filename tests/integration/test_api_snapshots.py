@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.settings import Settings
-from mpflow.service.snapshots import MEDIA_TYPE
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
+from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.server import drop_prefix, serve_in_thread
 from tests.harness.snapshots import forge

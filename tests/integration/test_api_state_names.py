@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.service.snapshots import MEDIA_TYPE, checksum
+from mpflow.service.streams.snapshots import MEDIA_TYPE, checksum
 
 from tests.harness.snapshots import unsigned
 from tests.integration.test_api_streams import FAMILIES, new_stream, run

@@ -19,8 +19,8 @@ from mpflow.operators.models import FAMILIES as MODEL_FAMILIES
 from mpflow.operators.models import make_model
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.updaters import UPDATERS
-from mpflow.service.catalogue import methods_for
-from mpflow.service.default_methods import default_method, model_regime
+from mpflow.service.engine.catalogue import methods_for
+from mpflow.service.engine.default_methods import default_method, model_regime
 from mpflow.service.settings import Settings
 
 from tests.harness.server import TENANT_KEYS, drop_prefix, serve_in_process, serve_tenants

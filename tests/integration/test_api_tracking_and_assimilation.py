@@ -90,7 +90,8 @@ def test_range_bearing_and_lorenz96_streams_run_through_the_api(redis_url):
 
 
 def test_a_range_bearing_stream_without_a_method_gets_the_corrected_flow(redis_url):
-    """The measured default (service/default_methods.json, benchmarks.range_bearing): mpf with correct at N = 512,
+    """The measured default (service/engine/default_methods.json, benchmarks.range_bearing): mpf with correct at N =
+    512,
     the base flow (the trained range_bearing-d4-v1 serves only when named), through a crossing of the back axis, a
     range alone and a step without a detection."""
 

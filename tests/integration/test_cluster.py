@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from mpflow.service.replication import REFRESH_S, DegradedShards
 from mpflow.service.settings import Settings
-from mpflow.service.store import StoreOutcomeUnknown, StreamStore
+from mpflow.service.store.replication import REFRESH_S, DegradedShards
+from mpflow.service.store.stream_store import StoreOutcomeUnknown, StreamStore
 
 from tests.harness.cluster import LocalCluster, cluster_binaries
 from tests.harness.server import drop_prefix, serve_in_process, serve_in_thread

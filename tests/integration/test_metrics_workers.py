@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mpflow.service.metrics import MULTIPROC_ENV
+from mpflow.service.api.metrics import MULTIPROC_ENV
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample

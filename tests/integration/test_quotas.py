@@ -1,5 +1,5 @@
-"""Per-tenant stream and stored-bytes quotas (:mod:`mpflow.service.quotas`) across replicas: two apps over one store
-(one Redis, and a Redis Cluster, where a tenant's accounting keys share a slot of their own), creating, importing,
+"""Per-tenant stream and stored-bytes quotas (:mod:`mpflow.service.store.quotas`) across replicas: two apps over one
+store (one Redis, and a Redis Cluster, where a tenant's accounting keys share a slot of their own), creating, importing,
 updating and deleting concurrently. The quota is never passed, the accounted total is always the sum of the
 streams' entries, and it matches what is stored.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from mpflow.service.quotas import TenantUsage
 from mpflow.service.settings import Settings
+from mpflow.service.store.quotas import TenantUsage
 
 from tests.harness.cluster import LocalCluster
 from tests.harness.server import drop_prefix, serve_in_process

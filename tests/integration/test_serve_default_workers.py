@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import psutil
 import redis
-from mpflow.service.embedded import running_server
+from mpflow.service.store.embedded import running_server
 
 from mpflow.cli.serve import default_workers
 from tests.harness.server import serve_as_user

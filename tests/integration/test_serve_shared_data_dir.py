@@ -13,8 +13,8 @@ import time
 
 import httpx
 import pytest
-from mpflow.service import embedded
-from mpflow.service.embedded import EmbeddedStoreBusyError, _locked
+from mpflow.service.store import embedded
+from mpflow.service.store.embedded import EmbeddedStoreBusyError, _locked
 
 from tests.harness.server import serve_as_user
 from tests.integration.test_api_streams import new_stream

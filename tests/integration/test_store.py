@@ -18,7 +18,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater
-from mpflow.service.store import StoreUnavailable, StreamStore
+from mpflow.service.store.stream_store import StoreUnavailable, StreamStore
 
 TTL = 600
 

@@ -1,13 +1,13 @@
-"""The per-step history key of :class:`~mpflow.service.store.StreamStore` against a real Redis (as ``test_store``):
-written by the compare-and-set only when it writes, capped, deleted and expiring with the stream, in the stream's
-hash slot. ``test_api_history`` runs these again on a Redis Cluster."""
+"""The per-step history key of :class:`~mpflow.service.store.stream_store.StreamStore` against a real Redis (as
+``test_store``): written by the compare-and-set only when it writes, capped, deleted and expiring with the stream, in
+the stream's hash slot. ``test_api_history`` runs these again on a Redis Cluster."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
 
 from tests.integration.test_store import TTL, meta_doc, run
 

@@ -1,5 +1,5 @@
 """Numerical faults: extreme observations and degenerate priors never put NaN or inf into a stored state, and a
-step whose method fails numerically is computed by a safe fall-back (``service/numerics.py``), said in the
+step whose method fails numerically is computed by a safe fall-back (``service/engine/numerics.py``), said in the
 answer (``"fallback"``) and counted (``mpflow_update_fallbacks_total``).
 
 Everything runs through the HTTP API (in process, real Redis) and reads back what was stored: the particles

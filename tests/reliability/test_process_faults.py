@@ -7,7 +7,7 @@ acknowledged per-step mean must match), and every stream must take its next upda
 alone (its embedded redis-server is a daemon: it survives, orphaned, and the restart joins it) and the server
 with its redis-server (the restart finds the registry stale and replays the AOF into a fresh server).
 
-Then the embedded store's own crash handling (service/embedded.py): a registered server that still runs but
+Then the embedded store's own crash handling (service/store/embedded.py): a registered server that still runs but
 cannot be reached is stopped before a fresh one is started — never two servers on one AOF — and the servers'
 runtime dirs do not pile up in the temp dir.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from mpflow.service import embedded
-from mpflow.service.embedded import EmbeddedRedis, running_server
+from mpflow.service.store import embedded
+from mpflow.service.store.embedded import EmbeddedRedis, running_server
 
 from tests.harness.faults import process_fault
 from tests.harness.server import wait_gone

@@ -18,8 +18,8 @@ import uuid
 import httpx
 import pytest
 import redis
-from mpflow.service.replication import REFRESH_S, DegradedShards
 from mpflow.service.settings import Settings
+from mpflow.service.store.replication import REFRESH_S, DegradedShards
 
 from tests.harness.server import RedisProcess, serve_in_thread
 
@@ -144,9 +144,9 @@ def test_the_log_says_so_once_per_change(tmp_path, redis_server_binary, caplog):
         assert counts == [1, 1, 1]
         return looks
 
-    with caplog.at_level(logging.INFO, logger="mpflow.service.replication"), RedisProcess(tmp_path) as alone:
+    with caplog.at_level(logging.INFO, logger="mpflow.service.store.replication"), RedisProcess(tmp_path) as alone:
         alone.start()
         looks = asyncio.run(main(alone.url))
     assert all(list(look.values()) == [0] for look in looks)
-    said = [r.getMessage() for r in caplog.records if r.name == "mpflow.service.replication"]
+    said = [r.getMessage() for r in caplog.records if r.name == "mpflow.service.store.replication"]
     assert len(said) == 1 and "fewer than the 1 replica(s)" in said[0], said

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import routing as fastapi_routing
-from mpflow.service import auth as auth_mod
+from mpflow.service.api import auth as auth_mod
 from mpflow.service.app import create_app
 from mpflow.service.settings import Settings
 from starlette.routing import Mount, WebSocketRoute

@@ -23,9 +23,9 @@ import httpx
 import pytest
 import torch
 from mpflow.operators.state import ParticleState, read_metadata
-from mpflow.service.snapshot_signing import GENERATED_BYTES, key_id
-from mpflow.service.snapshots import MEDIA_TYPE
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
+from mpflow.service.streams.snapshot_signing import GENERATED_BYTES, key_id
+from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.server import UserServer, drop_prefix
 from tests.harness.snapshots import flip_byte, forge, unsigned

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from mpflow.service.store import MAX_CONNECTIONS, StreamStore
+from mpflow.service.store.stream_store import MAX_CONNECTIONS, StreamStore
 
 from tests.harness.server import RedisProcess
 from tests.harness.soak import SOAK_PARTICLES, expected_state_bytes, sample_until, soak

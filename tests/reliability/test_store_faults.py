@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mpflow.service.store import StoreOutcomeUnknown, StoreUnavailable, StreamStore
+from mpflow.service.store.stream_store import StoreOutcomeUnknown, StoreUnavailable, StreamStore
 
 from tests.harness.faults import StoreFaultRig
 from tests.harness.server import RedisProcess
@@ -54,7 +54,7 @@ def test_store_outage_answers_503_and_loses_nothing(mode, rig, redis_server_bina
 
 def test_pooled_connections_survive_a_store_restart(tmp_path, redis_server_binary):
     """After Redis restarts, the connections the old server closed are reopened when taken from the pool, not
-    failed: the first commands after the restart all succeed (before the fix in service/store.py, each idle
+    failed: the first commands after the restart all succeed (before the fix in service/store/stream_store.py, each idle
     pooled connection failed once — a 503 for a request that arrived after the store was back)."""
 
     async def main() -> list:

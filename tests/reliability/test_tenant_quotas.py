@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from mpflow.service.store import StreamStore
+from mpflow.service.store.stream_store import StreamStore
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 

@@ -1,12 +1,12 @@
 """``mpflow filter`` agrees with the service (issue 38, item 2): without ``--method`` it runs the service's measured
-default for the family and d (``service/default_methods.json``) with that entry's particle count; every registered
-family runs with no options at all (its demonstration d); unknown names are refused naming the known ones."""
+default for the family and d (``service/engine/default_methods.json``) with that entry's particle count; every
+registered family runs with no options at all (its demonstration d); unknown names are refused naming the known ones."""
 
 from __future__ import annotations
 
 import pytest
 from mpflow.operators.models import FAMILIES, make_model
-from mpflow.service.default_methods import default_method, model_regime
+from mpflow.service.engine.default_methods import default_method, model_regime
 
 from mpflow.cli.filter_method import filter_method
 from mpflow.cli.main import main

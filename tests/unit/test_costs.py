@@ -1,6 +1,6 @@
-"""The cost model (:mod:`mpflow.service.costs`) and the bounded integration loops it relies on: sub-steps counted by
-the family, the loop refusing more than its ceiling, estimates that grow as the methods do, and 413s that name the
-field, the limit and the largest value that fits."""
+"""The cost model (:mod:`mpflow.service.streams.costs`) and the bounded integration loops it relies on: sub-steps
+counted by the family, the loop refusing more than its ceiling, estimates that grow as the methods do, and 413s that
+name the field, the limit and the largest value that fits."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import StreamRNG, rand, randn
 from mpflow.operators.updaters import get_updater
-from mpflow.service import costs
 from mpflow.service.errors import ApiError
 from mpflow.service.settings import Settings
+from mpflow.service.streams import costs
 
 SETTINGS = Settings()
 

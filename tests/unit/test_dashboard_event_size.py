@@ -3,7 +3,7 @@ entries carry (service.dashboard.publish)."""
 
 from __future__ import annotations
 
-from mpflow.service.dashboard.publish import MAX_EVENT_NUMBERS, event_of
+from mpflow.service.streams.publish import MAX_EVENT_NUMBERS, event_of
 
 
 def _numbers(value) -> int:

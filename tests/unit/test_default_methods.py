@@ -1,4 +1,4 @@
-"""The default method is the measured best: ``service/default_methods.json`` is what ``python -m
+"""The default method is the measured best: ``service/engine/default_methods.json`` is what ``python -m
 benchmarks.equal_compute`` (full run) wrote, and the service follows it for a request that names no method."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from mpflow.operators.models import FAMILIES, make_model
 from mpflow.operators.updaters import UPDATERS
-from mpflow.service.catalogue import OperatorCatalogue
-from mpflow.service.default_methods import default_method, table
-from mpflow.service.methods import Methods
+from mpflow.service.engine.catalogue import OperatorCatalogue
+from mpflow.service.engine.default_methods import default_method, table
+from mpflow.service.engine.methods import Methods
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
 
@@ -25,7 +25,7 @@ def _model(family: str, d: int, params: dict | None = None):
 
 
 def test_the_table_is_a_full_benchmark_run_within_the_cost_cap() -> None:
-    assert ENTRIES, "service/default_methods.json is missing: run python -m benchmarks.equal_compute"
+    assert ENTRIES, "service/engine/default_methods.json is missing: run python -m benchmarks.equal_compute"
     for e in ENTRIES:
         assert e["family"] in FAMILIES and e["method"] in UPDATERS, e
         assert e["ms_batched"] <= 10 * e["budget_ms"] + 1e-9, e  # never more than 10x mpf's cost at N = 256

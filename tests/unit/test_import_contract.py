@@ -3,6 +3,10 @@ pyproject.toml): imports point downwards only,
 
     mpflow.operators  ←  mpflow.training | mpflow.service  ←  mpflow.cli;   mpflow.client: nothing of the server
 
+and inside the service (docs/DESIGN.md "Package layout")
+
+    service.store  ←  service.engine  ←  service.streams  ←  service.api  ←  service.dashboard  ←  service.app
+
 the shipped package never imports ``tests`` or ``benchmarks``, and tests never import ``benchmarks``. (Relative
 imports and the bare folder names ``operators``, ``training``, ``service`` are ruff's: TID252, TID251.)
 
@@ -48,13 +52,15 @@ def link_tree(into: Path, extra: dict[str, str] | None = None) -> Path:
         if name != "mpflow":
             (top / name.removeprefix("mpflow.")).symlink_to(ROOT / folder)
     for relative, source in (extra or {}).items():
-        parent = top / Path(relative).parent
-        if parent.is_symlink():  # a folder of links to the real one's entries, plus the new module
-            real = parent.resolve()
-            parent.unlink()
-            parent.mkdir()
-            for entry in real.iterdir():
-                (parent / entry.name).symlink_to(entry)
+        folder = top
+        for part in Path(relative).parent.parts:  # each linked folder on the way: a folder of links to its entries
+            folder = folder / part
+            if folder.is_symlink():
+                real = folder.resolve()
+                folder.unlink()
+                folder.mkdir()
+                for entry in real.iterdir():
+                    (folder / entry.name).symlink_to(entry)
         (top / relative).write_text(source)
     return into
 
@@ -70,20 +76,26 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess:
 def test_the_layering_contracts_hold(tmp_path: Path) -> None:
     done = lint_imports(link_tree(tmp_path))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in done.stdout, done.stdout[-2000:]
+    assert "Contracts: 7 kept, 0 broken." in done.stdout, done.stdout[-2000:]
 
 
 def test_a_breach_is_caught(tmp_path: Path) -> None:
-    """An operators module importing the service, and a client module importing torch: two contracts broken."""
+    """An operators module importing the service, a client module importing torch, a store module importing the
+    API and a dashboard module importing a router: four contracts broken (the repository is not touched)."""
     extra = {
         "operators/breach.py": "from mpflow.service import app\n",
         "client/breach.py": "def f():\n    import torch\n",
+        "service/store/breach.py": "from mpflow.service.api import deps\n",
+        "service/dashboard/breach.py": "from mpflow.service.api import reads\n",
     }
     done = lint_imports(link_tree(tmp_path, extra))
     assert done.returncode == 1, done.stdout[-4000:]
-    assert "Contracts: 2 kept, 2 broken." in done.stdout, done.stdout[-2000:]
+    assert "Contracts: 3 kept, 4 broken." in done.stdout, done.stdout[-2000:]
     assert "mpflow.operators.breach -> mpflow.service.app" in done.stdout
     assert "mpflow.client.breach -> torch" in done.stdout
+    assert "mpflow.service.store.breach -> mpflow.service.api.deps" in done.stdout
+    assert "mpflow.service.dashboard.breach -> mpflow.service.api.reads" in done.stdout
+    assert not (ROOT / "service" / "store" / "breach.py").exists()
 
 
 def test_the_root_and_the_client_load_no_server_code() -> None:

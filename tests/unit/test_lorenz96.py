@@ -13,7 +13,7 @@ from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.mpf.step import predict
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import UPDATERS, get_updater
-from mpflow.service.catalogue import methods_for
+from mpflow.service.engine.catalogue import methods_for
 
 F64 = torch.float64
 

@@ -66,3 +66,17 @@ def test_a_method_does_what_it_declares(method: str, options: dict) -> None:
         assert all(abs(s - N) < 1e-3 for s in sizes), f"{method} declares uniform weights, ESS {sizes}"
     if caps["exact"]:  # the belief it keeps is the exact posterior, not particles
         assert mean is not None and torch.allclose(mean, exact_mean, atol=1e-6), (mean, exact_mean)
+
+
+def test_the_service_reads_a_streams_weighting_off_its_own_options() -> None:
+    """The service's draws and fall-backs (``engine.methods.weighted``) follow the stream's options, as its
+    document's ``capabilities`` does: an ``mpf`` stream with ``flow_fraction: "auto"`` is weighted, one without is
+    not, ``smc`` always is, and a method this server does not know is taken as weighted."""
+    from mpflow.service.engine.methods import capabilities, weighted
+
+    auto = {"method": "mpf", "method_options": AUTO}
+    plain = {"method": "mpf", "method_options": {"correct": True}}
+    assert weighted(auto) and capabilities(auto)["weighted"]
+    assert not weighted(plain) and not capabilities(plain)["weighted"]
+    assert weighted({"method": "smc", "method_options": None})
+    assert weighted({"method": "not-a-method"}) and capabilities({"method": "not-a-method"}) is None

@@ -13,7 +13,7 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.references.grid import diagonal_grid_evidence
 from mpflow.operators.rng import StreamRNG
 from mpflow.operators.updaters import get_updater
-from mpflow.service.summary import step_summary
+from mpflow.service.engine.summary import step_summary
 
 F64 = torch.float64
 LDS = {

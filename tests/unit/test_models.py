@@ -591,7 +591,7 @@ def test_a_new_family_is_one_class(monkeypatch, capsys):
     """A family registered in FAMILIES is served by the catalogue, sampled as meta-training tasks and run by
     ``mpflow filter`` with no other edit (the generic code reads the class)."""
     from mpflow.operators.models.linear_gaussian import LinearGaussian
-    from mpflow.service import catalogue
+    from mpflow.service.engine import catalogue
     from mpflow.training.tasks import sample_tasks
 
     from mpflow.cli.main import main

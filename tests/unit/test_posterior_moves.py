@@ -15,7 +15,7 @@ from mpflow.operators.references.grid import static_grid_posterior
 from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater
-from mpflow.service.fallback import hand_over, take_back
+from mpflow.service.engine.fallback import hand_over, take_back
 
 from tests.unit.test_updaters_common import model_for
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from mpflow.service.auth import redact
+from mpflow.service.api.auth import redact
+from mpflow.service.api.middleware import needs_key
 from mpflow.service.errors import ApiError
-from mpflow.service.middleware import needs_key
-from mpflow.service.quotas import SIZE_UNIT, TenantSlots, stored_size
+from mpflow.service.store.quotas import SIZE_UNIT, TenantSlots, stored_size
 
 FULL = ApiError(503, "full", "the process is full")
 

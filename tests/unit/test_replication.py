@@ -1,8 +1,8 @@
-"""Which replicas count as in sync for ``WAIT`` (:func:`mpflow.service.replication.in_sync`), on ``INFO
+"""Which replicas count as in sync for ``WAIT`` (:func:`mpflow.service.store.replication.in_sync`), on ``INFO
 replication`` answers as redis-py parses them (the counts on live servers: tests/reliability/
 test_replica_acknowledgement.py and tests/integration/test_cluster.py)."""
 
-from mpflow.service.replication import MAX_LAG_S, in_sync
+from mpflow.service.store.replication import MAX_LAG_S, in_sync
 
 
 def _replica(state: str = "online", lag: int = 0) -> dict:

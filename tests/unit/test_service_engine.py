@@ -10,7 +10,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import get_updater
 from mpflow.operators.updaters.smc import SMCUpdater
-from mpflow.service.engine import UpdateEngine, batch_key
+from mpflow.service.engine.update_engine import UpdateEngine, batch_key
 
 PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
 

@@ -9,7 +9,7 @@ import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import get_updater
-from mpflow.service.engine import UpdateEngine
+from mpflow.service.engine.update_engine import UpdateEngine
 
 PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
 MODEL = make_model("linear_gaussian", None, 2)

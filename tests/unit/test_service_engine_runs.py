@@ -10,8 +10,8 @@ import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import get_updater
-from mpflow.service.engine import RUN_FLOATS, RUN_STEPS, UpdateEngine, run_length
-from mpflow.service.stepping import row_views
+from mpflow.service.engine.stepping import row_views
+from mpflow.service.engine.update_engine import RUN_FLOATS, RUN_STEPS, UpdateEngine, run_length
 
 PRIOR = prior_from_spec({"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]})
 MODEL = make_model("linear_gaussian", None, 2)

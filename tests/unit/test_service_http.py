@@ -9,13 +9,13 @@ import logging
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from mpflow.service import auth as auth_mod
-from mpflow.service import catalogue
-from mpflow.service.auth import OPEN_TENANT, Authenticator
+from mpflow.service.api import auth as auth_mod
+from mpflow.service.api.auth import OPEN_TENANT, Authenticator
+from mpflow.service.api.middleware import BodyLimit
+from mpflow.service.engine import catalogue
 from mpflow.service.errors import ApiError, from_validation_errors, install
-from mpflow.service.middleware import BodyLimit
 from mpflow.service.schemas import CreateStreamRequest, ObservationsRequest
-from mpflow.service.store import StoreOutcomeUnknown, StoreUnavailable
+from mpflow.service.store.stream_store import StoreOutcomeUnknown, StoreUnavailable
 from pydantic import ValidationError
 
 

@@ -7,8 +7,8 @@ import threading
 
 import torch
 from fastapi.responses import JSONResponse, StreamingResponse
-from mpflow.service import json_stream
-from mpflow.service.json_stream import CHUNK_VALUES, json_answer
+from mpflow.service.api import json_stream
+from mpflow.service.api.json_stream import CHUNK_VALUES, json_answer
 
 
 def _body(response) -> bytes:

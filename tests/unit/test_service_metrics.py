@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mpflow.service.metrics import MULTIPROC_ENV, Metrics
+from mpflow.service.api.metrics import MULTIPROC_ENV, Metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpflow.cli.serve import shared_metrics_dir

@@ -1,4 +1,5 @@
-"""The exactly-once protocol of :mod:`mpflow.service.sequencing`: the ``seq`` rules (applied / duplicate / conflict),
+"""The exactly-once protocol of :mod:`mpflow.service.engine.sequencing`: the ``seq`` rules (applied / duplicate /
+conflict),
 the compare-and-set retry loop, the per-stream locks, and the status each refusal carries."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ import asyncio
 
 import pytest
 from mpflow.service import stream_errors
+from mpflow.service.engine.sequencing import MAX_WRITE_ATTEMPTS, KeyedLocks, Seq, check_seq, until_written
 from mpflow.service.errors import ApiError
-from mpflow.service.sequencing import MAX_WRITE_ATTEMPTS, KeyedLocks, Seq, check_seq, until_written
 from mpflow.service.stream_errors import ConcurrentUpdateError, SeqConflictError
 
 

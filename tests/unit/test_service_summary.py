@@ -11,7 +11,7 @@ from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater
-from mpflow.service import summary as S
+from mpflow.service.engine import summary as S
 
 PRIOR = {"type": "gaussian", "mean": [1.0, -2.0, 0.5], "cov": [[2.0, 0.6, 0.0], [0.6, 1.0, 0.3], [0.0, 0.3, 0.5]]}
 

@@ -1,12 +1,12 @@
-"""Where :class:`mpflow.service.tensor_work.TensorWork` runs tensor work: small work on the event loop while at most
-one observation request is in flight, everything else on the engine's auxiliary threads."""
+"""Where :class:`mpflow.service.engine.tensor_work.TensorWork` runs tensor work: small work on the event loop while at
+most one observation request is in flight, everything else on the engine's auxiliary threads."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from mpflow.service.tensor_work import INLINE_MAX_ELEMENTS, TensorWork, small
+from mpflow.service.engine.tensor_work import INLINE_MAX_ELEMENTS, TensorWork, small
 
 
 class Engine:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from mpflow.service import watchdog as wd
-from mpflow.service.engine import Busy
+from mpflow.service.engine import watchdog as wd
+from mpflow.service.engine.update_engine import Busy
 
 
 def test_a_blocked_loop_is_named_while_blocked_and_for_the_hold_after(monkeypatch):
@@ -60,7 +60,7 @@ def test_a_worker_past_its_deadline_is_named_with_its_job():
 
 
 def test_the_watchdog_gauges_are_exported():
-    from mpflow.service.metrics import Metrics
+    from mpflow.service.api.metrics import Metrics
 
     metrics = Metrics()
     metrics.observe_watchdog(0.5, {"fast": 0.0, "slow": 2.0, "aux": 0.0})

@@ -145,7 +145,7 @@ def test_the_state_keeps_its_size_as_it_steps():
 
 
 def test_the_catalogue_says_which_parameters_may_be_priors():
-    from mpflow.service import catalogue
+    from mpflow.service.engine import catalogue
 
     fams = {f["family"]: {p["name"]: p["learnable"] for p in f["parameters"]} for f in catalogue.models(8)}
     assert fams["lds"]["R"] and fams["lds"]["Q"] and not fams["lds"]["A"] and not fams["lds"]["B"]

@@ -203,7 +203,7 @@ def test_gaussian_methods_on_a_linear_gaussian_model_are_the_rts_smoother(method
 def test_a_fallback_step_moves_the_window_on_as_the_streams_method():
     """A step computed by another method (the service's fall-back) enters the stream's window as its own method
     records it: a kalman stream's window after a gpf step holds that step's moments and the exact predict."""
-    from mpflow.service.fallback import hand_over, take_back
+    from mpflow.service.engine.fallback import hand_over, take_back
 
     model = make_model("lds", PARAMS, 2)
     kalman, gpf = get_updater("kalman"), get_updater("gpf")

@@ -1,4 +1,4 @@
-"""The checks of an imported snapshot (:mod:`mpflow.service.snapshot_checks`), one by one, and the property the
+"""The checks of an imported snapshot (:mod:`mpflow.service.streams.snapshot_checks`), one by one, and the property the
 "no unknown tensor" check relies on: a method's state never gains a tensor after step 0, so the step-0
 *reference* state lists every tensor a genuine snapshot of that method can hold."""
 
@@ -11,11 +11,11 @@ import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import UPDATERS, get_updater
-from mpflow.service import snapshot_checks as checks
-from mpflow.service.catalogue import OperatorCatalogue
+from mpflow.service.engine.catalogue import OperatorCatalogue
+from mpflow.service.engine.methods import Methods
 from mpflow.service.errors import ApiError
-from mpflow.service.methods import Methods
 from mpflow.service.settings import Settings
+from mpflow.service.streams import snapshot_checks as checks
 
 PRIORS = {
     "gaussian": {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]},

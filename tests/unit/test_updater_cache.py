@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from mpflow.service.catalogue import OperatorCatalogue
-from mpflow.service.methods import Methods
+from mpflow.service.engine.catalogue import OperatorCatalogue
+from mpflow.service.engine.methods import Methods
 from mpflow.service.settings import Settings
 
 

@@ -1,5 +1,5 @@
 """The hand-over of a state between methods (``to_particles`` / ``density`` / ``from_particles`` of every updater in
-``UPDATERS``), as the service's fall-back uses it (:func:`mpflow.service.fallback.hand_over` and ``take_back``).
+``UPDATERS``), as the service's fall-back uses it (:func:`mpflow.service.engine.fallback.hand_over` and ``take_back``).
 
 * the shared form carries no extras, and a method's density is what it knows exactly beyond its particles;
 * a fall-back reads the stream's exact Gaussian or step-0 prior where the stream's method has one;
@@ -15,8 +15,8 @@ import torch
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import UPDATERS, Updater, get_updater
-from mpflow.service.fallback import hand_over, take_back
-from mpflow.service.numerics import FALLBACK_ORDER, fallback_methods
+from mpflow.service.engine.fallback import hand_over, take_back
+from mpflow.service.engine.numerics import FALLBACK_ORDER, fallback_methods
 
 from tests.unit.test_updaters_common import (
     FAST,
