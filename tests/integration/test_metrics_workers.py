@@ -71,6 +71,17 @@ def per_worker(metrics_dir: Path, name: str, select: Select = lambda s: True) ->
     return out
 
 
+def counted(metrics_dir: Path, requests: int, wait: float = 10.0) -> dict[str, float]:
+    """Observation requests counted per worker, once all ``requests`` are (the middleware counts a request after
+    its response is sent, so the client can read the files a moment before the last count lands)."""
+    deadline = time.monotonic() + wait
+    while sum((served := per_worker(metrics_dir, "mpflow_http_requests_total", is_observe)).values()) < requests:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return served
+
+
 def observe_round(url: str, stream_ids: list[str]) -> int:
     """:data:`REQUESTS_PER_ROUND` observation requests per stream, each on a new connection, streams in
     parallel and each stream's requests in order (no write races, so no step is computed twice); the steps."""
@@ -147,7 +158,7 @@ def test_metrics_sum_over_two_workers_on_every_scrape(two_workers: tuple[UserSer
     for _ in range(MAX_ROUNDS):
         steps += observe_round(srv.url, stream_ids)
         requests += STREAMS * REQUESTS_PER_ROUND
-        served = per_worker(metrics_dir, "mpflow_http_requests_total", is_observe)
+        served = counted(metrics_dir, requests)
         if len(served) == 2 and min(served.values()) > 0:
             break
     # both workers answered observations: either one's registry alone would show fewer than all of them
