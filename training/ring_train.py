@@ -125,7 +125,7 @@ def base_analysis(
         if isinstance(updater, IEnKFUpdater):
             rho = lorenz96_inflation(model.params["delta"]).to(previous)[:, None, None]
             mean = previous.mean(1, keepdim=True)
-            xa, _, _, forecast = updater.iterate(mean + rho * (previous - mean), obs, model)
+            xa, _, _, forecast = updater.iterate(mean + rho * (previous - mean), obs, model, strict=False)
             return forecast, xa
         forecast = model.transition_mean(previous)
         return forecast, updater.analysis(forecast, obs, model, None)[0]
@@ -148,6 +148,11 @@ def cycle(
     noise = torch.randn(pool.truth.shape[0], model.params["obs_index"].shape[-1], generator=gen, dtype=torch.float64)
     obs = model.observed_mean(pool.truth[:, None])[:, 0] + model.observation_sd() * noise.to(pool.truth.device)
     forecast, base = base_analysis(letkf, pool.members, obs, model)
+    # a twin whose base analysis blew up (the IEnKF's iterate left the attractor): carried as it was, then restarted
+    blown = ~(torch.isfinite(base).all((1, 2)) & torch.isfinite(forecast).all((1, 2)))
+    if bool(blown.any()):
+        base, forecast = base.clone(), forecast.clone()
+        base[blown], forecast[blown] = pool.members[blown], pool.members[blown]
     weight = next(flow.parameters())
     dev, dtype = weight.device, weight.dtype
     flow_model = type(model)({k: v.to(dev, dtype) for k, v in model.params.items()}, model.state_dim)
@@ -157,6 +162,7 @@ def cycle(
     pool.members = out.detach().to(pool.truth.device, torch.float64)
     pool.age += 1
     rmse = (pool.members.mean(1) - pool.truth).square().mean(-1).sqrt()
+    rmse[blown] = math.inf
     pool.held = (rmse <= LOST_RMSE) & torch.isfinite(rmse)
     return score, rmse
 
@@ -258,7 +264,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             pool = pools[stride]
             held = pool.held
             score, rmse = cycle(pool, flow, letkf, gen, grad=True)
-            loss = score[held].mean() if held is not None and bool(held.any()) else score.mean()
+            keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
+            loss = score[keep].mean() if bool(keep.any()) else score.sum() * 0.0
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)

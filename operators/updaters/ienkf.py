@@ -168,12 +168,18 @@ class IEnKFUpdater(Updater):
         return x, log_pred, iters
 
     def iterate(
-        self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, inflation: torch.Tensor | None = None
+        self,
+        previous: torch.Tensor,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        inflation: torch.Tensor | None = None,
+        strict: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`analysis` without the model noise, and with the first iterate's forecast f(x̄0 + A0) [B, N, d] (the
-        inflated previous ensemble carried to this step: the forecast a correction after the IEnKF reads) →
-        (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)). ``inflation``: ρ per stream [B, 1, 1]
-        in place of the option's."""
+                inflated previous ensemble carried to this step: the forecast a correction after the IEnKF reads) →
+                (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)). ``inflation``: ρ per stream [B, 1, 1]
+                in place of the option's. ``strict=False``: a stream whose forecast is not finite comes back
+        not finite instead of raising (training restarts that twin alone)."""
         B, N, d = previous.shape
         m64 = model.to(torch.float64)
         obs = obs.to(torch.float64)
@@ -190,10 +196,13 @@ class IEnKFUpdater(Updater):
         log_pred = None
         tol = float(self.options["tolerance"])
         first = None
+        blown = torch.zeros(B, dtype=torch.bool)
         for _ in range(int(self.options["iterations"])):
             F = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
-            if not bool(torch.isfinite(F).all()):
+            if strict and not bool(torch.isfinite(F).all()):
                 raise NonFiniteError("ienkf: the forecast of a Gauss–Newton iterate is not finite")
+            blown = blown | ~torch.isfinite(F).flatten(1).all(1)
+            F = torch.where(blown[:, None, None], 0.0, F)  # strict=False: such a stream iterates on zeros, then NaN
             first = F if first is None else first
             _, e_bar, Y = ensemble_innovations(F, obs, m64)
             if log_pred is None:
@@ -210,7 +219,8 @@ class IEnKFUpdater(Updater):
             active = active & ~small
             if not bool(active.any()):
                 break
-        return forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0), log_pred, iters, first
+        xa = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
+        return torch.where(blown[:, None, None], torch.nan, xa), log_pred, iters, first
 
 
 def load_correction(name: Any):

@@ -75,6 +75,7 @@ def find_operator(
         r
         for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
         if r.kind == "operator"
+        and is_mpf_operator(r)
         and r.family == family
         and r.state_dim in (state_dim, 1)
         and (include_named_only or r.auto_select)
@@ -83,6 +84,13 @@ def find_operator(
     if not exact and family in FAMILIES and FAMILIES[family].factorised:
         exact = found
     return max(exact, key=lambda r: r.version, default=None)
+
+
+def is_mpf_operator(record: registry.OperatorRecord) -> bool:
+    """Whether ``record`` is an MPF velocity (its ``architecture`` an object without a ``kind``, the form
+    :class:`MPFVelocity` takes) and not another learned map (a ``ring_correction`` after ``ienkf``)."""
+    arch = record.config["architecture"]
+    return isinstance(arch, dict) and "kind" not in arch
 
 
 def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
@@ -94,7 +102,7 @@ def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
 def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
     """Build the MPFVelocity described by ``config.json`` and load its weights (eval mode)."""
     arch = record.config["architecture"]
-    if not isinstance(arch, dict):
+    if not is_mpf_operator(record):
         raise ValueError(f"operator: {record.name} is not an MPF operator (architecture {arch!r})")
     net = MPFVelocity(record.state_dim, **arch)
     try:
