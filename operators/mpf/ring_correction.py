@@ -1,4 +1,6 @@
-"""A learned local correction of the LETKF's analysis on a ring (``lorenz96``): one network evaluation, no ODE.
+"""A learned local correction of the LETKF's analysis on a ring (``lorenz96``): one network evaluation, no ODE. The
+same network corrects the iterative EnKF's analysis (``ring_train --base ienkf``; served as ``ienkf``'s
+``correction``, :func:`correction_from_record`).
 
 The LETKF (:mod:`mpflow.operators.updaters.enkf`) gives each variable i the analysis of a Kalman update of the local
 ensemble's Gaussian fit: mean m^a_i, sd s^a_i, members x^a_n,i. At Δ = 0.4 between observations the forecast is

@@ -39,6 +39,12 @@ Global: no localisation, so the ensemble must span the unstable directions (N ne
 while N = 20 loses the truth; docs/benchmarks.md). DAPPER's iEnKS inflates its smoothed ensemble at the window's
 start before forecasting it on; here the stream's cloud (the previous analysis) is inflated as the step starts:
 once per cycle either way.
+
+``correction`` (Lorenz-96 only): the registered name of a learned ring correction
+(:mod:`mpflow.operators.mpf.ring_correction`, trained by ``ring_train --arch correction --base ienkf``) applied to the
+analysis, X' = g_θ(f(x̄0 + A0), X^a, o), before the model noise; with it and no ``inflation`` ρ follows the stream's Δ
+by :func:`lorenz96_inflation`, the rule it was trained with. Measured on spantini2019 it does not beat the IEnKF alone
+(docs/benchmarks.md): no default names one.
 """
 
 from __future__ import annotations
