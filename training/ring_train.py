@@ -19,7 +19,11 @@ exceeds ``LOST_RMSE`` (it lost the truth) or after ``MAX_AGE`` cycles (to keep d
 twins, run ``val_cycles`` cycles from their own warm state) — the best θ by the spantini2019 validation RMSE is kept.
 
 ``--arch correction`` trains the one-evaluation local correction of
-:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss.
+:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss. ``--base ienkf`` puts the
+iterative EnKF (:data:`IENKF_BASE`: N = 40 for d = 40, at most 4 Gauss–Newton iterations, ρ per twin by
+:func:`~mpflow.operators.updaters.ienkf.lorenz96_inflation` of its Δ) in place of the LETKF (the default, ``letkf``):
+it analyses the previous ensemble itself, and the network reads its first iterate's forecast. A twin whose IEnKF
+iterate overflows is carried unchanged, counted lost and restarted; a batch with no twin left takes no step.
 
 Writes ``DIR/ring.pt`` (the network's arch, config and θ; at every new best, so a run cut short keeps one),
 ``DIR/ring_final.pt`` (θ at the end of training, whether or not it is the best), ``DIR/ring_log.jsonl`` (one line per
@@ -265,14 +269,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             held = pool.held
             score, rmse = cycle(pool, flow, letkf, gen, grad=True)
             keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
-            loss = score[keep].mean() if bool(keep.any()) else score.sum() * 0.0
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
-            for group in opt.param_groups:  # cosine over the time budget
-                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
-            opt.step()
-            train_scores.append(float(loss.detach()))
+            if bool(keep.any()):  # else every twin of the batch is lost: no step, the restarts below renew them
+                loss = score[keep].mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
+                for group in opt.param_groups:  # cosine over the time budget
+                    group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
+                opt.step()
+                train_scores.append(float(loss.detach()))
             if (it // len(STRIDES)) % args.restart_every == 0:  # restarts in batches: a spin-up costs as one
                 restarts += restart_lost(pool, rmse, stride, args.particles, gen)
             it += 1
