@@ -39,7 +39,9 @@ of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ an
 ``service/engine/default_methods.json``; ``--only SETTING`` replaces that setting's entry alone.
 
 ``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
-``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--methods`` runs only the rows named by
+``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--correction NAME`` adds ``ienkf`` with that
+registered learned correction (``method_options.correction``) and its base ``ienkf`` at ``CORRECTION_PARTICLES``
+(:func:`correction_runs`; ``ienkf:N:1`` picks the corrected rows); ``--methods`` runs only the rows named by
 method, method:N or method:N:inflation (``enkf:40``, ``enkf:40:1.05``); ``--merge`` joins runs that split one
 setting's rows between processes (same twins) into one table — and, for a full-length run, the defaults.
 
@@ -72,6 +74,7 @@ from mpflow.operators.mpf.ring import RingLETKF
 from mpflow.operators.rng import generator
 from mpflow.operators.trained_operators import find_operator
 from mpflow.operators.updaters import UPDATERS, get_updater
+from mpflow.operators.updaters.ienkf import lorenz96_inflation
 from mpflow.service.engine.default_methods import REGIME_KEYS
 from mpflow.training.ring_train import load_flow
 
@@ -307,6 +310,28 @@ def ring_runs(setting: Setting, path: str | None) -> list[tuple[str, int, dict[s
     return [("ring", n, {**base, "flow": str(path)}, None, "") for n in RING_PARTICLES[setting.name]]
 
 
+#: ``--correction NAME``: the ienkf + learned correction rows and its base ienkf (ρ by ``lorenz96_inflation`` of the
+#: setting's Δ, at most 4 iterations) at these N — the base also at the larger N that cost what the correction adds
+CORRECTION_PARTICLES = {"sakov2008": ((40,), (40,)), "spantini2019": ((40,), (40, 44, 48))}
+
+
+def correction_runs(setting: Setting, name: str | None) -> list[tuple[str, int, dict[str, Any], float | None, str]]:
+    """Rows of ``ienkf`` with the registered correction ``name`` (ρ by its rule) and of its base ``ienkf`` alone."""
+    if name is None or setting.name not in CORRECTION_PARTICLES:
+        return []
+    rho = round(float(lorenz96_inflation(setting.params.get("delta", 0.05))), 4)
+    learned, base = CORRECTION_PARTICLES[setting.name]
+    have = [run[:3] for run in setting.runs]
+    return [
+        *[("ienkf", n, {"iterations": 4, "correction": name}, None, "") for n in learned],
+        *[
+            ("ienkf", n, {"inflation": rho, "iterations": 4}, None, "")
+            for n in base
+            if ("ienkf", n, {"inflation": rho, "iterations": 4}) not in have
+        ],
+    ]
+
+
 def make_updater(method: str, options: dict[str, Any]):
     """The registered method with ``options``, or (``ring``) the LETKF + trained ring flow of ``options["flow"]``."""
     if method != "ring":
@@ -342,12 +367,13 @@ def run_setting(
     seed: int = 0,
     ring: str | None = None,
     rows: set[str] | None = None,
+    correction: str | None = None,
 ) -> dict[str, Any]:
     """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths'), and the
     ring flow's rows with ``ring``; ``rows``: only the rows named there (:func:`row_names`)."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
     out_rows = []
-    runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring)]
+    runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring), *correction_runs(setting, correction)]
     for method, n, options, published, source in (r for r in runs if rows is None or row_names(r) & rows):
         out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in, setting.lost_rmse)
         ratio = out["rmse"] / published if published else None
@@ -600,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the twin experiments' seed (0)")
     p.add_argument("--only", choices=[s.name for s in SETTINGS], default=None, help="run one setting")
     p.add_argument("--ring", default=None, help="a ring.pt (mpflow.training.ring_train): add its LETKF + flow rows")
+    p.add_argument("--correction", default=None, help="a registered ring correction: add ienkf + it and its base")
     p.add_argument(
         "--methods",
         default=None,
@@ -626,7 +653,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         settings = [s for s in SETTINGS if args.only in (None, s.name)]
         results = [
-            run_setting(s, args.streams or (2 if args.quick else s.streams), steps, burn_in, args.seed, args.ring, rows)
+            run_setting(
+                s,
+                args.streams or (2 if args.quick else s.streams),
+                steps,
+                burn_in,
+                args.seed,
+                args.ring,
+                rows,
+                args.correction,
+            )
             for s in settings
         ]
         meta = {
@@ -640,7 +676,9 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(time.perf_counter() - t0, 1),
             **report.machine_meta(load),
         }
-        standard = (args.steps, args.streams, args.seed, args.ring, args.methods) == (None, None, 0, None, None)
+        standard = (args.steps, args.streams, args.seed, args.ring, args.methods, args.correction) == (
+            (None, None, 0, None, None, None)
+        )
         standard = standard and not args.quick
     print(table(results))
     print("\n" + equal_compute_table(results))

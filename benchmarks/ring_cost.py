@@ -2,10 +2,12 @@
 machine falls on all alike: ``python -m benchmarks.ring_cost [--ring PATH] [--rounds R] [--steps S]``.
 
 The rows: the LETKF at N = 40 and 100, the iterative EnKF (``ienkf``, :data:`IENKF_ROWS`) and, with ``--ring``, the
-LETKF + learned ring correction/flow of that file. Each round runs S analysis steps of every row on the spantini2019
+LETKF + learned ring correction/flow of that file; with ``--correction NAME``, ``ienkf`` N = 40 with that registered
+learned correction and the base ``ienkf`` at N = 44 and 48 (:data:`EQUAL_COMPUTE_ROWS`: what the correction's cost buys
+the base). Each round runs S analysis steps of every row on the spantini2019
 twins (4 streams) one after the other; the ratio is the median over rounds of (row's time / the LETKF N = 40 time of
 the same round). Prints the table and writes ``benchmarks/results/ring-cost.json`` (``ienkf-cost.json`` without
-``--ring``).
+``--ring``; ``ienkf-correction-cost.json`` with ``--correction``).
 """
 
 from __future__ import annotations
@@ -29,15 +31,21 @@ IENKF_ROWS = tuple(
 )
 
 
+#: ``--correction``: the base at the N that spends what the correction adds
+EQUAL_COMPUTE_ROWS = tuple(("ienkf", n, {"inflation": 1.2, "iterations": 4}) for n in (44, 48))
+
+
 def label(method: str, n: int, options: dict) -> str:
     """``ienkf N=40 ρ=1.2 iterations=4``: a row's name in the table."""
-    extra = "".join(f" {k}={options[k]}" for k in ("inflation", "iterations") if k in options and method == "ienkf")
+    keys = ("inflation", "iterations", "correction")
+    extra = "".join(f" {k}={options[k]}" for k in keys if k in options and method == "ienkf")
     return f"{method} N={n}{extra}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ring", default=None, help="a ring.pt of mpflow.training.ring_train: add its row")
+    p.add_argument("--correction", default=None, help="a registered ring correction: add ienkf N=40 + it")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args(argv)
@@ -45,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     setting = next(s for s in SETTINGS if s.name == "spantini2019")
     model, _, obs, prior = twin(setting, 4, args.steps, seed=0)
     rows = [*ROWS, *IENKF_ROWS, *([("ring", 40, {**ROWS[0][2], "flow": args.ring})] if args.ring else [])]
+    if args.correction:
+        rows += [("ienkf", 40, {"iterations": 4, "correction": args.correction}), *EQUAL_COMPUTE_ROWS]
     updaters = [(label(m, n, o), make_updater(m, o), n) for m, n, o in rows]
     ratios: dict[str, list[float]] = {name: [] for name, _, _ in updaters}
     for _ in range(args.rounds):
@@ -61,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| row | time / LETKF N = 40 (median of rounds) |\n|---|---:|")
     for name, r in out.items():
         print(f"| {name} | {r} |")
-    path = report.RESULTS / ("ring-cost.json" if args.ring else "ienkf-cost.json")
-    meta = {"rounds": args.rounds, "steps": args.steps, "ring": args.ring, "streams": 4, "threads": 1}
+    name = "ring-cost.json" if args.ring else "ienkf-correction-cost.json" if args.correction else "ienkf-cost.json"
+    path = report.RESULTS / name
+    meta = {"rounds": args.rounds, "steps": args.steps, "ring": args.ring, "correction": args.correction}
+    meta.update(streams=4, threads=1)
     path.write_text(json.dumps({"meta": meta, "ratio_to_letkf40": out, "all": ratios}, indent=1) + "\n")
     return 0
 

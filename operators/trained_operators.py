@@ -9,7 +9,8 @@ module owns what a caller does with what it lists:
   (:attr:`~mpflow.operators.models.base.ModelFamily.factorised`) without one of that d falls back to d = 1, which
   serves every d one dimension at a time (:func:`serves_dimension`);
 * **load** — :func:`load_operator` (name or folder → record and network, cached per folder and content hash) and
-  :func:`network_from_record` (config.json's architecture with its weights, eval mode);
+  :func:`network_from_record` (config.json's architecture with its weights, eval mode); :func:`load_correction`
+  (a registered name → the learned ring correction ``ienkf`` runs after its analysis);
 * **check domain** — :func:`operator_domain` (the ranges the operator's task distribution covered: config.json's
   ``domain``, else the family's :meth:`~mpflow.operators.models.base.ModelFamily.task_domain` under its recorded task
   options) and :func:`outside_domain` (what of a stream — its model and its prior's mean and covariance, measured by
@@ -54,6 +55,7 @@ def find_operator(
         r
         for r in registry.list_operators(registry.default_dirs() if dirs is None else dirs)
         if r.kind == "operator"
+        and is_mpf_operator(r)
         and r.family == family
         and r.state_dim in (state_dim, 1)
         and (include_named_only or r.auto_select)
@@ -62,6 +64,22 @@ def find_operator(
     if not exact and family in FAMILIES and FAMILIES[family].factorised:
         exact = found
     return max(exact, key=lambda r: r.version, default=None)
+
+
+def is_mpf_operator(record: registry.OperatorRecord) -> bool:
+    """Whether ``record`` is an MPF velocity (its ``architecture`` an object without a ``kind``, the form
+    :class:`MPFVelocity` takes) and not another learned map (a ``ring_correction`` after ``ienkf``)."""
+    arch = record.config["architecture"]
+    return isinstance(arch, dict) and "kind" not in arch
+
+
+def load_correction(name):
+    """The trained ring correction (:mod:`mpflow.operators.mpf.ring_correction`) of the registered operator *name*
+    (``<family>-d<d>-v<k>``, never a path: :func:`mpflow.operators.registry.resolve_name`); ValueError when the name is
+    not registered or names another kind of operator."""
+    from mpflow.operators.mpf.ring_correction import correction_from_record
+
+    return correction_from_record(registry.resolve_name(name, kind="operator"))
 
 
 def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
@@ -73,7 +91,7 @@ def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
 def network_from_record(record: registry.OperatorRecord) -> MPFVelocity:
     """Build the MPFVelocity described by ``config.json`` and load its weights (eval mode)."""
     arch = record.config["architecture"]
-    if not isinstance(arch, dict):
+    if not is_mpf_operator(record):
         raise ValueError(f"operator: {record.name} is not an MPF operator (architecture {arch!r})")
     net = MPFVelocity(record.state_dim, **arch)
     try:

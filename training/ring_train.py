@@ -19,10 +19,15 @@ exceeds ``LOST_RMSE`` (it lost the truth) or after ``MAX_AGE`` cycles (to keep d
 twins, run ``val_cycles`` cycles from their own warm state) — the best θ by the spantini2019 validation RMSE is kept.
 
 ``--arch correction`` trains the one-evaluation local correction of
-:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss.
+:mod:`mpflow.operators.mpf.ring_correction` in place of the flow, on the same task and loss. ``--base ienkf`` puts the
+iterative EnKF (:data:`IENKF_BASE`: N = 40 for d = 40, at most 4 Gauss–Newton iterations, ρ per twin by
+:func:`~mpflow.operators.updaters.ienkf.lorenz96_inflation` of its Δ) in place of the LETKF (the default, ``letkf``):
+it analyses the previous ensemble itself, and the network reads its first iterate's forecast. A twin whose IEnKF
+iterate overflows is carried unchanged, counted lost and restarted; a batch with no twin left takes no step.
 
 Writes ``DIR/ring.pt`` (the network's arch, config and θ; at every new best, so a run cut short keeps one),
-``DIR/ring_log.jsonl`` (one line per validation) and
+``DIR/ring_final.pt`` (θ at the end of training, whether or not it is the best), ``DIR/ring_log.jsonl`` (one line per
+validation) and
 ``DIR/ring_curve.png``.
 """
 
@@ -42,6 +47,7 @@ from mpflow.operators.models.lorenz96 import Lorenz96
 from mpflow.operators.mpf.ring import RingFlow
 from mpflow.operators.mpf.ring_correction import RingCorrection
 from mpflow.operators.updaters.enkf import EnKFUpdater
+from mpflow.operators.updaters.ienkf import IEnKFUpdater, lorenz96_inflation
 from mpflow.training.scores import energy_score
 from mpflow.training.task_distribution import stack_params
 
@@ -55,6 +61,9 @@ MAX_AGE = 400
 SPIN_UP_TIME = 10.0
 #: the LETKF the flow follows: Gaspari–Cohn half-width and inflation (spantini2019's tuned LETKF, DAPPER loc_rad 4)
 BASE = {"localisation": 4.0, "inflation": 1.05}
+#: ``--base ienkf``: the iterative EnKF (N = 40 for d = 40: global, it needs N near d) with at most 4 Gauss–Newton
+#: iterations and ρ following each twin's Δ by :func:`mpflow.operators.updaters.ienkf.lorenz96_inflation`
+IENKF_BASE = {"method": "ienkf", "iterations": 4, "inflation": "lorenz96_inflation(delta)"}
 #: validation regimes (benchmarks.lorenz96's settings)
 VALIDATION = {
     "spantini2019": {"delta": 0.4, "obs_every": 2, "R": 0.5, "F": 8.0},
@@ -111,8 +120,31 @@ def new_pool(params: list[dict[str, Any]], d: int, N: int, gen: torch.Generator,
     return Pool(model, truth, members, torch.zeros(len(params), dtype=torch.long, device=device))
 
 
+def base_analysis(
+    updater: EnKFUpdater | IEnKFUpdater, previous: torch.Tensor, obs: torch.Tensor, model: Lorenz96
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(forecast, base analysis) [B, N, d] from the previous analysis ensemble, no gradient. The LETKF analyses the
+    forecast f(previous); the IEnKF analyses ``previous`` itself, inflated about its mean by ρ(Δ) of each twin
+    (:func:`lorenz96_inflation`; the updater's own ρ is 1), and its forecast is that of the inflated ensemble."""
+    with torch.no_grad():
+        if isinstance(updater, IEnKFUpdater):
+            rho = lorenz96_inflation(model.params["delta"]).to(previous)[:, None, None]
+            mean = previous.mean(1, keepdim=True)
+            xa, _, _, forecast = updater.iterate(mean + rho * (previous - mean), obs, model, strict=False)
+            return forecast, xa
+        forecast = model.transition_mean(previous)
+        return forecast, updater.analysis(forecast, obs, model, None)[0]
+
+
+def make_base(name: str) -> EnKFUpdater | IEnKFUpdater:
+    """``--base``: the LETKF of :data:`BASE` or the IEnKF of :data:`IENKF_BASE` (ρ applied by :func:`base_analysis`)."""
+    if name == "ienkf":
+        return IEnKFUpdater(inflation=1.0, iterations=IENKF_BASE["iterations"])
+    return EnKFUpdater(**BASE)
+
+
 def cycle(
-    pool: Pool, flow: RingFlow, letkf: EnKFUpdater, gen: torch.Generator, grad: bool
+    pool: Pool, flow: RingFlow, letkf: EnKFUpdater | IEnKFUpdater, gen: torch.Generator, grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forecast–analysis cycle of every twin of the pool, in place → (energy score [B] (with its graph when
     ``grad``), analysis RMSE [B])."""
@@ -120,9 +152,12 @@ def cycle(
     pool.truth = model.transition_mean(pool.truth[:, None])[:, 0]
     noise = torch.randn(pool.truth.shape[0], model.params["obs_index"].shape[-1], generator=gen, dtype=torch.float64)
     obs = model.observed_mean(pool.truth[:, None])[:, 0] + model.observation_sd() * noise.to(pool.truth.device)
-    forecast = model.transition_mean(pool.members)
-    with torch.no_grad():
-        base, _ = letkf.analysis(forecast, obs, model, None)
+    forecast, base = base_analysis(letkf, pool.members, obs, model)
+    # a twin whose base analysis blew up (the IEnKF's iterate left the attractor): carried as it was, then restarted
+    blown = ~(torch.isfinite(base).all((1, 2)) & torch.isfinite(forecast).all((1, 2)))
+    if bool(blown.any()):
+        base, forecast = base.clone(), forecast.clone()
+        base[blown], forecast[blown] = pool.members[blown], pool.members[blown]
     weight = next(flow.parameters())
     dev, dtype = weight.device, weight.dtype
     flow_model = type(model)({k: v.to(dev, dtype) for k, v in model.params.items()}, model.state_dim)
@@ -132,6 +167,7 @@ def cycle(
     pool.members = out.detach().to(pool.truth.device, torch.float64)
     pool.age += 1
     rmse = (pool.members.mean(1) - pool.truth).square().mean(-1).sqrt()
+    rmse[blown] = math.inf
     pool.held = (rmse <= LOST_RMSE) & torch.isfinite(rmse)
     return score, rmse
 
@@ -179,7 +215,7 @@ def faster_base_device(letkf: EnKFUpdater, args: argparse.Namespace, gen: torch.
             if k == 1:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            letkf.analysis(pool.model.transition_mean(pool.members), obs, pool.model, None)
+            base_analysis(letkf, pool.members, obs, pool.model)
         torch.cuda.synchronize()
         times[name] = time.perf_counter() - t0
     print(f"forecast + LETKF of {args.batch} twins, 3 cycles: {times}", flush=True)
@@ -191,7 +227,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     flow = build(args.arch, hidden=args.hidden, layers=args.layers, kernel=args.kernel, steps=args.ode_steps).to(device)
-    letkf = EnKFUpdater(**BASE)
+    letkf = make_base(args.base)
     if args.base_device == "auto":
         args.base_device = faster_base_device(letkf, args, gen) if device.type == "cuda" else "cpu"
         print(f"LETKF and forecasts on {args.base_device}", flush=True)
@@ -233,22 +269,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             pool = pools[stride]
             held = pool.held
             score, rmse = cycle(pool, flow, letkf, gen, grad=True)
-            loss = score[held].mean() if held is not None and bool(held.any()) else score.mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
-            for group in opt.param_groups:  # cosine over the time budget
-                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
-            opt.step()
-            train_scores.append(float(loss.detach()))
+            keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
+            if bool(keep.any()):  # else every twin of the batch is lost: no step, the restarts below renew them
+                loss = score[keep].mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
+                for group in opt.param_groups:  # cosine over the time budget
+                    group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
+                opt.step()
+                train_scores.append(float(loss.detach()))
             if (it // len(STRIDES)) % args.restart_every == 0:  # restarts in batches: a spin-up costs as one
                 restarts += restart_lost(pool, rmse, stride, args.particles, gen)
             it += 1
     finally:
         log.close()
+    save(out_dir / "ring_final.pt", args, flow.config, flow.state_dict(), it, best)  # θ at the end, for comparison
     flow.load_state_dict(best_state)
     save(out_dir / "ring.pt", args, flow.config, best_state, it, best)
-    plot(history, out_dir / "ring_curve.png", args.arch)
+    plot(history, out_dir / "ring_curve.png", args.arch, args.base)
     return {"history": history, "best": best, "iterations": it}
 
 
@@ -257,7 +296,7 @@ def save(path: Path, args: argparse.Namespace, config: dict, state: dict, iterat
     payload = {
         "arch": args.arch,
         "config": config,
-        "base": BASE,
+        "base": BASE if args.base == "letkf" else IENKF_BASE,
         "state": {k: v.detach().cpu() for k, v in state.items()},
         "training": {**vars(args), "iterations_done": iterations, "best_spantini_val_rmse": best},
     }
@@ -283,7 +322,7 @@ def load_flow(path: str | Path) -> tuple[RingFlow | RingCorrection, dict[str, An
     return flow.eval(), dict(payload["base"])
 
 
-def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow") -> None:
+def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow", base: str = "letkf") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,7 +340,8 @@ def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow") -> None:
     for ax in axes:
         ax.legend(fontsize=7)
     what = "ring flow" if arch == "flow" else "local correction"
-    fig.suptitle(f"LETKF + learned {what}, energy-score training (iteration 0: the LETKF alone)")
+    name = {"letkf": "LETKF", "ienkf": "IEnKF"}[base]
+    fig.suptitle(f"{name} + learned {what}, energy-score training (iteration 0: the {name} alone)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -311,6 +351,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for ring.pt, ring_log.jsonl and ring_curve.png")
     p.add_argument("--arch", choices=sorted(ARCHS), default="flow", help="a flow over pseudo-time or a correction")
+    p.add_argument("--base", choices=("letkf", "ienkf"), default="letkf", help="the analysis the network corrects")
     p.add_argument("--dim", type=int, default=40, help="Lorenz-96 state dimension d")
     p.add_argument("--particles", type=int, default=40, help="ensemble size N")
     p.add_argument("--batch", type=int, default=64, help="twins per observation stride")

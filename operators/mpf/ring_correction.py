@@ -1,4 +1,6 @@
-"""A learned local correction of the LETKF's analysis on a ring (``lorenz96``): one network evaluation, no ODE.
+"""A learned local correction of the LETKF's analysis on a ring (``lorenz96``): one network evaluation, no ODE. The
+same network corrects the iterative EnKF's analysis (``ring_train --base ienkf``; served as ``ienkf``'s
+``correction``, :func:`correction_from_record`).
 
 The LETKF (:mod:`mpflow.operators.updaters.enkf`) gives each variable i the analysis of a Kalman update of the local
 ensemble's Gaussian fit: mean m^a_i, sd s^a_i, members x^a_n,i. At Δ = 0.4 between observations the forecast is
@@ -75,5 +77,35 @@ class RingCorrection(nn.Module):
         v = self.bound * torch.tanh(self.member(code).reshape(B, N, d) / self.bound)
         return m + s * (delta + alpha.exp() * u + v - v.mean(1, keepdim=True))
 
+    def flops(self, n: int, d: int) -> float:
+        """Multiply-adds × 2 of one :meth:`forward` on n members of a ring of d sites: the member embedding
+        (2 → embed channels, width kernel) and the member MLP ((embed + hidden) → embed → 1) per member and site, the
+        site convolutions per site, and about 40 n d for the context's moments and the output's arithmetic."""
+        c = self.config
+        k, e, h, L = c["kernel"], c["embed"], c["hidden"], c["layers"]
+        member = 2.0 * (2 * e * k + (e + h) * e + e)
+        site = 2.0 * k * ((CONTEXT_CHANNELS + e) * h + (L - 2) * h * h + 2 * h)
+        return n * d * (member + 40.0) + d * site
 
-__all__ = ["RingCorrection"]
+
+#: ``config.json``'s ``architecture.kind`` of a correction in the registry (an MPF operator's architecture has none)
+ARCHITECTURE_KIND = "ring_correction"
+
+
+def correction_from_record(record) -> RingCorrection:
+    """The trained correction (eval mode, float32) of a registry record (:mod:`mpflow.operators.registry`) whose
+    ``architecture`` is ``{"kind": "ring_correction", <RingCorrection's arguments>}``; ValueError otherwise."""
+    from mpflow.operators import registry
+
+    arch = record.config.get("architecture")
+    if not (isinstance(arch, dict) and arch.get("kind") == ARCHITECTURE_KIND) or record.family != "lorenz96":
+        raise ValueError(f"{record.name} is not a Lorenz-96 ring correction (architecture {arch!r})")
+    net = RingCorrection(**{k: v for k, v in arch.items() if k != "kind"})
+    try:
+        net.load_state_dict(registry.load_weights(record))
+    except RuntimeError as exc:
+        raise ValueError(f"the weights of {record.name} do not fit its architecture ({exc})") from None
+    return net.eval()
+
+
+__all__ = ["ARCHITECTURE_KIND", "RingCorrection", "correction_from_record"]

@@ -39,10 +39,17 @@ Global: no localisation, so the ensemble must span the unstable directions (N ne
 while N = 20 loses the truth; docs/benchmarks.md). DAPPER's iEnKS inflates its smoothed ensemble at the window's
 start before forecasting it on; here the stream's cloud (the previous analysis) is inflated as the step starts:
 once per cycle either way.
+
+``correction`` (Lorenz-96 only): the registered name of a learned ring correction
+(:mod:`mpflow.operators.mpf.ring_correction`, trained by ``ring_train --arch correction --base ienkf``) applied to the
+analysis, X' = g_θ(f(x̄0 + A0), X^a, o), before the model noise; with it and no ``inflation`` ρ follows the stream's Δ
+by :func:`lorenz96_inflation`, the rule it was trained with. Measured on spantini2019 it does not beat the IEnKF alone
+(docs/benchmarks.md): no default names one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -55,6 +62,21 @@ from mpflow.operators.updaters.enkf import check_inflation, ensemble_innovations
 
 #: the most Gauss–Newton iterations a stream may ask for (each one is a forecast of the whole ensemble)
 MAX_ITERATIONS = 20
+
+
+#: the measured ρ of ``ienkf`` N = 40 on Lorenz-96 d = 40 at two observation intervals Δ (benchmarks.lorenz96:
+#: sakov2008 Δ = 0.05 → 1.02, rmse 0.177; spantini2019 Δ = 0.4 → 1.2, rmse 0.63), the ends of :func:`lorenz96_inflation`
+LORENZ96_INFLATION = ((0.05, 1.02), (0.4, 1.2))
+
+
+def lorenz96_inflation(delta: torch.Tensor | float) -> torch.Tensor:
+    """ρ(Δ) of ``ienkf`` on Lorenz-96 (the rule that training and serving of the correction after it both read):
+    log-linear in log Δ through the two measured points of :data:`LORENZ96_INFLATION`, clipped to them,
+
+        ρ = ρ₀ + (ρ₁ − ρ₀) · clip((log Δ − log Δ₀) / (log Δ₁ − log Δ₀), 0, 1)   (ρ 1.02 … 1.2 for Δ 0.05 … 0.4)."""
+    (d0, r0), (d1, r1) = LORENZ96_INFLATION
+    t = (torch.as_tensor(delta, dtype=torch.float64).log() - math.log(d0)) / (math.log(d1) - math.log(d0))
+    return r0 + (r1 - r0) * t.clamp(0.0, 1.0)
 
 
 def check_iterations(value: Any) -> None:
@@ -78,14 +100,26 @@ class IEnKFUpdater(Updater):
     name = "ienkf"
     needs_gaussian_observation = True
     nonlinear_transition = True
-    defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3}
-    stream_options = frozenset({"inflation", "iterations", "tolerance"})
+    defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3, "correction": None}
+    stream_options = frozenset({"inflation", "iterations", "tolerance", "correction"})
 
     def __init__(self, **options):
         super().__init__(**options)
         check_inflation(self.options["inflation"])
         check_iterations(self.options["iterations"])
         check_tolerance(self.options["tolerance"])
+        #: the learned correction after the analysis (``correction``, a registered name), or None
+        self.correction = None if self.options["correction"] is None else load_correction(self.options["correction"])
+        #: with a correction and no ``inflation`` given, ρ follows each stream's Δ (:func:`lorenz96_inflation`)
+        self.inflation_rule = self.correction is not None and "inflation" not in options
+
+    def check_compatible(self, model: ModelFamily, prior=None) -> None:
+        super().check_compatible(model, prior)
+        if self.correction is not None and (model.name != "lorenz96" or not model.linear_observation()):
+            raise ValueError(
+                f"options.correction: {self.options['correction']} corrects lorenz96 with a linear observation "
+                f"(no arctan), not {model.name}; omit correction"
+            )
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """At most ``iterations`` + 1 forecasts of the ``n`` members with their predicted observations
@@ -98,11 +132,15 @@ class IEnKFUpdater(Updater):
         per = n * model.particle_flops(dt, k) + model.step_fixed_flops(dt)
         algebra = 4.0 * n * d * k + 2.0 * n * n * d + 4.0 * n * k * k + 4.0 * n * n * k
         held = 8.0 * (6 * n * d + 4 * n * k + 4 * n * n)
-        return StepWork(runs * per + (runs - 1) * algebra, held)
+        learned = 0.0 if self.correction is None else self.correction.flops(n, d)
+        return StepWork(runs * per + (runs - 1) * algebra + learned, held)
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, _ = state.particles.shape
-        xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
+        if self.correction is None:
+            xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
+        else:
+            xa, log_pred, iters = self.corrected(state.particles, obs, model, gens)
         n = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n, iterations=iters)
 
@@ -111,12 +149,50 @@ class IEnKFUpdater(Updater):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 1–4 of the module docstring from the previous analysis ensemble [B, N, d] → (analysis ensemble at
         this step [B, N, d] float64, log p(o | o_<m) [B], Gauss–Newton iterations [B] int64)."""
+        xa, log_pred, iters, _ = self.iterate(previous, obs, model)
+        if model.dynamic:
+            xa = model.to(torch.float64).perturbed(xa, gens)
+        return xa, log_pred, iters
+
+    def corrected(
+        self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`analysis` followed by the learned correction X' = g_θ(f(x̄0 + A0), X^a, o)
+        (:class:`~mpflow.operators.mpf.ring_correction.RingCorrection`), then the model noise; ρ per stream by
+        :func:`lorenz96_inflation` of its Δ unless the stream gave ``inflation``."""
+        rho = None
+        if self.inflation_rule:
+            rho = lorenz96_inflation(model.expanded(previous.shape[0])["delta"])[:, None, None]
+        xa, log_pred, iters, first = self.iterate(previous, obs, model, rho)
+        dtype = next(self.correction.parameters()).dtype
+        with torch.no_grad():
+            x = self.correction(first.to(dtype), xa.to(dtype), obs.to(dtype), model.to(dtype)).to(torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            raise NonFiniteError("ienkf: the learned correction's ensemble is not finite")
+        if model.dynamic:
+            x = model.to(torch.float64).perturbed(x, gens)
+        return x, log_pred, iters
+
+    def iterate(
+        self,
+        previous: torch.Tensor,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        inflation: torch.Tensor | None = None,
+        strict: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`analysis` without the model noise, and with the first iterate's forecast f(x̄0 + A0) [B, N, d] (the
+                inflated previous ensemble carried to this step: the forecast a correction after the IEnKF reads) →
+                (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)). ``inflation``: ρ per stream [B, 1, 1]
+                in place of the option's. ``strict=False``: a stream whose forecast is not finite comes back
+        not finite instead of raising (training restarts that twin alone)."""
         B, N, d = previous.shape
         m64 = model.to(torch.float64)
         obs = obs.to(torch.float64)
         E0 = previous.to(torch.float64)
         x0 = E0.mean(1, keepdim=True)
-        A0 = float(self.options["inflation"]) * (E0 - x0)
+        rho = float(self.options["inflation"]) if inflation is None else inflation.to(torch.float64)
+        A0 = rho * (E0 - x0)
         L = gaussian.cholesky(m64.observation_noise().expand(B, -1, -1))
         eye = torch.eye(N, dtype=torch.float64).expand(B, N, N)
         w = torch.zeros(B, N, 1, dtype=torch.float64)
@@ -125,10 +201,15 @@ class IEnKFUpdater(Updater):
         iters = torch.zeros(B, dtype=torch.int64)
         log_pred = None
         tol = float(self.options["tolerance"])
+        first = None
+        blown = torch.zeros(B, dtype=torch.bool)
         for _ in range(int(self.options["iterations"])):
             F = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
-            if not bool(torch.isfinite(F).all()):
+            if strict and not bool(torch.isfinite(F).all()):
                 raise NonFiniteError("ienkf: the forecast of a Gauss–Newton iterate is not finite")
+            blown = blown | ~torch.isfinite(F).flatten(1).all(1)
+            F = torch.where(blown[:, None, None], 0.0, F)  # strict=False: such a stream iterates on zeros, then NaN
+            first = F if first is None else first
             _, e_bar, Y = ensemble_innovations(F, obs, m64)
             if log_pred is None:
                 S = Y.transpose(-1, -2) @ Y / (N - 1) + m64.observation_noise().expand(B, -1, -1)
@@ -145,9 +226,18 @@ class IEnKFUpdater(Updater):
             if not bool(active.any()):
                 break
         xa = forecast(m64, x0 + (w.transpose(-1, -2) + T) @ A0)
-        if m64.dynamic:
-            xa = m64.perturbed(xa, gens)
-        return xa, log_pred, iters
+        return torch.where(blown[:, None, None], torch.nan, xa), log_pred, iters, first
+
+
+def load_correction(name: Any):
+    """``options.correction``: the trained ring correction of a registered operator *name*
+    (:func:`mpflow.operators.trained_operators.load_correction`), a ValueError naming the option otherwise."""
+    from mpflow.operators.trained_operators import load_correction as load  # torch.nn: only when one is named
+
+    try:
+        return load(name)
+    except ValueError as exc:
+        raise ValueError(f"options.correction: {exc}") from None
 
 
 def forecast(model: ModelFamily, x: torch.Tensor) -> torch.Tensor:

@@ -223,7 +223,14 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
             r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
             assert r.status_code == 200 and r.json()["step"] == 1, r.text
-        for bad, field in (({"iterations": 0}, "iterations"), ({"tolerance": 2}, "tolerance")):
+        refused = (
+            ({"iterations": 0}, "iterations"),
+            ({"tolerance": 2}, "tolerance"),
+            ({"correction": "../pretrained/lorenz96-d40-v1"}, "correction"),  # a name, never a path
+            ({"correction": "lorenz96-d40-v99"}, "correction"),  # not registered
+            ({"correction": "lorenz96-d40-v1"}, "correction"),  # an MPF operator, not a ring correction
+        )
+        for bad, field in refused:
             spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
             r = await c.post("/v1/streams", json={**spec, "num_particles": 40, "method_options": bad})
             assert r.status_code == 422 and f"method_options.{field}" in r.text, r.text
