@@ -125,12 +125,12 @@ def base_analysis(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(forecast, base analysis) [B, N, d] from the previous analysis ensemble, no gradient. The LETKF analyses the
     forecast f(previous); the IEnKF analyses ``previous`` itself, inflated about its mean by ρ(Δ) of each twin
-    (:func:`lorenz96_inflation`; the updater's own ρ is 1), and its forecast is that of the inflated ensemble."""
+    (:func:`lorenz96_inflation`, passed as :meth:`IEnKFUpdater.iterate`'s per-stream ``inflation``, as a served
+    stream's correction takes it), and its forecast is that of the inflated ensemble."""
     with torch.no_grad():
         if isinstance(updater, IEnKFUpdater):
             rho = lorenz96_inflation(model.params["delta"]).to(previous)[:, None, None]
-            mean = previous.mean(1, keepdim=True)
-            xa, _, _, forecast = updater.iterate(mean + rho * (previous - mean), obs, model, strict=False)
+            xa, _, _, forecast = updater.iterate(previous, obs, model, rho, strict=False)
             return forecast, xa
         forecast = model.transition_mean(previous)
         return forecast, updater.analysis(forecast, obs, model, None)[0]

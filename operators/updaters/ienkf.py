@@ -137,41 +137,36 @@ class IEnKFUpdater(Updater):
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, _ = state.particles.shape
-        if self.correction is None:
-            xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
-        else:
-            xa, log_pred, iters = self.corrected(state.particles, obs, model, gens)
+        xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
         n = torch.full((B,), float(N), dtype=torch.float64)
         return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n, iterations=iters)
 
     def analysis(
         self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Steps 1–4 of the module docstring from the previous analysis ensemble [B, N, d] → (analysis ensemble at
-        this step [B, N, d] float64, log p(o | o_<m) [B], Gauss–Newton iterations [B] int64)."""
-        xa, log_pred, iters, _ = self.iterate(previous, obs, model)
-        if model.dynamic:
-            xa = model.to(torch.float64).perturbed(xa, gens)
-        return xa, log_pred, iters
-
-    def corrected(
-        self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`analysis` followed by the learned correction X' = g_θ(f(x̄0 + A0), X^a, o)
-        (:class:`~mpflow.operators.mpf.ring_correction.RingCorrection`), then the model noise; ρ per stream by
-        :func:`lorenz96_inflation` of its Δ unless the stream gave ``inflation``."""
+        """Steps 1–4 of the module docstring from the previous analysis ensemble [B, N, d], then the learned
+        correction when there is one (:meth:`corrected`; ρ per stream by :func:`lorenz96_inflation` of its Δ unless
+        the stream gave ``inflation``), then the model noise → (analysis ensemble at this step [B, N, d] float64,
+        log p(o | o_<m) [B], Gauss–Newton iterations [B] int64)."""
         rho = None
         if self.inflation_rule:
             rho = lorenz96_inflation(model.expanded(previous.shape[0])["delta"])[:, None, None]
         xa, log_pred, iters, first = self.iterate(previous, obs, model, rho)
+        if self.correction is not None:
+            xa = self.corrected(first, xa, obs, model)
+        if model.dynamic:
+            xa = model.to(torch.float64).perturbed(xa, gens)
+        return xa, log_pred, iters
+
+    def corrected(self, first: torch.Tensor, xa: torch.Tensor, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor:
+        """The learned correction X' = g_θ(f(x̄0 + A0), X^a, o) of the IEnKF's analysis X^a, from the first iterate's
+        forecast f(x̄0 + A0) (:class:`~mpflow.operators.mpf.ring_correction.RingCorrection`) → [B, N, d] float64."""
         dtype = next(self.correction.parameters()).dtype
         with torch.no_grad():
             x = self.correction(first.to(dtype), xa.to(dtype), obs.to(dtype), model.to(dtype)).to(torch.float64)
         if not bool(torch.isfinite(x).all()):
             raise NonFiniteError("ienkf: the learned correction's ensemble is not finite")
-        if model.dynamic:
-            x = model.to(torch.float64).perturbed(x, gens)
-        return x, log_pred, iters
+        return x
 
     def iterate(
         self,
@@ -181,11 +176,11 @@ class IEnKFUpdater(Updater):
         inflation: torch.Tensor | None = None,
         strict: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`analysis` without the model noise, and with the first iterate's forecast f(x̄0 + A0) [B, N, d] (the
-                inflated previous ensemble carried to this step: the forecast a correction after the IEnKF reads) →
-                (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)). ``inflation``: ρ per stream [B, 1, 1]
-                in place of the option's. ``strict=False``: a stream whose forecast is not finite comes back
-        not finite instead of raising (training restarts that twin alone)."""
+        """Steps 1–4 of the module docstring without the correction and the model noise, and with the first
+        iterate's forecast f(x̄0 + A0) [B, N, d] (the inflated previous ensemble carried to this step: the forecast a
+        correction after the IEnKF reads) → (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)).
+        ``inflation``: ρ per stream [B, 1, 1] in place of the option's. ``strict=False``: a stream whose forecast is
+        not finite comes back not finite instead of raising (training restarts that twin alone)."""
         B, N, d = previous.shape
         m64 = model.to(torch.float64)
         obs = obs.to(torch.float64)
