@@ -120,9 +120,9 @@ def defensive_evidence(
     if log_pairs is None:
         return None
     log_mix = torch.logsumexp(log_pairs + comp_lw[:, None, :], -1)  # log p̂(x_j) [B, M]
+    log_fit = gaussian.log_prob(xs, m_pred, l_pred)  # the predictive's Gaussian fit: defensive part, control variate
     log_q = torch.logaddexp(
-        math.log(POSTERIOR_SHARE) + gaussian.log_prob(xs, m_post, l_post),
-        math.log1p(-POSTERIOR_SHARE) + gaussian.log_prob(xs, m_pred, l_pred),
+        math.log(POSTERIOR_SHARE) + gaussian.log_prob(xs, m_post, l_post), math.log1p(-POSTERIOR_SHARE) + log_fit
     )
     ll = model.to(torch.float64).log_likelihood(obs.double(), xs)
     log_w = torch.nan_to_num(ll + log_mix - log_q, nan=-math.inf)
@@ -135,7 +135,7 @@ def defensive_evidence(
         sd = (w.var(-1, correction=1) / (M * mean_w.square())).sqrt()
         return MixtureEvidence(torch.log(mean_w) + top[:, 0], sd, xs, posterior_lw)
     # the ratio to the Gaussian fit's own estimate from the same draws, times its exact value (a control variate)
-    log_g = torch.nan_to_num(ll + gaussian.log_prob(xs, m_pred, l_pred) - log_q, nan=-math.inf)
+    log_g = torch.nan_to_num(ll + log_fit - log_q, nan=-math.inf)
     top = torch.maximum(log_w.max(-1, keepdim=True).values, log_g.max(-1, keepdim=True).values)
     w, g = torch.exp(log_w - top), torch.exp(log_g - top)
     mw, mg = w.mean(-1), g.mean(-1)
