@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.rng import Generators
+from mpflow.operators.rng import Generators, copied
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters.base import NonFiniteError, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation, ensemble_innovations, predictive_log_density
@@ -135,6 +135,37 @@ class IEnKFUpdater(Updater):
         learned = 0.0 if self.correction is None else self.correction.flops(n, d)
         return StepWork(runs * per + (runs - 1) * algebra + learned, held)
 
+    @classmethod
+    def predicts_once(cls) -> bool:
+        """A step's p-values read ienkf's own predictive — the first iterate's forecast f(x̄0 + A0), the ensemble
+        its evidence is computed from, with the model noise the step itself draws (:meth:`_observed_step`) — so a
+        step forecasts its ensemble once for both, instead of a transition draw apart for the p-values (the base
+        class's :meth:`pit`). It shares no :class:`~mpflow.operators.updaters.base.Prediction`: the iterations
+        forecast their own ensembles. A subclass with an ``_update`` of its own predicts for its p-values apart."""
+        return cls._update is IEnKFUpdater._update
+
+    def _observed_step(
+        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[ParticleState, StepInfo]:
+        """The update, and its p-values from the first iterate's forecast plus the model noise the update adds
+        (drawn from a copy of the generators taken before it: the very draws the analysis gets)."""
+        if not self.predicts_once():
+            return super()._observed_step(state, obs, model, gens)
+        pit_gens = copied(gens)
+        B, N, _ = state.particles.shape
+        if bool(torch.isnan(obs).any()):  # the entries observed: their part of the model (the forecast is the same)
+            sub_model, sub_obs = model.observed_part(obs)
+        else:
+            sub_model, sub_obs = model, obs
+        xa, log_pred, iters, first = self._analysed(state.particles, sub_obs, sub_model, gens)
+        n = torch.full((B,), float(N), dtype=torch.float64)
+        info = StepInfo(log_pred, n, iterations=iters)
+        predicted = model.to(torch.float64).perturbed(first, pit_gens) if model.dynamic else first
+        pit = self._pit_of(state.replace(particles=predicted, extras={}), obs, model, pit_gens)
+        if pit is not None:
+            info.extras["pit"] = pit
+        return state.replace(particles=xa.to(state.particles.dtype)), info
+
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, _ = state.particles.shape
         xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
@@ -148,6 +179,12 @@ class IEnKFUpdater(Updater):
         correction when there is one (:meth:`corrected`; ρ per stream by :func:`lorenz96_inflation` of its Δ unless
         the stream gave ``inflation``), then the model noise → (analysis ensemble at this step [B, N, d] float64,
         log p(o | o_<m) [B], Gauss–Newton iterations [B] int64)."""
+        return self._analysed(previous, obs, model, gens)[:3]
+
+    def _analysed(
+        self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`analysis` and the first iterate's forecast f(x̄0 + A0) [B, N, d] (float64)."""
         rho = None
         if self.inflation_rule:
             rho = lorenz96_inflation(model.expanded(previous.shape[0])["delta"])[:, None, None]
@@ -156,7 +193,7 @@ class IEnKFUpdater(Updater):
             xa = self.corrected(first, xa, obs, model)
         if model.dynamic:
             xa = model.to(torch.float64).perturbed(xa, gens)
-        return xa, log_pred, iters
+        return xa, log_pred, iters, first
 
     def corrected(self, first: torch.Tensor, xa: torch.Tensor, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor:
         """The learned correction X' = g_θ(f(x̄0 + A0), X^a, o) of the IEnKF's analysis X^a, from the first iterate's

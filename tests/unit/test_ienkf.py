@@ -94,3 +94,36 @@ def test_capabilities_are_an_unweighted_approximate_filter():
     caps = get_updater("ienkf").capabilities_with({})
     assert set(caps) == set(CAPABILITIES)
     assert caps["weighted"] is False and caps["exact"] is False and caps["forecasts"] is True
+
+
+@pytest.mark.parametrize("q", [0.0, 0.1])
+def test_a_step_forecasts_its_ensemble_once_for_its_p_values_too(monkeypatch, q):
+    """The p-values read the first iterate's forecast plus the step's own model noise: a step runs the forecast
+    its Gauss–Newton iterations and its analysis need and no more (the former extra transition draw for the
+    p-values is gone), and at ρ = 1 the p-values are those of that former draw — f(E0) + the same noise — to
+    rounding. One entry left unobserved keeps its NaN."""
+    from mpflow.operators.updaters.base import Updater
+
+    params = {"delta": 0.4, "rk4_step": 0.05, "Q": q}
+    model, prior, _, observations = twin(d=12, steps=1, seed=0, **params)
+    obs = observations[:, 0].clone()
+    obs[0, 3] = float("nan")
+    u = get_updater("ienkf", iterations=3, tolerance=0.0)
+    state = u.init(prior, model, 16, seed=2)
+    calls = []
+    original = type(model).transition_mean
+
+    def counted(self, x):
+        calls.append(x.shape)
+        return original(self, x)
+
+    monkeypatch.setattr(type(model), "transition_mean", counted)
+    new, info = u.update(state, obs, model)
+    assert len(calls) == int(info.iterations[0]) + 1  # the iterations' forecasts and the analysis's
+    expected = Updater.pit(u, state, obs.to(u.model_dtype), model)  # the former way: a transition draw of its own
+    assert len(calls) == int(info.iterations[0]) + 2
+    assert torch.isnan(info.extras["pit"][0, 3]) and torch.isnan(expected[0, 3])
+    # Q > 0: the same law, other draws (the analysis draws its noise in float64, the former predict in float32)
+    atol = 1e-5 if q == 0 else 0.1
+    torch.testing.assert_close(info.extras["pit"], expected, atol=atol, rtol=0, equal_nan=True)
+    assert u.pit_work(model, 16).flops < u.step_work(model, 16).flops / 4  # no second forecast priced
