@@ -135,6 +135,18 @@ def window_step_cost(updater: Updater, n: int, d: int, lag: int) -> Cost:
     return Cost(4.0 * n * d * d + 10.0 * d**3 + window / 8.0, 2.0 * window)
 
 
+def smoothing_stream_cost(model: ModelFamily, updater: Updater, prior: Prior, n: int, lag: int) -> Cost:
+    """The dearest request of a smoothing stream of n particles: its creation, a one-step observation with its
+    window of ``lag`` steps, or its window and ``GET .../smoothed`` — the most operations and the most bytes of
+    the three (each must fit the budgets on its own)."""
+    each = [
+        creation_cost(model, updater, prior, n),
+        observations_cost(model, updater, n, [(1.0, None)], 0, lag),
+        smoothing_cost(updater, n, model.state_dim, lag),
+    ]
+    return Cost(max(c.flops for c in each), max(c.bytes for c in each))
+
+
 def creation_cost(model: ModelFamily, updater: Updater, prior: Prior, n: int) -> Cost:
     """A new stream: the prior's n draws (``draw_flops``), the method's start (a moment match or a Gaussian fit:
     a few n d² and a d³ factorisation) and the step-0 summary, the state held in float64 a few times over — and
@@ -294,6 +306,7 @@ __all__ = [
     "requested_steps",
     "share",
     "smoothing_cost",
+    "smoothing_stream_cost",
     "summary_cost",
     "window_step_cost",
 ]

@@ -12,11 +12,12 @@ import functools
 import secrets
 from typing import Any
 
+import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
 from mpflow.operators.trained_operators import operator_domain, outside_domain
-from mpflow.operators.updaters import Updater
+from mpflow.operators.updaters import UPDATERS, Updater
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine.methods import Choice, Methods
 from mpflow.service.engine.numerics import finite_state, within_float32
@@ -111,14 +112,26 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
     costs.check(settings, "smoothing_lag", lag, window, what, "; lower smoothing_lag or num_particles")
 
 
-def smoothing_default(settings: Settings, updater: Updater, n: int, d: int, lag: int) -> int:
+def model_dtype(method: str | None) -> torch.dtype:
+    """The dtype a stream's model is built in before its method is chosen: the named method's
+    (``Updater.model_dtype``: float64 for ``kalman`` and ``ukf``), so that it is built once; float32 for a default
+    choice (rebuilt only when the default is a float64 method: choosing needs a model, and a float64 model must be
+    parsed from the JSON in float64, not cast up from float32)."""
+    named = UPDATERS.get(method) if method else None
+    return named.model_dtype if named is not None else torch.float32
+
+
+def smoothing_default(settings: Settings, model: ModelFamily, updater: Updater, prior: Prior, n: int, lag: int) -> int:
     """The particle count of a new stream that names none: ``n``, or for a smoothing stream (``lag`` ≥ 1) of a
     Monte Carlo method its measured ``Updater.smoothing_particles`` (docs/methods.md "Fixed-lag smoothing") — within
-    the server's particle limit and the largest count whose window and ``/smoothed`` fit the cost budgets."""
+    the server's particle limit and the largest count at which every request of the stream fits the cost budgets:
+    its creation (:func:`check_work`), a one-step observation with its window (:func:`costs.observations_cost`) and
+    its window's bytes and ``/smoothed`` (:func:`costs.smoothing_cost`). Never below ``n``: a count over the budget
+    is refused by those checks, naming ``num_particles`` or ``smoothing_lag``."""
     want = min(updater.smoothing_particles or 0, settings.max_particles)
     if lag == 0 or not updater.smoothing or want <= n:
         return n
-    fits = costs.largest(settings, want, lambda m: costs.smoothing_cost(updater, m, d, lag))
+    fits = costs.largest(settings, want, lambda m: costs.smoothing_stream_cost(model, updater, prior, m, lag))
     return max(n, fits)
 
 
@@ -146,14 +159,15 @@ def prepare(
     try:
         prior = prior_from_spec(spec, dirs=methods.operators.dirs)  # a sampler by its registered name only
         model_spec = req.model.model_dump()
-        model = methods.model(model_spec, prior.dim)
+        model = methods.model(model_spec, prior.dim, model_dtype(req.method))
         choice = methods.choose(req, model)
         # the particle count the default was measured with, within this server's limit
         n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)
         updater = methods.updater(choice.method, choice.operator, choice.options)
-        model = methods.model(model_spec, prior.dim, updater.model_dtype)  # kalman, ukf: float64
+        if updater.model_dtype != model_dtype(req.method):  # a default choice of kalman or ukf: float64
+            model = methods.model(model_spec, prior.dim, updater.model_dtype)
         if not asked:
-            n = smoothing_default(settings, updater, n, prior.dim, req.smoothing_lag)
+            n = smoothing_default(settings, model, updater, prior, n, req.smoothing_lag)
         updater.check_compatible(model, prior)
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
@@ -203,6 +217,7 @@ __all__ = [
     "check_smoothing",
     "check_state_names",
     "check_work",
+    "model_dtype",
     "prepare",
     "prior_dim_and_count",
     "smoothing_default",

@@ -1,0 +1,62 @@
+"""A new stream's preparation (:func:`mpflow.service.streams.creation.prepare`): its model is built once, in its
+method's dtype, and the particle count a smoothing stream gets by default fits every request of that stream —
+not only its window and ``/smoothed``, but its creation and its steps too (else the server would refuse, naming
+``num_particles``, a count the client never sent)."""
+
+from __future__ import annotations
+
+import pytest
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.updaters import get_updater
+from mpflow.service.engine import methods as methods_module
+from mpflow.service.engine.catalogue import OperatorCatalogue
+from mpflow.service.engine.methods import Methods
+from mpflow.service.schemas import CreateStreamRequest
+from mpflow.service.settings import Settings
+from mpflow.service.streams import costs
+from mpflow.service.streams.creation import prepare
+
+from tests.harness.rts import PARAMS, PRIOR
+
+L96 = {"family": "lorenz96", "params": {"delta": 0.5, "rk4_step": 0.01, "Q": 0.1}}
+L96_PRIOR = {"type": "gaussian", "mean": [0.0] * 4, "cov": [[float(i == j) for j in range(4)] for i in range(4)]}
+
+
+def setup(**extra) -> tuple[Settings, Methods]:
+    settings = Settings(redis_url="redis://unused", **extra)
+    return settings, Methods(settings, OperatorCatalogue([]))
+
+
+@pytest.mark.parametrize("method", ["kalman", "smc", "ukf"])
+def test_prepare_builds_the_model_once(monkeypatch, method):
+    built = []
+    make = methods_module.make_model
+    monkeypatch.setattr(methods_module, "make_model", lambda *a, **k: built.append(a) or make(*a, **k))
+    settings, methods = setup()
+    req = CreateStreamRequest(model={"family": "lds", "params": PARAMS}, prior=PRIOR, method=method, num_particles=64)
+    meta, state, _ = prepare(settings, methods, req)
+    assert len(built) == 1, built
+    assert meta["method"] == method and int(state.step[0]) == 0
+
+
+def test_the_smoothing_default_fits_the_streams_creation_and_steps():
+    """A Lorenz-96 stream with 50 RK4 sub-steps a step: at N = 4096 its creation (its first step included) is
+    over a budget of 3.3e8 operations while its window and ``/smoothed`` are not; the default N is lowered to fit
+    all of them, so the stream is created."""
+    settings, methods = setup(max_request_flops=3.3e8)
+    model = make_model("lorenz96", L96["params"], 4)
+    updater, prior = get_updater("smc"), prior_from_spec(L96_PRIOR)
+    assert costs.share(settings, costs.creation_cost(model, updater, prior, 4096)) > 1
+    assert costs.share(settings, costs.smoothing_cost(updater, 4096, 4, 10)) <= 1
+    req = CreateStreamRequest(model=L96, prior=L96_PRIOR, method="smc", smoothing_lag=10)
+    meta, _, _ = prepare(settings, methods, req)
+    n = meta["num_particles"]
+    assert 256 < n < 4096
+    for cost in (
+        costs.creation_cost(model, updater, prior, n),
+        costs.observations_cost(model, updater, n, [(1.0, None)], 0, 10),
+        costs.smoothing_cost(updater, n, 4, 10),
+    ):
+        assert costs.share(settings, cost) <= 1
+    assert costs.share(settings, costs.smoothing_stream_cost(model, updater, prior, n + 1, 10)) > 1  # the largest
