@@ -17,14 +17,22 @@ even i.i.d. draws from the exact smoothed marginals at N = 256 miss their mean b
 the max over a window of 20 numbers is above 0.1 sd for most single runs. The count that brings every run within
 0.1 sd is the default N of a smoothing stream of that method (``Updater.smoothing_particles``; docs/methods.md).
 
-Output: the table on stdout, ``benchmarks/results/smoothing.{json,png}`` (``smoothing-quick.*`` with ``--quick``:
+``smc`` smooths by FFBSm up to N = 512 and by backward simulation (FFBSi by rejection) above;
+``smc FFBSm`` forces FFBSm at the larger N, for the comparison at equal N in one run.
+
+Then the wall time of one ``smoothed`` (the work of one ``GET .../smoothed``) of an ``smc`` stream at N = 4096 after
+L + 5 steps, L = 10 and 100, by FFBSm and by FFBSi on the same state, in one run (``--quick``: L = 10 only).
+
+Output: the tables on stdout, ``benchmarks/results/smoothing.{json,png}`` (``smoothing-quick.*`` with ``--quick``:
 4 seeds, a shorter ladder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,6 +40,7 @@ import numpy as np
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.smoothing import particles
 from mpflow.operators.updaters import get_updater
 
 from benchmarks import report
@@ -46,8 +55,13 @@ LADDERS = {
     EXACT: (256, 512, 1024, 2048, 4096),
     "enkf": (256, 512, 1024, 2048, 4096),
     "smc": (256, 512, 1024, 2048, 4096),
+    "smc FFBSm": (1024, 2048, 4096),
 }
 QUICK_LADDERS = {"kalman": (256,), EXACT: (256,), "enkf": (256, 2048), "smc": (256, 1024)}
+#: FFBSm forced above its limit: the comparison's method name
+FORCED = "smc FFBSm"
+#: the lags and particle count of the read timing
+READ_LAGS, READ_N = (10, 100), 4096
 TOLERANCE = 0.1
 
 
@@ -59,14 +73,56 @@ def smoothed_run(method: str, n: int, seed: int, ys: list) -> tuple[Any, float]:
         centred = draws - draws.mean(0)
         covs = np.einsum("nli,nlj->lij", centred, centred) / n
         return SimpleNamespace(means=torch.tensor(draws.mean(0)), covs=torch.tensor(covs)), time.perf_counter() - t0
+    t0 = time.perf_counter()
+    updater, state = filtered("smc" if method == FORCED else method, n, seed, ys, LAG)
+    with smoother(method == FORCED):
+        out = updater.smoothed(state)
+    return out, time.perf_counter() - t0
+
+
+def filtered(method: str, n: int, seed: int, ys: list, lag: int) -> tuple[Any, Any]:
+    """(updater, the state of a stream with a window of ``lag`` steps after ``ys``)."""
     model = make_model("lds", PARAMS, 2)
     updater = get_updater(method)
-    t0 = time.perf_counter()
-    state = updater.init(prior_from_spec(PRIOR), model, n, seed, smoothing_lag=LAG)
+    state = updater.init(prior_from_spec(PRIOR), model, n, seed, smoothing_lag=lag)
     for y in ys:
         state, _ = updater.update(state, torch.tensor([y], dtype=torch.float32), model)
-    out = updater.smoothed(state)
-    return out, time.perf_counter() - t0
+    return updater, state
+
+
+@contextlib.contextmanager
+def smoother(ffbsm: bool) -> Iterator[None]:
+    """``smc``'s smoothing by FFBSm at every N while the block runs (``ffbsm``), else as shipped."""
+    limit = particles.FFBSM_MAX_PARTICLES
+    particles.FFBSM_MAX_PARTICLES = 1 << 62 if ffbsm else limit
+    try:
+        yield
+    finally:
+        particles.FFBSM_MAX_PARTICLES = limit
+
+
+def read_times(lags: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Seconds of one ``smoothed`` of an ``smc`` stream at N = :data:`READ_N` by FFBSm and FFBSi, same state."""
+    rows = []
+    for lag in lags:
+        updater, state = filtered("smc", READ_N, 0, data(lag + 5), lag)
+        row = {"lag": lag, "N": READ_N}
+        for name, ffbsm in (("ffbsm", True), ("ffbsi", False)):
+            with smoother(ffbsm):
+                t0 = time.perf_counter()
+                updater.smoothed(state)
+                row[name] = time.perf_counter() - t0
+        rows.append(row)
+        print(f"read L={lag}: FFBSm {row['ffbsm']:.2f} s, FFBSi {row['ffbsi']:.3f} s", flush=True)
+    return rows
+
+
+def read_table(rows: list[dict[str, Any]]) -> str:
+    cells = [
+        (r["lag"], r["N"], f"{r['ffbsm']:.2f}", f"{r['ffbsi']:.3f}", f"{r['ffbsm'] / r['ffbsi']:.0f}") for r in rows
+    ]
+    header = ("lag L", "N", "FFBSm s", "FFBSi s", "ratio")
+    return report.markdown_table(header, cells, "rrrrr")
 
 
 def scores(out: Any, means: np.ndarray, covs: np.ndarray) -> dict[str, float]:
@@ -154,9 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     seeds = args.seeds or (4 if args.quick else 8)
     load = os.getloadavg()
     rows = measure(QUICK_LADDERS if args.quick else LADDERS, seeds)
+    reads = read_times(READ_LAGS[:1] if args.quick else READ_LAGS)
     print()
     print(table(rows, seeds))
-    result = {"benchmark": NAME, "seeds": seeds, "lag": LAG, "tolerance": TOLERANCE, "rows": rows}
+    print()
+    print(read_table(reads))
+    result = {"benchmark": NAME, "seeds": seeds, "lag": LAG, "tolerance": TOLERANCE, "rows": rows, "reads": reads}
     result["meta"] = report.machine_meta(load)
     report.write_outputs(result, report.out_stem(args, NAME), plot(rows))
 

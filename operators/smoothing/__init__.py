@@ -10,7 +10,9 @@ one module per approach here —
 
 * :class:`~mpflow.operators.smoothing.rts.GaussianRTS`: the Rauch–Tung–Striebel backward pass over Gaussian
   moments (exact for ``kalman``; the ensemble RTS smoother for the ensemble and flow methods);
-* :class:`~mpflow.operators.smoothing.genealogy.Genealogy`: the particle filter's genealogy (``smc``).
+* :class:`~mpflow.operators.smoothing.particles.ParticleSmoother` (``smc``): FFBSm for small clouds, backward
+  simulation by rejection (:mod:`~mpflow.operators.smoothing.backward_simulation`) for large ones, the filter's
+  genealogy where the transition has no density.
 
 :meth:`FixedLagSmoother.entry` computes the window's row of a step from the states before and after it;
 :func:`pushed` appends it (dropping the oldest); :meth:`FixedLagSmoother.smooth` answers the smoothed marginals.

@@ -1,22 +1,26 @@
 """The particle smoother of ``smc``: forward filtering, backward smoothing of the marginals (FFBSm: Doucet, Godsill
 & Andrieu 2000, *On sequential Monte Carlo sampling methods for Bayesian filtering*, eq. 32; Doucet & Johansen
-2011, *A tutorial on particle filtering and smoothing*, §5.2 eq. 49), with the filter's genealogy (§5.1) on the
-links where the transition has no density.
+2011, *A tutorial on particle filtering and smoothing*, §5.2 eq. 49) for small clouds, backward simulation (FFBSi
+by rejection, :mod:`.backward_simulation`) for larger ones, and the filter's genealogy (§5.1) on the links where the
+transition has no density.
 
 The smoothed marginal at step s is the filter's cloud {x^i_s} at s reweighted, p(x_s | o_1:t) ≈ Σ_i w^i_{s|t}
 δ(x_s − x^i_s), from w_{t|t} = w_t backwards:
 
 * FFBSm, for a transition x_{s+1} = f(x_s) + N(0, Q) with Q positive definite (density K_ij = N(x^j_{s+1}; f(x^i_s),
-  Q))::
+  Q)) and N ≤ :data:`FFBSM_MAX_PARTICLES`::
 
       w^i_{s|t} = w^i_s Σ_j w^j_{s+1|t} K_ij / Σ_k w^k_s K_kj
 
-  — no path degeneracy (the cost is N² per step, chunked; the cost model prices it);
-* the genealogy, where Q is singular (a perfect model), the family is static, or N > :data:`FFBSM_MAX_PARTICLES`
-  (where N² per step would cost more than the filter's steps themselves): the weight of each particle of step
+  — the exact backward reweighting, N² per step (chunked; the cost model prices it);
+* FFBSi, the same transition and N above :data:`FFBSM_MAX_PARTICLES`: w^i_{s|t} = (the share of N trajectories
+  drawn backwards by rejection sampling that pass through x^i_s) — the same marginals with the sampling error of N
+  draws added, at O(N) per step (:mod:`.backward_simulation`: Douc, Garivier, Moulines & Olsson 2011, Alg. 1, with
+  bounded fall-backs). At N = 4096, L = 100 it is ~10³ times faster than FFBSm (docs/benchmarks.md);
+* the genealogy, where Q is singular (a perfect model) or the family is static: the weight of each particle of step
   s + 1 goes to its parent, w^i_{s|t} = Σ_{j : A_{s+1}[j] = i} w^j_{s+1|t} (A: the resampling's ancestor indices;
   j itself at a step that did not resample). Its lineages coalesce a few resamplings back, so it is the coarser
-  estimate; at large N there are many lineages to lose.
+  estimate.
 
 The window keeps per step s: the particles x_s [N, d] and log-weights [N] after it (the state's dtype), its
 ancestor indices [N] (int64), f_s(x_{s−1}) [N, d] of the previous step's particles under this step's model (its
@@ -30,7 +34,16 @@ from typing import TYPE_CHECKING
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.rng import generators_from_state, side_streams
 from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, valid_rows
+from mpflow.operators.smoothing.backward_simulation import (
+    TRAJECTORIES_PER_PARTICLE,
+    Sampler,
+    backward_step,
+    categorical,
+    counts_log_weights,
+    trajectory_flops,
+)
 from mpflow.operators.state import ParticleState, StepInfo
 
 if TYPE_CHECKING:
@@ -40,8 +53,12 @@ if TYPE_CHECKING:
 F64 = torch.float64
 #: the log-weight a zero-weight particle is kept with (finite, as every stored number must be; exp of it is 0)
 ZERO_WEIGHT_LOG = -1e30
-#: the largest N smoothed by FFBSm (N² kernel evaluations per step); above it, the genealogy (N per step)
-FFBSM_MAX_PARTICLES = 4096
+#: the largest N smoothed by FFBSm (N² kernel evaluations per step); above it, backward simulation (O(N) per step):
+#: measured at the benchmark's lds (one core), 10 steps: N = 256 FFBSm 0.014 s, FFBSi 0.046; 512: 0.086, 0.061;
+#: 1024: 0.41, 0.12 — FFBSm is kept to 512, where it costs about as much and has no sampling error of its own
+FFBSM_MAX_PARTICLES = 512
+#: the tag of the side stream of the stream's generator that a read's backward simulation draws from
+SIDE_STREAM_TAG = 0x5A00_7401
 #: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
 CHUNK = 512
 
@@ -80,12 +97,13 @@ def genealogy_weights(ancestors: torch.Tensor, lw_next: torch.Tensor) -> torch.T
 
 
 def ffbsm(n: int) -> bool:
-    """Whether a cloud of ``n`` particles is smoothed by FFBSm (else by its genealogy)."""
+    """Whether a cloud of ``n`` particles is smoothed by FFBSm (else by backward simulation, where the transition
+    has a density)."""
     return n <= FFBSM_MAX_PARTICLES
 
 
 class ParticleSmoother(FixedLagSmoother):
-    """FFBSm with genealogy links (module docstring)."""
+    """FFBSm or FFBSi, with genealogy links (module docstring)."""
 
     name = "ffbsm"
 
@@ -124,17 +142,28 @@ class ParticleSmoother(FixedLagSmoother):
         rows = {k: v[0] for k, v in window.items()}
         lag = rows["particles"].shape[0]
         lw = torch.log_softmax(state.log_weights[0].to(F64), -1)
+        N = lw.shape[0]
+        simulate = not ffbsm(N)
+        gen = side_streams(generators_from_state(state.rng[:1]), SIDE_STREAM_TAG)[0] if simulate else None
+        paths = None  # FFBSi: the M trajectories' indices at the current row
         means, covs = [], []
         for row in range(lag - 1, lag - n - 1, -1):
             if row < lag - 1:
                 nxt = row + 1
                 chol = rows["noise_factor"][nxt]
-                if ffbsm(lw.shape[0]) and bool(torch.diagonal(chol).gt(0).all()):
-                    x_next = rows["particles"][nxt].to(F64)
-                    lw_s = rows["log_weights"][row].to(F64)
-                    lw = backward_weights(lw_s, rows["mapped"][nxt].to(F64), x_next, chol, lw)
-                else:
+                lw_s = rows["log_weights"][row].to(F64)
+                if not bool(torch.diagonal(chol).gt(0).all()):
+                    paths = None if paths is None else rows["ancestors"][nxt][paths]
                     lw = genealogy_weights(rows["ancestors"][nxt], lw)
+                elif simulate:
+                    if paths is None:  # the trajectories start from the smoothed weights of step s + 1
+                        paths = categorical(lw, TRAJECTORIES_PER_PARTICLE * N, gen)
+                    x_next, fx = rows["particles"][nxt].to(F64), rows["mapped"][nxt].to(F64)
+                    paths = backward_step(Sampler(lw_s, fx, x_next, chol, gen), paths, rows["ancestors"][nxt])
+                    lw = counts_log_weights(paths, N)
+                else:
+                    x_next = rows["particles"][nxt].to(F64)
+                    lw = backward_weights(lw_s, rows["mapped"][nxt].to(F64), x_next, chol, lw)
             mean, cov = gaussian.moments(rows["particles"][row][None].to(F64), lw[None])
             means.insert(0, mean[0])
             covs.insert(0, cov[0])
@@ -144,8 +173,10 @@ class ParticleSmoother(FixedLagSmoother):
         return lag * (n * (4.0 * (2 * d + 1) + 8.0) + 8.0 * d * d)
 
     def smooth_flops(self, lag: int, n: int, d: int) -> float:
-        kernel = n * (2.0 * d + 20.0) if ffbsm(n) else 2.0
-        return lag * n * (kernel + 4.0 * d * d)
+        """FFBSm's N² kernel terms per step, or backward simulation's worst case (:func:`trajectory_flops`), and
+        each step's weighted moments (4 N d²)."""
+        backward = n * n * (2.0 * d + 20.0) if ffbsm(n) else trajectory_flops(TRAJECTORIES_PER_PARTICLE * n, n, d)
+        return lag * (backward + 4.0 * n * d * d)
 
     def check(self, window: dict[str, torch.Tensor], n: int) -> None:
         a = window["ancestors"]

@@ -77,8 +77,8 @@ async def get_forecast(
 async def get_smoothed(stream_id: str, tenant: Tenant, streams: Streams, log: Log) -> Response:
     """p(x_s | o_1..o_t) — each earlier state given the observations after it too — for the last min(L, t) steps
     s = t−L+1 … t of a stream created with `smoothing_lag` L (the newest is the filtered estimate): exact RTS for
-    `kalman`, the particle genealogy for `smc`, the ensemble RTS smoother for the others. A stream created
-    without `smoothing_lag` is answered 409 `smoothing_disabled`. It reads the stream and never changes it."""
+    `kalman`, FFBSm (N ≤ 512) or backward simulation for `smc`, the ensemble RTS smoother for the others. A stream
+    created without `smoothing_lag` is answered 409 `smoothing_disabled`. It reads the stream and never changes it."""
     log.add(stream=stream_id)
     return JSONResponse(await streams.smoothed(tenant, stream_id))
 

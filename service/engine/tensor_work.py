@@ -58,6 +58,10 @@ class TensorWork:
         """``fn(*args)`` on the auxiliary threads, whatever its size (it may load an operator from disk)."""
         return await self.engine.run(fn, *args)
 
+    async def heavy(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine's thread for heavy reads (:meth:`UpdateEngine.run_heavy`)."""
+        return await self.engine.run_heavy(fn, *args)
+
     async def decode(self, meta: dict[str, Any], data: bytes) -> ParticleState:
         """The stored state: decoded on the event loop when it is small (a copy of a few kilobytes costs less
         than a thread hop, however busy the loop), else on the auxiliary threads."""

@@ -294,6 +294,7 @@ class UpdateEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._aux_busy: dict[int, Busy] = {}
         self._aux = ThreadPoolExecutor(aux_threads, thread_name_prefix="mpflow-aux", initializer=_one_thread)
+        self._heavy = ThreadPoolExecutor(1, thread_name_prefix="mpflow-heavy", initializer=_one_background_thread)
 
     @property
     def batching(self) -> bool:
@@ -324,6 +325,7 @@ class UpdateEngine:
         for lane in self._lanes.values():
             lane.worker.shutdown(wait=True)
         self._aux.shutdown(wait=True)
+        self._heavy.shutdown(wait=True)
 
     def busy(self) -> list[Busy]:
         """What each lane's worker, and each auxiliary thread, is on now (idle ones left out); safe to call from
@@ -423,6 +425,13 @@ class UpdateEngine:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run other tensor work (init, summaries, draws, (de)serialisation) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._aux, self._aux_call, fn, args)
+
+    async def run_heavy(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a heavy read (one using more than :data:`~mpflow.service.streams.costs.HEAVY_SHARE` of a request's
+        budget: ``GET .../smoothed`` of a large window) on a thread of its own, at the slow lane's lower CPU
+        priority: such reads queue behind one another and never hold the auxiliary threads that every stream
+        creation and large decode needs, so concurrent heavy reads delay only each other."""
+        return await asyncio.get_running_loop().run_in_executor(self._heavy, self._aux_call, fn, args)
 
     def _aux_call(self, fn: Callable[..., T], args: tuple) -> T:
         """(on an auxiliary thread) ``fn(*args)``, recorded as that thread's job while it runs (:meth:`busy`)."""

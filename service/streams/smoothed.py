@@ -2,9 +2,13 @@
 of a stream created with ``smoothing_lag`` L ≥ 1 (docs/API.md), read off its stored state without changing it.
 
 The stream's method computes them from the window its state carries (``Updater.smoothed``:
-:mod:`mpflow.operators.smoothing` — exact RTS for ``kalman``, the genealogy for ``smc``, the ensemble RTS smoother
-for the other methods); here they become the answer. A stream without a window is answered 409
-``smoothing_disabled``, saying how to make one that has it.
+:mod:`mpflow.operators.smoothing` — exact RTS for ``kalman``, FFBSm or backward simulation for ``smc``, the
+ensemble RTS smoother for the other methods); here they become the answer. The work is priced before it starts
+(:func:`~mpflow.service.streams.costs.smoothing_cost`: 413 naming ``smoothing_lag`` over the budget, which creation
+already refused); a read using more than :data:`~mpflow.service.streams.costs.HEAVY_SHARE` of the budget runs on
+the engine's thread for heavy reads (:meth:`~mpflow.service.engine.update_engine.UpdateEngine.run_heavy`), so that
+concurrent large reads wait for one another and not the auxiliary threads other requests need. A stream without
+a window is answered 409 ``smoothing_disabled``, saying how to make one that has it.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class Smoothing(StreamPart):
         _, updater = await self.work.off_loop(self.methods.resolve, meta)
         n, d = int(meta["num_particles"]), int(meta["state_dim"])
         what = f"the smoothed marginals of this {meta['method']} stream (L = {lag}, N = {n}, d = {d})"
-        costs.check(self.settings, "smoothing_lag", lag, lambda m: costs.smoothing_cost(updater, n, d, m), what)
+        cost = costs.check(self.settings, "smoothing_lag", lag, lambda m: costs.smoothing_cost(updater, n, d, m), what)
 
         def compute() -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
@@ -60,6 +64,8 @@ class Smoothing(StreamPart):
                 raise invalid("smoothing_lag: the smoothed marginals are not finite in floating point")
             return doc
 
+        if costs.heavy(self.settings, cost):  # a large window: on the heavy reads' own thread, one at a time
+            return await self.work.heavy(compute)
         return await self.work.off_loop(compute)
 
 

@@ -12,13 +12,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.updaters import get_updater
 from mpflow.service.settings import Settings
+from mpflow.service.streams import costs
 from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.rts import PARAMS, PRIOR, data, numpy_rts
@@ -37,8 +43,12 @@ def prefix(redis_url: str) -> Iterator[str]:
         asyncio.run(drop_prefix(redis_url, name))
 
 
+def settings(redis_url: str = "redis://unused", prefix: str = "unused") -> Settings:
+    return Settings(redis_url=redis_url, redis_prefix=prefix, **SETTINGS)
+
+
 def serve(redis_url: str, prefix: str):
-    return serve_in_thread(Settings(redis_url=redis_url, redis_prefix=prefix, **SETTINGS))
+    return serve_in_thread(settings(redis_url, prefix))
 
 
 def create(c: httpx.Client, method: str, lag: int, n: int | None = 256, sid: str | None = None) -> httpx.Response:
@@ -94,7 +104,7 @@ def test_particle_methods_answer_their_window_at_the_smoothing_default_n(redis_u
     """A smoothing stream that names no particle count gets its method's measured ``smoothing_particles``, and its
     window is within 0.1 sd of the numpy RTS (benchmarks/smoothing.py); one that names N keeps it."""
     ys = data()
-    # smc's /smoothed at N = 4096 is FFBSm's 10 × 4096² kernel terms: seconds on one loaded core
+    # smc's /smoothed at N = 4096 is backward simulation's: under a second on one loaded core
     with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=600) as c:
         r = create(c, method, 10, n=None)
         assert r.status_code == 201, r.text
@@ -110,6 +120,60 @@ def test_particle_methods_answer_their_window_at_the_smoothing_default_n(redis_u
         assert np.abs((got - means) / np.sqrt(np.diagonal(covs, axis1=1, axis2=2))).max() < 0.1
         newest = c.get(f"/v1/streams/{sid}").json()["summary"]["mean"]
         assert np.allclose(answer["steps"][-1]["mean"], newest, atol=1e-5)
+
+
+#: (model, updater, prior) of the smc streams here, for the cost model
+SMC_LDS = (make_model("lds", PARAMS, 2), get_updater("smc"), prior_from_spec(PRIOR))
+#: the most seconds a light request of another stream may take while the heavy reads run (a POST of one
+#: observation to a Kalman stream, a new stream's creation: tens of milliseconds when the server is idle; the bound
+#: leaves room for two cores shared with other jobs, and is far below one heavy read's time, which the test checks)
+LIGHT_BOUND_S = 2.0
+
+
+def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(redis_url, prefix):
+    """An ``smc`` stream at the largest smoothing settings this server accepts (L = 100 and the largest N the cost
+    model lets it have: one more is refused, 413 naming ``smoothing_lag``) answers several concurrent ``/smoothed``
+    reads; meanwhile another stream's POSTs and a
+    new stream's creation answer within :data:`LIGHT_BOUND_S` each — heavy reads queue on their own thread, not on
+    the auxiliary threads a creation needs, nor on the event loop."""
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=600) as c:
+        largest = costs.largest(settings(), 65536, lambda n: costs.smoothing_stream_cost(*SMC_LDS, n, 100))
+        assert 4096 <= largest < 65536
+        r = create(c, "smc", 100, n=largest + 1, sid="over")
+        assert r.status_code == 413 and r.json()["error"]["message"].startswith("smoothing_lag:"), r.text
+        r = create(c, "smc", 100, n=largest, sid="largest")
+        assert r.status_code == 201, r.text
+        ys = data(105)
+        assert c.post("/v1/streams/largest/observations", json={"observations": ys}).status_code == 200
+        assert create(c, "kalman", 0, sid="light").status_code == 201
+        reads: list[tuple[int, float]] = []
+
+        def read() -> None:
+            with httpx.Client(base_url=url, timeout=600) as own:
+                t0 = time.perf_counter()
+                status = own.get("/v1/streams/largest/smoothed").status_code
+                reads.append((status, time.perf_counter() - t0))
+
+        threads = [threading.Thread(target=read) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # the reads are under way
+        light, k = [], 0
+        while any(t.is_alive() for t in threads):
+            t0 = time.perf_counter()
+            if k % 10 == 9:
+                assert create(c, "kalman", 0, sid=f"new-{k}").status_code == 201
+            else:
+                assert c.post("/v1/streams/light/observations", json={"observations": [[0.1]]}).status_code == 200
+            light.append(time.perf_counter() - t0)
+            k += 1
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        assert [status for status, _ in reads] == [200, 200, 200]
+        slowest_read = max(seconds for _, seconds in reads)
+        assert len(light) >= 10 and slowest_read > LIGHT_BOUND_S  # the reads were heavy, and many requests ran
+        assert max(light) < LIGHT_BOUND_S, (max(light), sorted(light)[-5:], slowest_read)
 
 
 def test_refusals(redis_url, prefix):
