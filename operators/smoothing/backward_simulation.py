@@ -68,7 +68,7 @@ def categorical(log_weights: torch.Tensor, count: int, gen: torch.Generator) -> 
 def inverse_cdf(cdf: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
     """``count`` indices drawn by inverse transform from cumulative weights ``cdf`` [N] (a binary search each)."""
     u = torch.rand(count, generator=gen, dtype=F64) * cdf[-1]
-    return torch.searchsorted(cdf, u).clamp_max(cdf.shape[0] - 1)
+    return torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[0] - 1)  # right: never a zero weight
 
 
 class Sampler:
@@ -104,7 +104,7 @@ class Sampler:
         log_k = self.b @ aj.T - 0.5 * (self.b * self.b).sum(-1)[:, None] - 0.5 * (aj * aj).sum(-1)[None]  # [N, |j|]
         cdf = torch.cumsum(torch.softmax(self.lw_s[:, None] + log_k, 0).T, 1)  # [|j|, N]
         u = torch.rand(j.shape[0], 1, generator=self.gen, dtype=F64) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u)[:, 0].clamp_max(cdf.shape[1] - 1)
+        return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(cdf.shape[1] - 1)
 
 
 def backward_step(sampler: Sampler, j: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:

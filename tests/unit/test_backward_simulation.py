@@ -76,3 +76,11 @@ def test_a_step_whose_proposals_are_all_rejected_is_bounded(monkeypatch):
     exact_draws = np.bincount(out[: bs.EXACT_FALLBACKS].numpy(), minlength=6)
     assert exact_draws[np.argmax(kernel[:, 0])] >= bs.EXACT_FALLBACKS * kernel[:, 0].max() * 0.5
     assert bs.trajectory_flops(1000, 6, 2) >= sum(proposals) * (6 + bs.PROPOSAL_FLOPS)
+
+
+def test_a_zero_weight_particle_is_never_drawn(monkeypatch):
+    """Inverse-transform draws at the edge u = 0 (torch.rand may return it) land on the first particle with a
+    weight, not on a zero-weight one before it (the window stores a zero weight as log −1e30)."""
+    log_w = torch.tensor([-1e30, -1e30, 0.0, -1e30, 0.0], dtype=torch.float64)
+    monkeypatch.setattr(bs.torch, "rand", lambda *shape, **kw: torch.zeros(*shape, dtype=torch.float64))
+    assert bs.categorical(log_w, 3, torch.Generator()).tolist() == [2, 2, 2]
