@@ -430,6 +430,12 @@ class ModelFamily:
         """fx [B, N, d] plus a draw of the transition noise N(0, Q)."""
         return _with_noise(fx, gens, self.transition_noise())
 
+    def transition_from_noise(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The transition of x [B, N, d] driven by the given standard-normal noise z [B, N, d]: f(x) + L z with
+        LLᵀ = Q — what :meth:`transition` draws, with the draw made by the caller (sequential quasi-Monte Carlo,
+        :mod:`mpflow.operators.sqmc`, passes Φ⁻¹ of quasi-random points). Needs Q positive definite."""
+        return _noise_added(self.transition_mean(x), z, self.transition_noise())
+
     # ----------------------------------------------------------------- simulation
     def simulate(self, T: int, x0: torch.Tensor, gens: Generators) -> tuple[torch.Tensor, torch.Tensor]:
         """Simulate T steps from the true initial state x0 [B, d]: states [B, T, d] and
@@ -492,7 +498,12 @@ class ModelFamily:
 
 def _with_noise(fx: torch.Tensor, gens: Generators, Q: torch.Tensor) -> torch.Tensor:
     """fx [B, N, d] plus a draw of N(0, Q)."""
-    return fx + randn(gens, fx.shape[1:], fx.dtype) @ torch.linalg.cholesky(Q).transpose(-1, -2)
+    return _noise_added(fx, randn(gens, fx.shape[1:], fx.dtype), Q)
+
+
+def _noise_added(fx: torch.Tensor, z: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """fx + L z for fx, z [B, N, d] and LLᵀ = Q [B, d, d]."""
+    return fx + z @ torch.linalg.cholesky(Q).transpose(-1, -2)
 
 
 def _affine_draw(x: torch.Tensor, gens: Generators, F: torch.Tensor, c: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ def predict(
     caller has already made it (the updater's one predict per step)."""
     if not model.dynamic:
         return x, None, None
-    moved, mean, cov = propagated if propagated is not None else model.propagate(x, gens, log_weights)
+    moved, mean, cov = propagated[:3] if propagated is not None else model.propagate(x, gens, log_weights)
     if inflation != 1.0:
         cov = cov * inflation**2
     white = None

@@ -83,11 +83,15 @@ class StepWork(NamedTuple):
 
 class Prediction(NamedTuple):
     """A step's transition draw (:meth:`Updater._prediction`): the moved particles x' [B, N, d] and the predictive's
-    moments, mean [B, d] and covariance [B, d, d] (float64; :meth:`ModelFamily.propagate`)."""
+    moments, mean [B, d] and covariance [B, d, d] (float64; :meth:`ModelFamily.propagate`). A method whose predict
+    also resamples (``smc`` with sequential quasi-Monte Carlo, :mod:`mpflow.operators.sqmc`) gives the moved
+    particles' ``log_weights`` [B, N] (uniform) and their ``ancestors`` [B, N]; None: the weights are the state's."""
 
     particles: torch.Tensor
     mean: torch.Tensor
     cov: torch.Tensor
+    log_weights: torch.Tensor | None = None
+    ancestors: torch.Tensor | None = None
 
 
 #: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
@@ -404,7 +408,10 @@ class Updater:
         linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj). NaN where o_j was not observed;
         None for a family without an observation CDF."""
         gens = generators_from_state(state.rng)
-        predicted, _ = self._predict(state, model, gens)
+        if _takes_prediction(type(self)._predict):  # the step's own predict (smc's quasi-random one, where it runs)
+            predicted, _ = self._predict(state, model, gens, self._prediction(state, model, gens))
+        else:
+            predicted, _ = self._predict(state, model, gens)
         return self._pit_of(predicted, obs, model, gens)
 
     def _pit_of(
@@ -500,13 +507,14 @@ class Updater:
             x = model.transition(x, gens) if prediction is None else prediction.particles
             log_q = None
         elif model.dynamic:
-            x, mean, cov = prediction if prediction is not None else model.propagate(x, gens, state.log_weights)
+            x, mean, cov = prediction[:3] if prediction is not None else model.propagate(x, gens, state.log_weights)
             if not self.weighted:
                 x = gaussian.moment_matched(x, mean, cov)
             if log_q is not None:
                 log_q = gaussian.log_prob(x.double(), mean, gaussian.cholesky(cov)).to(log_q.dtype)
-        info = StepInfo(torch.zeros(state.batch_size, dtype=torch.float64), ess(state.log_weights).to(torch.float64))
-        return state.replace(particles=x, log_density=log_q), info
+        lw = state.log_weights if prediction is None or prediction.log_weights is None else prediction.log_weights
+        info = StepInfo(torch.zeros(state.batch_size, dtype=torch.float64), ess(lw).to(torch.float64))
+        return state.replace(particles=x, log_weights=lw, log_density=log_q), info
 
     def _update(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators

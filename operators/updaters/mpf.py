@@ -40,11 +40,11 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators import evidence, gaussian, mixture_evidence
+from mpflow.operators import evidence, gaussian, mixture_evidence, sqmc
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
-from mpflow.operators.mpf import consistency, correction, posterior_moves
+from mpflow.operators.mpf import consistency, correction, marginal, posterior_moves
 from mpflow.operators.mpf.daum_huang import LINEARISATIONS, POSTERIOR_ITERATIONS, posterior_fit
 from mpflow.operators.mpf.health import flow_ess
 from mpflow.operators.mpf.kalman_particle import adaptive_kalman_particle_step, kalman_particle_step
@@ -57,7 +57,14 @@ from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resa
 from mpflow.operators.trained_operators import load_operator, serves_dimension
 from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
-from mpflow.operators.updaters.smc import check_rejuvenation, liu_west_moves, rejuvenates, resample_low_ess
+from mpflow.operators.updaters.smc import (
+    check_rejuvenation,
+    liu_west_moves,
+    quasi_random_prediction,
+    rejuvenates,
+    resample_low_ess,
+    sqmc_refusal,
+)
 
 
 def check_moves(options: dict) -> None:
@@ -134,6 +141,7 @@ class MPFUpdater(Updater):
             "linearisation",
             "moves",
             "window",
+            "marginal",
         }
     )
     defaults = {
@@ -164,6 +172,10 @@ class MPFUpdater(Updater):
         # the step's log-evidence: the predictive Gaussian fit's ("gaussian"), or the defensive importance estimate
         # of the mixture predictive over the previous cloud with its standard error ("mixture"; mixture_evidence)
         "evidence": "gaussian",
+        # the flow as the proposal of a marginal particle filter, weighted against the exact mixture predictive and
+        # driven by quasi-random points (mpf.marginal): off by default (docs/benchmarks.md "Anomaly scores": its
+        # evidence is not yet within the bar at N = 256, at about 6x the cost); auto = wherever it applies
+        "marginal": False,
     }
 
     def __init__(self, **options):
@@ -209,7 +221,31 @@ class MPFUpdater(Updater):
                 "options.correct: the importance correction weights the base flow (an affine map whose Jacobian "
                 "cancels); it does not run with an operator's learned residual or with track_density"
             )
+        if not (o["marginal"] is True or o["marginal"] is False or o["marginal"] == "auto"):
+            raise ValueError(f'options.marginal: expected "auto", true or false, got {o["marginal"]!r}')
         self._untrained: dict[int, MPFVelocity] = {}
+
+    def marginal_refusal(self, model: ModelFamily) -> str | None:
+        """Why the marginal particle filter (:mod:`~mpflow.operators.mpf.marginal`) cannot run ``model`` under
+        these options, or None when it can: it needs sequential quasi-Monte Carlo's one-dimensional problems (a
+        dynamic family with d = 1 or factorised per dimension, Q > 0) and the base flow's affine map."""
+        o = self.options
+        if o["network"] is not None or o["track_density"] or o["flow_fraction"] != 1:
+            return "it weights the base flow's affine map (no operator, track_density or flow_fraction)"
+        if model.state_dim > 1 and model.per_dimension(1) is None:
+            return f"the {model.name} family does not factorise over the state's {model.state_dim} dimensions"
+        return sqmc_refusal(model.per_dimension(1) or model) if model.state_dim > 1 else sqmc_refusal(model)
+
+    def uses_marginal(self, model: ModelFamily) -> bool:
+        """Whether the steps of ``model`` run the marginal particle filter (option ``marginal``)."""
+        return self.options["marginal"] is not False and self.marginal_refusal(model) is None
+
+    def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
+        """The step's predict; for the marginal particle filter by sequential quasi-Monte Carlo, per dimension."""
+        if not self.uses_marginal(model):
+            return super()._prediction(state, model, gens)
+        split = model if model.state_dim == 1 else model.per_dimension(state.batch_size)
+        return quasi_random_prediction(state, model, split, gens, replicates=2)  # marginal.crossed_maps
 
     @staticmethod
     def runs_operator(options: dict) -> bool:
@@ -237,6 +273,9 @@ class MPFUpdater(Updater):
                 f"options.flow_fraction: the weighted share of the likelihood needs a linear observation "
                 f"o = H x + N(0, R); {model.name} observes here through a nonlinear h(x): set flow_fraction to 1"
             )
+        reason = self.marginal_refusal(model) if self.options["marginal"] is True else None
+        if reason is not None:
+            raise ValueError(f'options.marginal: the marginal particle filter does not apply: {reason}; use "auto"')
         if self.options["moves"] != "auto" and self.options["moves"] > 0:
             if model.dynamic:
                 raise ValueError(
@@ -264,7 +303,8 @@ class MPFUpdater(Updater):
         a re-fit of the likelihood (``POSTERIOR_ITERATIONS`` of every particle's score) and ``steps`` RK4 steps of
         the velocity (4 evaluations: the base flow's d × d map, 4 d², and a trained network's 2 flops per
         weight), and the posterior moves (``moves`` × (``window`` + 1) likelihoods per particle); with ``evidence:
-        "mixture"`` the importance estimate's pairs of draws and components (:func:`mixture_evidence.work`)."""
+        "mixture"`` the importance estimate's pairs of draws and components (:func:`mixture_evidence.work`), and for
+        the marginal particle filter its pairs of points and components (:func:`marginal.work`)."""
         base = super().step_work(model, n, dt, k)
         net = self.options["network"]
         weights = sum(p.numel() for p in net.parameters()) if net is not None else 0
@@ -275,6 +315,9 @@ class MPFUpdater(Updater):
         flops, peak = base.flops + n * (self.options["max_substeps"] * stage + moves), 2.0 * base.bytes
         if self.options["evidence"] == "mixture" and model.dynamic:
             extra_flops, extra_bytes = mixture_evidence.work(model, n)
+            flops, peak = flops + extra_flops, max(peak, extra_bytes)
+        if self.uses_marginal(model):
+            extra_flops, extra_bytes = marginal.work(model.state_dim, n)
             flops, peak = flops + extra_flops, max(peak, extra_bytes)
         return StepWork(flops, peak)
 
@@ -403,6 +446,8 @@ class MPFUpdater(Updater):
         gens: Generators,
         prediction: Prediction | None = None,
     ):
+        if self.uses_marginal(model):
+            return self._marginal_update(state, obs, model, gens, prediction)
         if self.options["correct"]:
             return self._corrected_update(state, obs, model, gens, prediction)
         B, N, d = state.particles.shape
@@ -561,7 +606,7 @@ class MPFUpdater(Updater):
         x_prev = state.particles
         x, predictive = x_prev, None
         if model.dynamic:
-            x, mean, cov = prediction if prediction is not None else model.propagate(x_prev, gens)
+            x, mean, cov = prediction[:3] if prediction is not None else model.propagate(x_prev, gens)
             predictive = [mean, cov * float(self.options["inflation"]) ** 2]
         inc = self.step_evidence(model, obs, x, predictive)
         if self.options["flow_fraction"] < 1:
@@ -593,6 +638,42 @@ class MPFUpdater(Updater):
             model, obs = full
         info = self.mixture_evidence(model, obs, state, x1, pushed, gens, inc, n_eff)
         return self._rejuvenated(state.replace(particles=x1), model, gens), info
+
+    def _marginal_update(
+        self,
+        state: ParticleState,
+        obs: torch.Tensor,
+        model: ModelFamily,
+        gens: Generators,
+        prediction: Prediction | None = None,
+    ):
+        """One step of the marginal particle filter with the flow as its proposal (:mod:`~mpflow.operators.mpf.
+        marginal`), as d one-dimensional problems where the family factorises: the quasi-random predict
+        (:meth:`_prediction`), the moment match onto the predictive's pushed moments (× ``inflation``²) and the base
+        flow in ``substeps`` stages, the weights against the exact mixture predictive, their evidence, and the
+        sorted systematic resampling. The step's ``ess`` is the weights' (the smallest over the dimensions); a
+        stream whose flow was not affine keeps the flowed cloud and the predictive Gaussian fit's evidence."""
+        B, N, d = state.particles.shape
+        if prediction is None:
+            prediction = self._prediction(state, model, gens)
+        split = model if d == 1 else model.per_dimension(B)
+        x_prev, x_pred, obs_d = (correction.to_dimensions(t) for t in (state.particles, prediction.particles, obs))
+        mean, cov = prediction.mean, prediction.cov * float(self.options["inflation"]) ** 2
+        inc = self.step_evidence(model, obs, prediction.particles, [mean, cov])
+        x1 = torch.empty_like(x_pred)
+        for half in marginal.halves(N):  # two clouds, each flowed alone (marginal.crossed_maps)
+            white = gaussian.matched(x_pred[:, half].double(), *correction.marginals(mean, cov))
+            x0 = white.points().to(x_prev.dtype)
+            x1[:, half] = self._staged_flow(self.base_flow(1), split, obs_d, x0, None, white, False)[0]
+        found = marginal.log_weights(split, obs_d, x_prev, x_pred, x1)
+        log_z = evidence.log_mean_exp(found.log_weights).reshape(B, d).sum(-1)
+        affine = found.affine.reshape(B, d).all(-1)
+        log_w = torch.where(found.affine[:, None], found.log_weights, torch.zeros_like(found.log_weights))
+        v = rand(gens, [d], torch.float64).reshape(-1)
+        x1 = correction.from_dimensions(sqmc.sorted_systematic(found.points, log_w, v), d)
+        n_eff = ess(log_w).reshape(B, d).min(-1).values
+        inc = torch.where(affine & torch.isfinite(log_z), log_z, inc.to(torch.float64))
+        return state.replace(particles=x1), StepInfo(inc, n_eff)
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
         """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the
@@ -630,7 +711,7 @@ class MPFUpdater(Updater):
         if model.dynamic:
             if prediction is None:
                 prediction = Prediction(*model.propagate(state.particles, gens, state.log_weights))
-            x, mean, cov = prediction
+            x, mean, cov = prediction[:3]
         else:
             x = state.particles
             mean, cov = gaussian.moments(x.to(torch.float64), state.log_weights)

@@ -131,14 +131,15 @@ def test_transition_log_density_is_the_gaussian_of_each_pair():
     ],
 )
 def test_a_step_with_p_values_predicts_once(monkeypatch, method, options, family, params):
-    """The p-values and the update share one transition draw: one call of ``propagate`` or ``transition`` per step,
+    """The p-values and the update share one transition draw: one call of ``propagate``, ``transition`` or
+    ``transition_from_noise`` (``smc``'s quasi-random predict on SV d = 1) per step,
     and the same increments as the method computing its p-values from a predict of its own (the former way)."""
     d = 1 if family == "stochastic_volatility" else 2
     model = make_model(family, params, d)
     prior = GaussianMixture.gaussian(torch.zeros(1, d, dtype=F64), torch.eye(d, dtype=F64)[None])
     obs = torch.full((1, d), 0.7)
     calls = []
-    for name in ("propagate", "transition"):
+    for name in ("propagate", "transition", "transition_from_noise"):
         original = getattr(ModelFamily, name)
 
         def counted(self, *args, _original=original, _name=name, **kwargs):

@@ -1,0 +1,103 @@
+"""Sequential quasi-Monte Carlo through the HTTP API against a real Redis (``smc``'s ``method_options.qmc``, ``mpf``'s
+``method_options.marginal``):
+
+* an ``smc`` stream on the one-dimensional stochastic-volatility model with ``qmc: true`` and a smoothing window
+  takes observations (per-step increments and pit values), answers ``GET .../smoothed``, and its snapshot, imported
+  under another id, answers the next observations exactly as the original does (the points are drawn from the
+  stream's own generator: nothing else carries over);
+* an ``mpf`` stream with ``marginal: true`` on SV d = 5 (five one-dimensional problems) steps;
+* a value that is not ``"auto"``, true or false, and ``true`` where the scheme does not apply (a two-dimensional
+  ``lds``), are refused with a 422 naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mpflow.service.streams.snapshots import MEDIA_TYPE
+
+from tests.integration.test_api_streams import GAUSS2, run
+
+SV = {"family": "stochastic_volatility", "params": {"mu": -1.0, "phi": 0.95, "sigma": 0.3}}
+SV_PRIOR = {"type": "gaussian", "mean": [-1.0], "cov": [[0.9]]}
+RETURNS = [[0.3], [-0.8], [1.9], [0.1], [-0.2], [0.6], [-2.4], [0.05]]
+LDS2 = {"family": "lds", "params": {"A": [[0.9, 0.1], [0.0, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]]}}
+
+
+def test_qmc_stream_steps_smooths_and_resumes_from_its_snapshot(redis_url):
+    async def body(app, client):
+        create = {"model": SV, "prior": SV_PRIOR, "method": "smc", "num_particles": 512, "seed": 4}
+        r = await client.post(
+            "/v1/streams", json={**create, "stream_id": "q", "method_options": {"qmc": True}, "smoothing_lag": 4}
+        )
+        assert r.status_code == 201, r.text
+        first = await client.post("/v1/streams/q/observations", json={"observations": RETURNS[:6]})
+        assert first.status_code == 200, first.text
+        smoothed = await client.get("/v1/streams/q/smoothed")
+        assert smoothed.status_code == 200, smoothed.text
+        snapshot = (await client.get("/v1/streams/q/export")).content
+        r = await client.post("/v1/streams:import?stream_id=q2", content=snapshot, headers={"content-type": MEDIA_TYPE})
+        assert r.status_code == 201, r.text
+        later = []
+        for sid in ("q", "q2"):
+            r = await client.post(f"/v1/streams/{sid}/observations", json={"observations": RETURNS[6:]})
+            assert r.status_code == 200, r.text
+            later.append(r.json())
+        return first.json(), smoothed.json(), later
+
+    first, smoothed, (original, copy) = run(redis_url, body)
+    steps = first["per_step"]
+    assert len(steps) == 6
+    assert all(math.isfinite(s["log_evidence_increment"]) and 0 < s["pit"][0] < 1 for s in steps)
+    assert [s["step"] for s in smoothed["steps"]] == [3, 4, 5, 6]
+    assert all(math.isfinite(s["mean"][0]) and s["cov"][0][0] > 0 for s in smoothed["steps"])
+    assert [s["log_evidence_increment"] for s in original["per_step"]] == [
+        s["log_evidence_increment"] for s in copy["per_step"]
+    ]
+    assert original["summary"]["mean"] == copy["summary"]["mean"]
+
+
+def test_marginal_mpf_steps_on_a_factorised_family(redis_url):
+    async def body(app, client):
+        prior = {
+            "type": "gaussian",
+            "mean": [-1.0] * 5,
+            "cov": [[0.9 if i == j else 0.0 for j in range(5)] for i in range(5)],
+        }
+        r = await client.post(
+            "/v1/streams",
+            json={
+                "stream_id": "m",
+                "model": SV,
+                "prior": prior,
+                "method": "mpf",
+                "num_particles": 128,
+                "seed": 1,
+                "method_options": {"marginal": True},
+            },
+        )
+        assert r.status_code == 201, r.text
+        obs = [[0.2, -0.5, 1.4, 0.0, -0.9], [2.5, 0.1, -0.3, 0.4, 0.2]]
+        return (await client.post("/v1/streams/m/observations", json={"observations": obs})).json()
+
+    answer = run(redis_url, body)
+    assert [math.isfinite(s["log_evidence_increment"]) for s in answer["per_step"]] == [True, True]
+
+
+def test_bad_values_and_inapplicable_requests_are_refused_naming_the_field(redis_url):
+    async def body(app, client):
+        sv = {"model": SV, "prior": SV_PRIOR}
+        lds = {"model": LDS2, "prior": GAUSS2}
+        return [
+            await client.post("/v1/streams", json={**sv, "method": "smc", "method_options": {"qmc": "yes"}}),
+            await client.post("/v1/streams", json={**lds, "method": "smc", "method_options": {"qmc": True}}),
+            await client.post("/v1/streams", json={**sv, "method": "mpf", "method_options": {"marginal": 2}}),
+            await client.post("/v1/streams", json={**lds, "method": "mpf", "method_options": {"marginal": True}}),
+            await client.post("/v1/streams", json={**lds, "method": "smc", "method_options": {"qmc": "auto"}}),
+        ]
+
+    *refused, auto_on_2d = run(redis_url, body)
+    for r, field in zip(refused, ["qmc", "qmc", "marginal", "marginal"], strict=True):
+        assert r.status_code == 422, r.text
+        assert f"method_options.{field}" in r.text, r.text
+    assert auto_on_2d.status_code == 201, auto_on_2d.text  # "auto": the bootstrap filter where SQMC does not apply

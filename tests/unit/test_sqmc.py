@@ -1,0 +1,121 @@
+"""Sequential quasi-Monte Carlo (:mod:`mpflow.operators.sqmc`): ``smc``'s ``qmc`` option and ``mpf``'s
+``marginal`` option against the exact Kalman evidence of a one-dimensional linear-Gaussian model.
+
+* the variance reduction: over 16 seeds the total log-evidence of ``smc`` with ``qmc`` spreads several times less
+  than the bootstrap filter's (measured 0.10 against 0.50 nat at N = 128, 60 steps; asserted: a ratio above 3);
+* the marginal particle filter with the flow as its proposal (``mpf`` ``marginal: true``) is within 0.1 nat of
+  Kalman at a 3-sd outlier on every one of 16 seeds, and at an 8-sd one its estimate is its own cloud's exact
+  mixture evidence;
+* the points are uniform, reproducible per stream and independent of the batch; ``qmc``/``marginal`` values and
+  where they apply are checked, naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from mpflow.operators import sqmc
+from mpflow.operators.models import make_model
+from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.mpf import marginal
+from mpflow.operators.references import kalman_filter
+from mpflow.operators.rng import StreamRNG
+from mpflow.operators.updaters import get_updater
+
+F64 = torch.float64
+PARAMS = {"A": [[0.9]], "Q": [[0.5]], "B": [[1.0]], "R": [[1.0]]}
+SEEDS = 16
+#: the sd of the stationary predictive of an observation: √(R + Q / (1 − A²))
+PREDICTIVE_SD = math.sqrt(1.0 + 0.5 / (1 - 0.81))
+
+
+def lds_run(method: str, options: dict, n: int, steps: int = 60, outlier: float | None = None):
+    """(increments [SEEDS, T], the exact Kalman increments [T]) of one simulated 1-D lds series, SEEDS streams."""
+    model = make_model("lds", PARAMS, 1)
+    g = torch.Generator().manual_seed(5)
+    _, obs = model.simulate(steps, torch.zeros(1, 1), [g])
+    if outlier is not None:
+        obs[0, steps // 2, 0] += outlier
+    prior = GaussianMixture.gaussian(torch.zeros(1, 1, dtype=F64), torch.eye(1, dtype=F64)[None])
+    _, _, exact = kalman_filter(prior.means[:, 0], prior.covs[:, 0], model.to(F64), obs.double())
+    up = get_updater(method, **options)
+    batch = GaussianMixture(*(t.expand(SEEDS, *t.shape[1:]) for t in (prior.weights, prior.means, prior.covs)))
+    state = up.init(batch, model, n, list(range(SEEDS)))
+    incs = []
+    for t in range(steps):
+        state, info = up.update(state, obs[:, t].expand(SEEDS, 1), model)
+        incs.append(info.log_evidence_increment)
+    return torch.stack(incs, 1), exact[0]
+
+
+def test_qmc_spreads_the_evidence_several_times_less_than_plain_resampling():
+    spread = {}
+    for qmc in (True, False):
+        inc, exact = lds_run("smc", {"qmc": qmc}, 128)
+        total = (inc - exact).sum(1)
+        assert float(total.mean().abs()) < 3 * float(total.std()) / math.sqrt(SEEDS) + 0.01  # no bias beyond noise
+        spread[qmc] = float(total.std())
+    assert spread[True] * 3 < spread[False], spread
+
+
+def test_marginal_mpf_is_close_to_kalman_at_an_outlier():
+    # a 3-sd surprise (exact increment −4.0): within 0.1 nat on every seed (measured at most 0.04; the bootstrap
+    # filter's worst at the same N 0.41)
+    inc, exact = lds_run("mpf", {"marginal": True}, 256, steps=40, outlier=3 * PREDICTIVE_SD)
+    t = 20
+    assert float(exact[t]) < -3.5
+    assert float((inc[:, t] - exact[t]).abs().max()) < 0.1
+    assert float((inc - exact).abs().max()) < 0.3  # every step (measured 0.17)
+
+
+def test_marginal_mpf_evidence_is_its_cloud_mixture_evidence_at_an_outlier():
+    """At an 8-sd reading the step's estimate equals ∫ p(o | x) (1/N) Σ_j p(x | x_j) dx of the cloud it starts from
+    (a fine grid) within 0.02 nat on every stream (measured at most 0.011 over 1000): what is left of the error
+    against Kalman there is the N-particle cloud's, not the estimator's."""
+    model = make_model("lds", PARAMS, 1)
+    up = get_updater("mpf", marginal=True)
+    B, N = 16, 256
+    prior = GaussianMixture.gaussian(torch.zeros(B, 1, dtype=F64), torch.eye(1, dtype=F64)[None].expand(B, 1, 1))
+    state = up.init(prior, model, N, list(range(B)))
+    for o in (0.3, -0.5, 8.0):
+        obs = torch.full((B, 1), o)
+        before = state.particles
+        state, info = up.update(state, obs, model)
+    grid = torch.linspace(-20, 20, 4001, dtype=F64)[None, :, None]
+    m64 = model.to(F64)
+    log_p = marginal.mixture_log_density(m64, grid, before.double()) + m64.log_likelihood(obs.double(), grid)
+    exact = torch.logsumexp(log_p, -1) + math.log(float(grid[0, 1, 0] - grid[0, 0, 0]))
+    assert float(exact.max()) < -10
+    assert float((info.log_evidence_increment - exact).abs().max()) < 0.02
+
+
+def test_points_are_uniform_reproducible_and_per_stream():
+    gens = StreamRNG.from_seeds([1, 2, 3])
+    u = sqmc.points(gens, 256)
+    assert u.shape == (3, 256, 2) and bool(((u > 0) & (u < 1)).all())
+    # a digitally shifted net: one point in each of the 256 intervals [k/256, (k+1)/256) of either coordinate
+    for j in range(2):
+        assert torch.equal(torch.sort((u[..., j] * 256).floor(), -1).values[0], torch.arange(256, dtype=F64))
+    again = sqmc.points(StreamRNG.from_seeds([2]), 256)
+    assert torch.equal(again[0], u[1])  # stream 2's points whatever its batch
+    assert not torch.equal(u[0], u[1])
+    means = sqmc.points(StreamRNG.from_seeds(list(range(400))), 16).mean((1, 2))
+    assert abs(float(means.mean()) - 0.5) < 0.01  # uniform on average over the shifts
+
+
+def test_options_are_checked_naming_the_field():
+    with pytest.raises(ValueError, match=r"options\.qmc"):
+        get_updater("smc", qmc="yes")
+    with pytest.raises(ValueError, match=r"options\.marginal"):
+        get_updater("mpf", marginal=1)
+    two = make_model("lds", {"A": [[0.9, 0], [0, 0.9]], "B": [[1.0, 0], [0, 1.0]]}, 2)
+    with pytest.raises(ValueError, match=r"options\.qmc"):
+        get_updater("smc", qmc=True).check_compatible(two)
+    with pytest.raises(ValueError, match=r"options\.marginal"):
+        get_updater("mpf", marginal=True).check_compatible(two)
+    get_updater("smc", qmc=True).check_compatible(make_model("lds", PARAMS, 1))
+    get_updater("mpf", marginal=True).check_compatible(make_model("stochastic_volatility", {}, 5))
+    assert get_updater("smc").uses_qmc(make_model("stochastic_volatility", {}, 1))
+    assert not get_updater("smc").uses_qmc(two)
