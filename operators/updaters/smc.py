@@ -16,8 +16,9 @@ resample at its end (its ESS is reported, its weights kept), and the next step's
 weighted cloud at the sorted first coordinates of N randomised quasi-random points and moves each copy with the
 second coordinate's Φ⁻¹ as the transition noise — every step, whatever ``ess_threshold``. Its total log-evidence's
 sd over 8 seeds on the GBP/USD stochastic-volatility run is 0.008 nat at N = 4096 against 0.15 for the bootstrap
-filter, at 2.1 × its wall time (docs/benchmarks.md "Anomaly scores"). ``qmc``: ``"auto"`` (the default: wherever it applies), ``true`` (refused
-naming ``options.qmc`` where it does not apply: a static family, d > 1, Q = 0), ``false`` (the bootstrap filter).
+filter, at 2.1 × its wall time (docs/benchmarks.md "Anomaly scores"). ``qmc``: ``"auto"`` (the default: wherever
+it applies), ``true`` (refused naming ``options.qmc`` where it does not apply: a static family, d > 1, Q = 0),
+``false`` (the bootstrap filter).
 A step without a measurement propagates by plain draws and keeps the weights.
 """
 
