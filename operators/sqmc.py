@@ -85,13 +85,47 @@ def replicated_points(gens: Generators, n: int, per_stream: int = 1, replicates:
 
 def resample(x: torch.Tensor, log_weights: torch.Tensor, u1: torch.Tensor) -> torch.Tensor:
     """Steps 1–3 of the module docstring: the ancestor indices [B, M] (into x's own order) of the uniforms
-    ``u1`` [B, M] under the weighted one-dimensional cloud x [B, N] with ``log_weights`` [B, N]."""
+    ``u1`` [B, M] under the weighted one-dimensional cloud x [B, N] with ``log_weights`` [B, N]. Uniforms with one
+    point in each cell [j/N, (j+1)/N) (:func:`one_per_cell`) are inverted in O(N) (:func:`_inverse_one_per_cell`),
+    any others by binary search."""
     order = torch.argsort(x, dim=-1)
     w = torch.softmax(torch.gather(log_weights.to(torch.float64), 1, order), -1)
     cdf = torch.cumsum(w, -1)
     cdf = cdf / cdf[:, -1:]  # the last entry exactly 1
-    k = torch.searchsorted(cdf, u1.contiguous(), right=True).clamp_max(x.shape[1] - 1)
-    return torch.gather(order, 1, k)
+    cells = one_per_cell(u1, x.shape[1])
+    if cells is not None:
+        k = _inverse_one_per_cell(cdf, u1, cells)
+    else:
+        k = torch.searchsorted(cdf, u1.contiguous(), right=True)
+    return torch.gather(order, 1, k.clamp_max(x.shape[1] - 1))
+
+
+def one_per_cell(u1: torch.Tensor, n: int) -> torch.Tensor | None:
+    """The cell ⌊n u⌋ of each of the uniforms ``u1`` [B, n] when every row has exactly one point in each of the n
+    cells [j/n, (j+1)/n), else None. The first 2^m points of a (scrambled, digitally shifted) Sobol' sequence are a
+    (0, m, 1)-net in each coordinate (Dick & Pillichshammer 2010, Def. 4.1), so a power-of-two N has the property;
+    so does the lattice (j + v)/N of :func:`sorted_systematic`."""
+    if u1.shape[-1] != n:
+        return None
+    cells = torch.floor(u1 * n).to(torch.int64).clamp(0, n - 1)
+    occupied = torch.zeros_like(cells).scatter_add_(1, cells, torch.ones_like(cells))
+    return cells if bool((occupied == 1).all()) else None
+
+
+def _inverse_one_per_cell(cdf: torch.Tensor, u1: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """``searchsorted(cdf, u1, right=True)`` — for each point, #{k : W_k ≤ u} — in O(N) for one point per cell.
+
+    With the points in increasing order u_(0) < … < u_(n−1) (u_(j) the point of cell j), the number of points below
+    W_k is c_k = ⌊n W_k⌋ + [u_(⌊n W_k⌋) < W_k] (every cell below ⌊n W_k⌋ lies below W_k, and its own cell's point
+    may), and W_k ≤ u_(j) ⟺ c_k ≤ j. So #{k : W_k ≤ u_(j)} = #{k : c_k ≤ j}, a cumulative count of the c_k."""
+    b, n = u1.shape
+    point_of_cell = torch.empty_like(cells).scatter_(1, cells, torch.arange(n).expand(b, n))
+    in_order = torch.gather(u1, 1, point_of_cell)
+    c = torch.floor(cdf * n).to(torch.int64).clamp_max(n)
+    below = c + ((c < n) & (torch.gather(in_order, 1, c.clamp_max(n - 1)) < cdf)).to(torch.int64)
+    counts = torch.zeros(b, n + 1, dtype=torch.int64).scatter_add_(1, below, torch.ones_like(below))
+    k_in_order = torch.cumsum(counts, -1)[:, :n]
+    return torch.empty_like(cells).scatter_(1, point_of_cell, k_in_order)
 
 
 def resample_move(
