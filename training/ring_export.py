@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,13 @@ def correction_config(payload: dict[str, Any], d: int) -> dict[str, Any]:
             "R": list(ring_train.R_RANGE),
             "obs_every": [min(ring_train.STRIDES), max(ring_train.STRIDES)],
         },
-        "training": {k: v for k, v in training.items() if isinstance(v, int | float | str | bool) or v is None},
+        "training": {k: _json_value(v) for k, v in training.items() if isinstance(v, int | float | str | bool | None)},
     }
+
+
+def _json_value(v: Any) -> Any:
+    """A training option or figure as JSON holds it: a non-finite float (no bar, no θ kept) as None."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def export(ring_pt: str | Path, root: str | Path, name: str, readme: str, metrics: dict[str, Any]):
