@@ -13,7 +13,7 @@ Per step m, for each stream:
 Sequential quasi-Monte Carlo (option ``qmc``; Gerber & Chopin 2015, :mod:`mpflow.operators.sqmc`). On a dynamic
 family with a one-dimensional state and a transition density (Q > 0), steps 4 and 1 become one: the step does not
 resample at its end (its ESS is reported, its weights kept), and the next step's predict resamples the sorted
-weighted cloud at the sorted first coordinates of N randomised quasi-random points and moves each copy with the
+weighted cloud at the first coordinates of N randomised quasi-random points and moves each copy with the
 second coordinate's Φ⁻¹ as the transition noise — every step, whatever ``ess_threshold``. Its total log-evidence's
 sd over 8 seeds on the GBP/USD stochastic-volatility run is 0.008 nat at N = 4096 against 0.15 for the bootstrap
 filter, at 2.1 × its wall time (docs/benchmarks.md "Anomaly scores"). ``qmc``: ``"auto"`` (the default: wherever
@@ -142,8 +142,8 @@ class SMCUpdater(Updater):
     uniform_weight_options = {"ess_threshold": 2.0, "qmc": False}
     #: fixed-lag smoothing: FFBSm, with the genealogy (ancestor indices kept for L steps) where Q is singular
     smoother = ParticleSmoother()
-    #: FFBSm's means were within 0.1 sd of the exact smoother in every run at N = 4096 (max 0.093 over 16 runs),
-    #: not at 2048 (0.11) or 256 (0.63): ``benchmarks/smoothing.py``
+    #: the smoothed means' worst of 16 runs at N = 4096 (backward simulation) was 0.112 sd from the exact smoother's,
+    #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md)
     smoothing_particles = 4096
 
     def __init__(self, **options):
