@@ -179,10 +179,11 @@ class SMCUpdater(Updater):
         return quasi_random_prediction(state, model, model, gens)
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
-        """:meth:`Updater.step_work`, plus sequential quasi-Monte Carlo's sorts of the cloud and the points (about
+        """:meth:`Updater.step_work`, plus, where the steps run sequential quasi-Monte Carlo (:meth:`uses_qmc`: not
+        with ``qmc: false``, a static family, d > 1 or Q = 0), its sorts of the cloud and the points (about
         20 n log₂ n each) and its n × 2 points."""
         base = super().step_work(model, n, dt, k)
-        if model.state_dim != 1 or not model.dynamic:
+        if not self.uses_qmc(model):
             return base
         return StepWork(base.flops + 40.0 * n * math.log2(max(n, 2)), base.bytes + 8.0 * 6 * n)
 

@@ -98,6 +98,18 @@ def test_estimates_grow_as_the_methods_do():
     assert extra == pytest.approx(99 * (100 * l96.RK4_FLOPS_PER_VARIABLE * 40 + l96.substep_overhead_flops))
 
 
+def test_smc_prices_sqmc_sorts_only_where_its_steps_run_them():
+    """Sequential quasi-Monte Carlo's sorts (about 40 n log₂ n) are priced where the stream runs it — ``qmc`` on
+    (``"auto"``) for a dynamic d = 1 family with Q > 0 — and not for ``qmc: false``, whose steps are the bootstrap
+    filter's."""
+    n = 4096
+    on, off = get_updater("smc"), get_updater("smc", qmc=False)
+    sv = make_model("stochastic_volatility", {}, 1)
+    assert on.uses_qmc(sv) and not off.uses_qmc(sv)
+    assert off.step_work(sv, n).flops < on.step_work(sv, n).flops
+    assert on.step_work(sv, n).flops - off.step_work(sv, n).flops == pytest.approx(40.0 * n * 12)
+
+
 def test_forecast_memory_grows_with_steps_and_is_small_for_kalman():
     m = lds(64)
     smc, kalman = get_updater("smc"), get_updater("kalman")
