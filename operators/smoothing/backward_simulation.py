@@ -30,7 +30,8 @@ outlier) falls back, so that the worst case is bounded too:
   resampled).
 
 So a step costs at most M (:data:`REJECTION_TRIALS` + :data:`MH_MOVES`) proposals plus :data:`EXACT_FALLBACKS` · N
-kernel terms: O(M + N) per step, whatever the data (:func:`trajectory_flops` prices it). The smoothed marginal at s
+kernel terms: O(M + N) per step, whatever the data (:func:`trajectory_flops` prices it, each proposal at the time
+it was measured to take, :data:`PROPOSAL_FLOPS`). The smoothed marginal at s
 is the trajectories' empirical law {x^{J^m_s}_s}: as log-weights on step s's cloud, log(count_i / M).
 
 The random numbers come from a side stream of the stream's generator (:func:`~mpflow.operators.rng.side_streams`):
@@ -55,9 +56,15 @@ TRAJECTORIES_PER_PARTICLE = 1
 EXACT_FALLBACKS = 64
 #: Metropolis–Hastings moves for the trajectories past :data:`EXACT_FALLBACKS`
 MH_MOVES = 16
-#: floating-point operations of one proposal in d dimensions besides its 3 d of distance: the categorical draw
-#: (a binary search of the cumulative weights), a uniform, the comparison and the bookkeeping
-PROPOSAL_FLOPS = 60.0
+#: floating-point operations' worth of one proposal in d dimensions besides its 3 d of distance — the categorical
+#: draw (a binary search of the cumulative weights), a uniform, the comparison, the gathers and its share of each
+#: round's fixed costs. Measured, not counted (about 60 are counted): the work is memory-bound, so a proposal is
+#: priced at the time it takes in an ``smc`` step's operations. ``benchmarks/smoothing_price.py`` (one thread, the
+#: worst case of a read at N = 4096, L = 100: every proposal rejected) fitted 2469 on 2026-11-27 (load 0.9) and,
+#: from CPU times under a load of 3.6 to 4.3, 2004, 2380 and 2462 on 2026-11-28; rounded up. At this price the
+#: largest window the defaults accept at L = 100 (N = 2051) reads, worst case, in 0.99 to 1.08 of the time its
+#: budget buys
+PROPOSAL_FLOPS = 2500.0
 
 
 def categorical(log_weights: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
@@ -149,7 +156,8 @@ def counts_log_weights(indices: torch.Tensor, n: int) -> torch.Tensor:
 def trajectory_flops(trajectories: int, n: int, d: int) -> float:
     """The most floating-point operations of one :func:`backward_step` (with its :class:`Sampler`): the whitening
     of both clouds (2 n d²), the cumulative weights, every trajectory's proposals (rejection and MH moves: 3 d +
-    :data:`PROPOSAL_FLOPS` each) and the exact fall-backs' kernel rows (n (2 d + 20) each)."""
+    :data:`PROPOSAL_FLOPS` each, the latter measured in an ``smc`` step's operations) and the exact fall-backs'
+    kernel rows (n (2 d + 20) each)."""
     proposals = trajectories * (REJECTION_TRIALS + MH_MOVES) * (3.0 * d + PROPOSAL_FLOPS)
     return 2.0 * n * d * d + 10.0 * n + proposals + EXACT_FALLBACKS * n * (2.0 * d + 20.0)
 

@@ -143,7 +143,8 @@ class SMCUpdater(Updater):
     #: fixed-lag smoothing: FFBSm, with the genealogy (ancestor indices kept for L steps) where Q is singular
     smoother = ParticleSmoother()
     #: the smoothed means' worst of 16 runs at N = 4096 (backward simulation) was 0.112 sd from the exact smoother's,
-    #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md)
+    #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md); lowered where
+    #: the stream's requests would be over the cost budgets (at the defaults, d = 2: 2051 at L = 100)
     smoothing_particles = 4096
 
     def __init__(self, **options):

@@ -4,6 +4,8 @@
   RTS smoother's means and covariances (tests/unit/test_smoothing.py) to 1e-6 posterior sd; after a server restart
   (a new app on the same Redis) and after export → import, the same answer; the imported copy keeps smoothing.
 * ``smc`` and ``enkf`` streams answer the window too (their accuracy is the unit tests').
+* A stream whose window was accepted under an earlier, lower price of ``/smoothed`` is refused at the read (413
+  naming ``smoothing_lag``) and keeps stepping.
 * Refusals before anything is written: a lag over 100 (422 naming ``smoothing_lag`` and the range), a window whose
   bytes are over the cost model's budget (413 naming ``smoothing_lag`` and the limit), and a stream without a lag
   (409 ``smoothing_disabled`` saying how to enable it).
@@ -20,8 +22,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from mpflow.operators.models import make_model
-from mpflow.operators.models.priors import prior_from_spec
+from mpflow.operators.smoothing import backward_simulation
 from mpflow.operators.updaters import get_updater
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -29,6 +30,7 @@ from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.rts import PARAMS, PRIOR, data, numpy_rts
 from tests.harness.server import drop_prefix, serve_in_thread
+from tests.harness.smoothing_windows import largest_window
 
 MODEL = {"family": "lds", "params": PARAMS}
 SETTINGS = {"log_level": "WARNING", "max_particles": 65536, "max_request_bytes": 64 * 2**20}
@@ -122,8 +124,8 @@ def test_particle_methods_answer_their_window_at_the_smoothing_default_n(redis_u
         assert np.allclose(answer["steps"][-1]["mean"], newest, atol=1e-5)
 
 
-#: (model, updater, prior) of the smc streams here, for the cost model
-SMC_LDS = (make_model("lds", PARAMS, 2), get_updater("smc"), prior_from_spec(PRIOR))
+#: the updater of the smc streams here, for the cost model
+SMC = get_updater("smc")
 #: the most seconds a light request of another stream may take while the heavy reads run (a POST of one
 #: observation to a Kalman stream, a new stream's creation: tens of milliseconds when the server is idle; the bound
 #: leaves room for two cores shared with other jobs, and is far below one heavy read's time, which the test checks)
@@ -137,8 +139,9 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
     new stream's creation answer within :data:`LIGHT_BOUND_S` each — heavy reads queue on their own thread, not on
     the auxiliary threads a creation needs, nor on the event loop."""
     with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=600) as c:
-        largest = costs.largest(settings(), 65536, lambda n: costs.smoothing_stream_cost(*SMC_LDS, n, 100))
-        assert 4096 <= largest < 65536
+        largest = largest_window(settings(), 100)
+        # the read's price binds (about 1.2e5 flops per trajectory and step of the window), not the window's bytes
+        assert 1024 < largest < 4096 and costs.heavy(settings(), costs.smoothing_cost(SMC, largest, 2, 100))
         r = create(c, "smc", 100, n=largest + 1, sid="over")
         assert r.status_code == 413 and r.json()["error"]["message"].startswith("smoothing_lag:"), r.text
         r = create(c, "smc", 100, n=largest, sid="largest")
@@ -174,6 +177,26 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
         slowest_read = max(seconds for _, seconds in reads)
         assert len(light) >= 10 and slowest_read > LIGHT_BOUND_S  # the reads were heavy, and many requests ran
         assert max(light) < LIGHT_BOUND_S, (max(light), sorted(light)[-5:], slowest_read)
+
+
+def test_a_window_priced_below_its_work_when_it_was_created_is_refused_at_the_read(redis_url, prefix, monkeypatch):
+    """A stream created while a backward-simulation proposal was priced at 60 flops (``PROPOSAL_FLOPS``), at a
+    window now over the budget (L = 100, N = 4096), is refused at its ``/smoothed`` read — 413 naming
+    ``smoothing_lag`` with the largest lag that fits — and is otherwise left as it was: it still steps."""
+    with monkeypatch.context() as m:
+        m.setattr(backward_simulation, "PROPOSAL_FLOPS", 60.0)
+        with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+            assert create(c, "smc", 100, n=4096, sid="priced-at-60").status_code == 201
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = c.get("/v1/streams/priced-at-60/smoothed")
+        assert r.status_code == 413, r.text
+        message = r.json()["error"]["message"]
+        lags = costs.largest(settings(), 100, lambda lag: costs.smoothing_cost(SMC, 4096, 2, lag))
+        assert message.startswith("smoothing_lag:") and f"at most {lags} here" in message, message
+        assert 1 <= lags < 100
+        assert c.get("/v1/streams/priced-at-60").json()["step"] == 0
+        r = c.post("/v1/streams/priced-at-60/observations", json={"observations": data(3)})
+        assert r.status_code == 200 and r.json()["step"] == 3, r.text
 
 
 def test_refusals(redis_url, prefix):
