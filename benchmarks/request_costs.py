@@ -210,7 +210,7 @@ def smoothed_case(settings: Settings, lag: int = 100) -> Case:
         "num_particles",
         settings.max_particles,
         lambda sid, _n: ("GET", f"/v1/streams/{sid}/smoothed", None, None),
-        lambda n: costs.smoothing_cost(updater, n, d, lag),
+        lambda n: costs.smoothing_cost(model, updater, n, lag),
         bound=lambda n: costs.smoothing_stream_cost(model, updater, prior, n, lag),
         setup=lambda sid: [("POST", f"/v1/streams/{sid}/observations", None, observations)],
     )

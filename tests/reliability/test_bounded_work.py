@@ -28,14 +28,13 @@ from pathlib import Path
 import httpx
 import pytest
 from mpflow.operators.smoothing import backward_simulation
-from mpflow.operators.updaters import get_updater
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from websockets.sync.client import connect
 
 from tests.harness import rts
 from tests.harness.server import drop_prefix, serve_as_user
-from tests.harness.smoothing_windows import largest_window
+from tests.harness.smoothing_windows import largest_window, smc_stream
 from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
 
@@ -209,15 +208,17 @@ SMOOTHING = {"model": {"family": "lds", "params": rts.PARAMS}, "prior": rts.PRIO
 
 
 def test_a_smoothing_window_is_priced_at_its_reads_work(monkeypatch, client):
-    with monkeypatch.context() as m:  # the window the earlier price of a proposal let a stream keep
+    with monkeypatch.context() as m:  # the window the earlier price of a proposal (and a kernel term) let a stream keep
         m.setattr(backward_simulation, "PROPOSAL_FLOPS", 60.0)
+        m.setattr(backward_simulation, "KERNEL_TERM_FLOPS", 2.0 * 2 + 20.0)
         old = largest_window(DEFAULTS, 100)
+    assert old == 35945
     sid = f"old-window-{uuid.uuid4().hex[:8]}"
     body = {**SMOOTHING, "stream_id": sid, "num_particles": old, "smoothing_lag": 100}
     r, seconds = timed(client.post, "/v1/streams", json=body)
     message = refused(r, seconds, "smoothing_lag", "MPFLOW_MAX_REQUEST_FLOPS")
-    updater = get_updater("smc")
-    lags = costs.largest(DEFAULTS, 100, lambda lag: costs.smoothing_cost(updater, old, 2, lag))
+    model, updater, _ = smc_stream()
+    lags = costs.largest(DEFAULTS, 100, lambda lag: costs.smoothing_cost(model, updater, old, lag))
     assert message.startswith("smoothing_lag:") and f"at most {lags} here" in message, message
     assert client.get(f"/v1/streams/{sid}").status_code == 404  # nothing created
     # the largest window at L = 10 — as dear as any accepted read, and short to fill

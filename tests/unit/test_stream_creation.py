@@ -15,7 +15,7 @@ from mpflow.service.engine.methods import Methods
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
-from mpflow.service.streams.creation import prepare
+from mpflow.service.streams.creation import prepare, smoothing_default
 
 from tests.harness.rts import PARAMS, PRIOR
 
@@ -56,7 +56,7 @@ def test_the_smoothing_default_fits_the_streams_creation_and_steps():
     model = make_model("lorenz96", L96["params"], L96_D)
     updater, prior = get_updater("smc"), prior_from_spec(L96_PRIOR)
     assert costs.share(settings, costs.creation_cost(model, updater, prior, 4096)) > 1
-    assert costs.share(settings, costs.smoothing_cost(updater, 4096, L96_D, L96_LAG)) <= 1
+    assert costs.share(settings, costs.smoothing_cost(model, updater, 4096, L96_LAG)) <= 1
     req = CreateStreamRequest(model=L96, prior=L96_PRIOR, method="smc", smoothing_lag=L96_LAG)
     meta, _, _ = prepare(settings, methods, req)
     n = meta["num_particles"]
@@ -64,8 +64,20 @@ def test_the_smoothing_default_fits_the_streams_creation_and_steps():
     for cost in (
         costs.creation_cost(model, updater, prior, n),
         costs.observations_cost(model, updater, n, [(1.0, None)], 0, L96_LAG),
-        costs.smoothing_cost(updater, n, L96_D, L96_LAG),
+        costs.smoothing_cost(model, updater, n, L96_LAG),
     ):
         assert costs.share(settings, cost) <= 1
     # the largest
     assert costs.share(settings, costs.smoothing_stream_cost(model, updater, prior, n + 1, L96_LAG)) > 1
+
+
+def test_a_static_familys_smoothing_stream_gets_more_particles_than_a_dynamic_ones():
+    """At L = 100 (the defaults' budgets) an ``smc`` stream of the 2-D ``lds`` gets fewer than ``smoothing_particles``
+    by default (its read is backward simulation's), while a static family's — whose read walks the genealogy, N
+    links a step — gets them all."""
+    settings, _ = setup()
+    updater, prior = get_updater("smc"), prior_from_spec(PRIOR)
+    static, dynamic = make_model("linear_gaussian", {}, 2), make_model("lds", PARAMS, 2)
+    n_static = smoothing_default(settings, static, updater, prior, 256, 100)
+    n_dynamic = smoothing_default(settings, dynamic, updater, prior, 256, 100)
+    assert n_dynamic < n_static == updater.smoothing_particles
