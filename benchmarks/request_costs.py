@@ -7,7 +7,9 @@ created on a real server (``python -m mpflow serve`` with its default limits, on
 ``MPFLOW_REDIS_URL``, else redis://127.0.0.1:6379/0), the server's peak RSS is reset to its current RSS
 (``/proc/PID/clear_refs`` 5), the request is sent, and its wall time and the growth of the server's peak RSS
 (``VmHWM`` − ``VmRSS`` before) are recorded with the cost model's estimate. One size larger is refused (413): checked
-too. Writes ``benchmarks/results/request_costs.json`` and prints a table.
+too. ``GET .../smoothed`` has no size of its own: its stream's N is grown to the largest that stream's creation
+accepts (the read being the stream's dearest request), its window filled first, and one more particle is the
+creation refused. Writes ``benchmarks/results/request_costs.json`` and prints a table.
 
     python -m benchmarks.request_costs [--only NAME ...]
 
@@ -37,6 +39,7 @@ from mpflow.operators.updaters import get_updater
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 
+from tests.harness import rts
 from tests.harness.server import drop_prefix, serve_as_user
 from tests.harness.specs import DEFAULT_REDIS
 
@@ -74,6 +77,12 @@ class Case:
     request: Callable[[str, int], tuple[str, str, dict | None, dict | None]]
     cost: Callable[[int], costs.Cost]
     creates: bool = False
+    #: what bounds the value where it is not the request's own cost: a smoothing stream's N, refused at its creation
+    #: when the dearest of the stream's requests is over a budget (:func:`costs.smoothing_stream_cost`); "one more"
+    #: is then that creation
+    bound: Callable[[int], costs.Cost] | None = None
+    #: requests sent to the stream before the measured one (a smoothing window filled)
+    setup: Callable[[str], list[tuple[str, str, dict | None, dict | None]]] | None = None
 
 
 def _parts(spec: dict[str, Any], settings: Settings):
@@ -176,7 +185,35 @@ def cases(settings: Settings) -> list[Case]:
             lambda n: costs.particles_cost(n, 64),
         )
     )
+    out.append(smoothed_case(settings))
     return out
+
+
+def smoothed_case(settings: Settings, lag: int = 100) -> Case:
+    """``GET .../smoothed`` of an ``smc`` stream of the 2-D ``lds`` of ``tests/harness/rts.py`` at L = ``lag``, its N
+    grown to the largest its creation accepts (the read is its dearest request), its window filled by L + 5
+    observations: backward simulation, priced at its worst case (every proposal rejected)."""
+    spec = {
+        "model": {"family": "lds", "params": rts.PARAMS},
+        "prior": rts.PRIOR,
+        "method": "smc",
+        "num_particles": 1,
+        "smoothing_lag": lag,
+        "seed": 7,
+    }
+    model, updater, prior, _, d = _parts(spec, settings)
+    observations = {"observations": rts.data(lag + 5)}
+    return Case(
+        f"smoothed smc d={d} L={lag}",
+        "GET /v1/streams/{id}/smoothed",
+        spec,
+        "num_particles",
+        settings.max_particles,
+        lambda sid, _n: ("GET", f"/v1/streams/{sid}/smoothed", None, None),
+        lambda n: costs.smoothing_cost(model, updater, n, lag),
+        bound=lambda n: costs.smoothing_stream_cost(model, updater, prior, n, lag),
+        setup=lambda sid: [("POST", f"/v1/streams/{sid}/observations", None, observations)],
+    )
 
 
 def _status(pid: int, key: str) -> int:
@@ -189,7 +226,7 @@ def _status(pid: int, key: str) -> int:
 def measure(url: str, pid: int, case: Case, settings: Settings) -> dict[str, Any]:
     """The case's largest accepted request: its size, status, wall time, the server's peak RSS growth and the
     estimate; and the status of one size larger (413 expected unless the size is the field's own cap)."""
-    value = costs.largest(settings, case.cap, case.cost)
+    value = costs.largest(settings, case.cap, case.bound or case.cost)
     with httpx.Client(base_url=url, timeout=600) as c:
         sid = None
         spec = case.spec
@@ -199,6 +236,9 @@ def measure(url: str, pid: int, case: Case, settings: Settings) -> dict[str, Any
             r = c.post("/v1/streams", json=spec)
             assert r.status_code == 201, r.text
             sid = r.json()["stream_id"]
+            for method, path, params, body in case.setup(sid) if case.setup else []:
+                r = c.request(method, path, params=params, json=body)
+                assert r.status_code == 200, r.text
 
         def send(v: int) -> httpx.Response:
             method, path, params, body = case.request(sid or "", v)
@@ -211,7 +251,12 @@ def measure(url: str, pid: int, case: Case, settings: Settings) -> dict[str, Any
         seconds = time.perf_counter() - t0
         peak = _status(pid, "VmHWM") - before
         over = None
-        if value < case.cap and not (case.field == "num_particles" and not case.creates):
+        if value < case.cap and case.bound is not None:  # one more particle: the stream's creation is refused
+            one_more = c.post("/v1/streams", json={**spec, "num_particles": value + 1})
+            over = one_more.status_code
+            if over == 201:
+                c.delete(f"/v1/streams/{one_more.json()['stream_id']}")
+        elif value < case.cap and not (case.field == "num_particles" and not case.creates):
             over = send(value + 1).status_code
         if sid is not None:
             c.delete(f"/v1/streams/{sid}")

@@ -73,8 +73,9 @@ class FixedLagSmoother:
         """The bytes of one stream's window."""
         raise NotImplementedError
 
-    def smooth_flops(self, lag: int, n: int, d: int) -> float:
-        """The floating-point operations of one :meth:`smooth`."""
+    def smooth_flops(self, model: ModelFamily, lag: int, n: int) -> float:
+        """The floating-point operations of one :meth:`smooth` of a stream of ``model`` (its d, and its transition:
+        how the method smooths may depend on it)."""
         raise NotImplementedError
 
     def check(self, window: dict[str, torch.Tensor], n: int) -> None:

@@ -30,7 +30,8 @@ outlier) falls back, so that the worst case is bounded too:
   resampled).
 
 So a step costs at most M (:data:`REJECTION_TRIALS` + :data:`MH_MOVES`) proposals plus :data:`EXACT_FALLBACKS` · N
-kernel terms: O(M + N) per step, whatever the data (:func:`trajectory_flops` prices it). The smoothed marginal at s
+kernel terms: O(M + N) per step, whatever the data (:func:`trajectory_flops` prices it, each proposal at the time
+it was measured to take, :data:`PROPOSAL_FLOPS`). The smoothed marginal at s
 is the trajectories' empirical law {x^{J^m_s}_s}: as log-weights on step s's cloud, log(count_i / M).
 
 The random numbers come from a side stream of the stream's generator (:func:`~mpflow.operators.rng.side_streams`):
@@ -55,9 +56,25 @@ TRAJECTORIES_PER_PARTICLE = 1
 EXACT_FALLBACKS = 64
 #: Metropolis–Hastings moves for the trajectories past :data:`EXACT_FALLBACKS`
 MH_MOVES = 16
-#: floating-point operations of one proposal in d dimensions besides its 3 d of distance: the categorical draw
-#: (a binary search of the cumulative weights), a uniform, the comparison and the bookkeeping
-PROPOSAL_FLOPS = 60.0
+#: floating-point operations' worth of one proposal in d dimensions besides its 3 d of distance — the categorical
+#: draw (a binary search of the cumulative weights), a uniform, the comparison, the gathers and its share of each
+#: round's fixed costs. Measured, not counted (about 60 are counted): the work is memory-bound, so a proposal is
+#: priced at the time it takes in an ``smc`` step's operations. ``benchmarks/smoothing_price.py`` (one thread, the
+#: worst case of a read at N = 4096, L = 100: every proposal rejected) fitted 2469 on 2026-11-27 (load 0.9) and,
+#: from CPU times under a load of 3.6 to 4.3, 2004, 2380 and 2462 on 2026-11-28; rounded up. With the exact
+#: fall-backs priced at :data:`KERNEL_TERM_FLOPS` (they were at 2 d + 20 a term) the fit of a load of 1.2 to 2.4
+#: ranged 1836 to 3470 in six runs on 2026-11-28 (the step's CPU time 0.06 to 0.11 s), kept. At this price the
+#: largest window the defaults accept at L = 100 (N = 1767) reads, worst case, in 1.00 and 0.84 of the time its
+#: budget buys at the step's rate of the run (two runs; 0.79 to 1.51 in four at N = 1791)
+PROPOSAL_FLOPS = 2500.0
+#: floating-point operations' worth of one kernel term log K_ij of an exact backward reweighting (FFBSm's N² per
+#: step, an exact fall-back's N per draw) with its share of the log-sum-exps and sums over it. Measured, not counted
+#: (about 2 d + 20 are counted; the rest is memory traffic over the N × 512 blocks), like :data:`PROPOSAL_FLOPS`:
+#: ``benchmarks/smoothing_price.py`` times an FFBSm read at N = 512, L = 100, d = 2 (its work does not depend on
+#: the data: as it runs is its worst case) in an ``smc`` step's operations — 286, 323, 124, 272, 172 and 144 in six
+#: runs on 2026-11-28 (load 1.2 to 2.4; the spread is the step's, 0.06 to 0.11 s CPU, the read's 0.24 to 0.34 s),
+#: the largest rounded up. It was priced 2 d + 20, a twelfth of its time or less
+KERNEL_TERM_FLOPS = 330.0
 
 
 def categorical(log_weights: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
@@ -149,13 +166,15 @@ def counts_log_weights(indices: torch.Tensor, n: int) -> torch.Tensor:
 def trajectory_flops(trajectories: int, n: int, d: int) -> float:
     """The most floating-point operations of one :func:`backward_step` (with its :class:`Sampler`): the whitening
     of both clouds (2 n d²), the cumulative weights, every trajectory's proposals (rejection and MH moves: 3 d +
-    :data:`PROPOSAL_FLOPS` each) and the exact fall-backs' kernel rows (n (2 d + 20) each)."""
+    :data:`PROPOSAL_FLOPS` each) and the exact fall-backs' kernel rows (n :data:`KERNEL_TERM_FLOPS` each) — the
+    last two measured in an ``smc`` step's operations."""
     proposals = trajectories * (REJECTION_TRIALS + MH_MOVES) * (3.0 * d + PROPOSAL_FLOPS)
-    return 2.0 * n * d * d + 10.0 * n + proposals + EXACT_FALLBACKS * n * (2.0 * d + 20.0)
+    return 2.0 * n * d * d + 10.0 * n + proposals + EXACT_FALLBACKS * n * KERNEL_TERM_FLOPS
 
 
 __all__ = [
     "EXACT_FALLBACKS",
+    "KERNEL_TERM_FLOPS",
     "MH_MOVES",
     "PROPOSALS_PER_ROUND",
     "REJECTION_TRIALS",

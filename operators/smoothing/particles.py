@@ -37,6 +37,7 @@ from mpflow.operators import gaussian
 from mpflow.operators.rng import generators_from_state, side_streams
 from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, valid_rows
 from mpflow.operators.smoothing.backward_simulation import (
+    KERNEL_TERM_FLOPS,
     TRAJECTORIES_PER_PARTICLE,
     Sampler,
     backward_step,
@@ -55,12 +56,29 @@ F64 = torch.float64
 ZERO_WEIGHT_LOG = -1e30
 #: the largest N smoothed by FFBSm (N² kernel evaluations per step); above it, backward simulation (O(N) per step):
 #: measured at the benchmark's lds (one core), 10 steps: N = 256 FFBSm 0.014 s, FFBSi 0.046; 512: 0.086, 0.061;
-#: 1024: 0.41, 0.12 — FFBSm is kept to 512, where it costs about as much and has no sampling error of its own
+#: 1024: 0.41, 0.12 — FFBSm is kept to 512, where it costs about as much and has no sampling error of its own.
+#: At L = 100 (``benchmarks/smoothing_price.py``, CPU, six runs on 2026-11-28): FFBSm at 512 0.24 to 0.37 s, FFBSi
+#: at 513 0.17 to 0.23 s as it runs and 0.44 to 0.59 s in its worst case — priced 8.6e9 and 7.3e9
 FFBSM_MAX_PARTICLES = 512
 #: the tag of the side stream of the stream's generator that a read's backward simulation draws from
 SIDE_STREAM_TAG = 0x5A00_7401
 #: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
 CHUNK = 512
+#: floating-point operations' worth of one particle's link in the genealogy's walk (a scatter-add of its weight to
+#: its parent, the softmax and log around it) and of its share of the step's weighted moments beyond their 4 d²
+#: counted. Measured, not counted: ``benchmarks/smoothing_price.py`` times a read of a static family's ``smc``
+#: stream (``linear_gaussian``, N = 4096, L = 100, d = 2: 0.03 s; its work does not depend on the data) in an
+#: ``smc`` step's operations — 1745, 1395, 1025, 1885, 1314 and 638 in six runs on 2026-11-28 (0.02 to 0.03 s CPU),
+#: the largest rounded up. Such a read was priced as backward simulation's worst case, about 60 times this
+GENEALOGY_FLOPS = 1900.0
+
+
+def transition_density(model: ModelFamily) -> bool:
+    """Whether ``model``'s steps have a transition density (dynamic, Q positive definite): smoothed by FFBSm or
+    FFBSi, else by the genealogy (module docstring)."""
+    if not model.dynamic:
+        return False
+    return bool((torch.linalg.cholesky_ex(model.transition_noise().to(F64))[1] == 0).any())
 
 
 def noise_factor(model: ModelFamily, d: int, batch: int) -> torch.Tensor:
@@ -172,10 +190,17 @@ class ParticleSmoother(FixedLagSmoother):
     def window_bytes(self, lag: int, n: int, d: int) -> float:
         return lag * (n * (4.0 * (2 * d + 1) + 8.0) + 8.0 * d * d)
 
-    def smooth_flops(self, lag: int, n: int, d: int) -> float:
-        """FFBSm's N² kernel terms per step, or backward simulation's worst case (:func:`trajectory_flops`), and
-        each step's weighted moments (4 N d²)."""
-        backward = n * n * (2.0 * d + 20.0) if ffbsm(n) else trajectory_flops(TRAJECTORIES_PER_PARTICLE * n, n, d)
+    def smooth_flops(self, model: ModelFamily, lag: int, n: int) -> float:
+        """Per step: FFBSm's N² kernel terms (:data:`KERNEL_TERM_FLOPS` each), backward simulation's worst case
+        (:func:`trajectory_flops`) or, where ``model``'s transition has no density, the genealogy's N links
+        (:data:`GENEALOGY_FLOPS` each); and the step's weighted moments (4 N d²)."""
+        d = model.state_dim
+        if not transition_density(model):
+            backward = n * GENEALOGY_FLOPS
+        elif ffbsm(n):
+            backward = n * n * KERNEL_TERM_FLOPS
+        else:
+            backward = trajectory_flops(TRAJECTORIES_PER_PARTICLE * n, n, d)
         return lag * (backward + 4.0 * n * d * d)
 
     def check(self, window: dict[str, torch.Tensor], n: int) -> None:
@@ -184,4 +209,13 @@ class ParticleSmoother(FixedLagSmoother):
             raise ValueError(f"state.extras.lag.ancestors: particle indices from 0 to {n - 1}")
 
 
-__all__ = ["FFBSM_MAX_PARTICLES", "ParticleSmoother", "backward_weights", "ffbsm", "genealogy_weights", "noise_factor"]
+__all__ = [
+    "FFBSM_MAX_PARTICLES",
+    "GENEALOGY_FLOPS",
+    "ParticleSmoother",
+    "backward_weights",
+    "ffbsm",
+    "genealogy_weights",
+    "noise_factor",
+    "transition_density",
+]

@@ -104,8 +104,8 @@ class GaussianRTS(FixedLagSmoother):
     def window_bytes(self, lag: int, n: int, d: int) -> float:
         return 8.0 * lag * (2 * d + 3 * d * d)
 
-    def smooth_flops(self, lag: int, n: int, d: int) -> float:
-        return lag * 40.0 * d**3  # a pseudo-inverse (an eigendecomposition) and four products per row
+    def smooth_flops(self, model: ModelFamily, lag: int, n: int) -> float:
+        return lag * 40.0 * model.state_dim**3  # a pseudo-inverse (an eigendecomposition) and four products per row
 
 
 __all__ = ["GaussianRTS", "backward", "predicted"]

@@ -143,7 +143,9 @@ class SMCUpdater(Updater):
     #: fixed-lag smoothing: FFBSm, with the genealogy (ancestor indices kept for L steps) where Q is singular
     smoother = ParticleSmoother()
     #: the smoothed means' worst of 16 runs at N = 4096 (backward simulation) was 0.112 sd from the exact smoother's,
-    #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md)
+    #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md); lowered where
+    #: the stream's requests would be over the cost budgets (at the defaults, d = 2: 1767 at L = 100; a static family's,
+    #: smoothed by its genealogy, keeps 4096)
     smoothing_particles = 4096
 
     def __init__(self, **options):
@@ -179,10 +181,11 @@ class SMCUpdater(Updater):
         return quasi_random_prediction(state, model, model, gens)
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
-        """:meth:`Updater.step_work`, plus sequential quasi-Monte Carlo's sorts of the cloud and the points (about
+        """:meth:`Updater.step_work`, plus, where the steps run sequential quasi-Monte Carlo (:meth:`uses_qmc`: not
+        with ``qmc: false``, a static family, d > 1 or Q = 0), its sorts of the cloud and the points (about
         20 n log₂ n each) and its n × 2 points."""
         base = super().step_work(model, n, dt, k)
-        if model.state_dim != 1 or not model.dynamic:
+        if not self.uses_qmc(model):
             return base
         return StepWork(base.flops + 40.0 * n * math.log2(max(n, 2)), base.bytes + 8.0 * 6 * n)
 

@@ -113,16 +113,17 @@ def particles_cost(n: int, d: int) -> Cost:
     return Cost(JSON_FLOPS_PER_NUMBER * n * (d + 1), JSON_BYTES_PER_NUMBER * n * (d + 1) + 8.0 * n * d)
 
 
-def smoothing_cost(updater: Updater, n: int, d: int, lag: int) -> Cost:
+def smoothing_cost(model: ModelFamily, updater: Updater, n: int, lag: int) -> Cost:
     """A stream's smoothing window of ``lag`` steps (:mod:`mpflow.operators.smoothing`, the method's smoother):
     held about four times over while a request reads, steps and writes the state (decoded, batched, moved on by a
-    step, encoded), plus ``GET .../smoothed`` — the backward pass and its answer of ``lag`` (d² + d) numbers."""
+    step, encoded), plus ``GET .../smoothed`` — the backward pass (which depends on ``model``'s transition) and its
+    answer of ``lag`` (d² + d) numbers."""
     if lag <= 0:
         return Cost(0.0, 0.0)
-    smoother = updater.smoother
+    smoother, d = updater.smoother, model.state_dim
     window = smoother.window_bytes(lag, n, d)
     numbers = lag * (d * d + d + 1)
-    flops = smoother.smooth_flops(lag, n, d) + JSON_FLOPS_PER_NUMBER * numbers
+    flops = smoother.smooth_flops(model, lag, n) + JSON_FLOPS_PER_NUMBER * numbers
     return Cost(flops, 4.0 * window + JSON_BYTES_PER_NUMBER * numbers)
 
 
@@ -142,7 +143,7 @@ def smoothing_stream_cost(model: ModelFamily, updater: Updater, prior: Prior, n:
     each = [
         creation_cost(model, updater, prior, n),
         observations_cost(model, updater, n, [(1.0, None)], 0, lag),
-        smoothing_cost(updater, n, model.state_dim, lag),
+        smoothing_cost(model, updater, n, lag),
     ]
     return Cost(max(c.flops for c in each), max(c.bytes for c in each))
 

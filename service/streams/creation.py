@@ -99,7 +99,7 @@ def check_work(
     return costs.check(settings, "num_particles", n, lambda m: costs.creation_cost(model, updater, prior, m), what)
 
 
-def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: int, method: str) -> None:
+def check_smoothing(settings: Settings, model: ModelFamily, updater: Updater, n: int, lag: int, method: str) -> None:
     """413 naming ``smoothing_lag`` for a window whose bytes (held while a request steps the stream) or whose
     ``GET .../smoothed`` is over the cost model's budget, with the largest lag that fits; 422 for a method without a
     smoother (:mod:`mpflow.operators.smoothing`)."""
@@ -107,8 +107,8 @@ def check_smoothing(settings: Settings, updater: Updater, n: int, d: int, lag: i
         return
     if not updater.smoothing:
         raise invalid(updater.smoothing_refusal())
-    what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {d})"
-    window = functools.partial(costs.smoothing_cost, updater, n, d)
+    what = f"a smoothing window of {lag} steps of this {method} stream (N = {n}, d = {model.state_dim})"
+    window = functools.partial(costs.smoothing_cost, model, updater, n)
     costs.check(settings, "smoothing_lag", lag, window, what, "; lower smoothing_lag or num_particles")
 
 
@@ -172,7 +172,7 @@ def prepare(
         names = check_state_names(req.state_names, prior.dim)
         domain = operator_domain_check(methods, choice, model, prior)
         check_work(settings, model, updater, prior, n, choice.method)
-        check_smoothing(settings, updater, n, prior.dim, req.smoothing_lag, choice.method)
+        check_smoothing(settings, model, updater, n, req.smoothing_lag, choice.method)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
         state = updater.init(prior, model, n, seed, smoothing_lag=req.smoothing_lag)
     except ValueError as exc:

@@ -48,10 +48,12 @@ class Smoothing(StreamPart):
         lag = int(meta.get("smoothing_lag") or 0)
         if lag == 0:
             raise disabled(stream_id)
-        _, updater = await self.work.off_loop(self.methods.resolve, meta)
+        model, updater = await self.work.off_loop(self.methods.resolve, meta)
         n, d = int(meta["num_particles"]), int(meta["state_dim"])
         what = f"the smoothed marginals of this {meta['method']} stream (L = {lag}, N = {n}, d = {d})"
-        cost = costs.check(self.settings, "smoothing_lag", lag, lambda m: costs.smoothing_cost(updater, n, d, m), what)
+        cost = costs.check(
+            self.settings, "smoothing_lag", lag, lambda m: costs.smoothing_cost(model, updater, n, m), what
+        )
 
         def compute() -> dict[str, Any]:
             state = ParticleState.from_bytes(data)

@@ -244,7 +244,7 @@ class Snapshots(StreamPart):
         checks.check_window(updater, state, stream["num_particles"])
         try:
             n, d = stream["num_particles"], stream["state_dim"]
-            check_smoothing(self.settings, updater, n, d, lag, stream["method"])
+            check_smoothing(self.settings, model, updater, n, lag, stream["method"])
             # the check step below (and every later one) within the cost model's budgets, before it runs (413)
             costs.check_substeps(self.settings, model, 1.0, None)
             what = f"importing a {stream['method']} stream (d = {d}) and checking one step of it"

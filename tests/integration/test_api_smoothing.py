@@ -4,6 +4,10 @@
   RTS smoother's means and covariances (tests/unit/test_smoothing.py) to 1e-6 posterior sd; after a server restart
   (a new app on the same Redis) and after export → import, the same answer; the imported copy keeps smoothing.
 * ``smc`` and ``enkf`` streams answer the window too (their accuracy is the unit tests').
+* A static family's ``smc`` stream is priced at its genealogy walk: at L = 100 it gets 4096 particles by default
+  and is created at counts an ``lds`` stream is refused at.
+* A stream whose window was accepted under an earlier, lower price of ``/smoothed`` is refused at the read (413
+  naming ``smoothing_lag``) and keeps stepping.
 * Refusals before anything is written: a lag over 100 (422 naming ``smoothing_lag`` and the range), a window whose
   bytes are over the cost model's budget (413 naming ``smoothing_lag`` and the limit), and a stream without a lag
   (409 ``smoothing_disabled`` saying how to enable it).
@@ -20,15 +24,14 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from mpflow.operators.models import make_model
-from mpflow.operators.models.priors import prior_from_spec
-from mpflow.operators.updaters import get_updater
+from mpflow.operators.smoothing import backward_simulation
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.rts import PARAMS, PRIOR, data, numpy_rts
 from tests.harness.server import drop_prefix, serve_in_thread
+from tests.harness.smoothing_windows import largest_window, smc_stream
 
 MODEL = {"family": "lds", "params": PARAMS}
 SETTINGS = {"log_level": "WARNING", "max_particles": 65536, "max_request_bytes": 64 * 2**20}
@@ -122,12 +125,15 @@ def test_particle_methods_answer_their_window_at_the_smoothing_default_n(redis_u
         assert np.allclose(answer["steps"][-1]["mean"], newest, atol=1e-5)
 
 
-#: (model, updater, prior) of the smc streams here, for the cost model
-SMC_LDS = (make_model("lds", PARAMS, 2), get_updater("smc"), prior_from_spec(PRIOR))
+#: the model and updater of the smc streams here, for the cost model
+LDS, SMC, _ = smc_stream()
 #: the most seconds a light request of another stream may take while the heavy reads run (a POST of one
 #: observation to a Kalman stream, a new stream's creation: tens of milliseconds when the server is idle; the bound
 #: leaves room for two cores shared with other jobs, and is far below one heavy read's time, which the test checks)
 LIGHT_BOUND_S = 2.0
+#: concurrent reads of the largest window: they queue, so the last one answers after all of them ran — over
+#: :data:`LIGHT_BOUND_S` (each about 0.6 s of CPU as it runs at N = 1767; three took 1.9 s on a quiet core)
+CONCURRENT_READS = 5
 
 
 def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(redis_url, prefix):
@@ -137,8 +143,9 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
     new stream's creation answer within :data:`LIGHT_BOUND_S` each — heavy reads queue on their own thread, not on
     the auxiliary threads a creation needs, nor on the event loop."""
     with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=600) as c:
-        largest = costs.largest(settings(), 65536, lambda n: costs.smoothing_stream_cost(*SMC_LDS, n, 100))
-        assert 4096 <= largest < 65536
+        largest = largest_window(settings(), 100)
+        # the read's price binds (about 1.4e5 flops per trajectory and step of the window), not the window's bytes
+        assert 1024 < largest < 4096 and costs.heavy(settings(), costs.smoothing_cost(LDS, SMC, largest, 100))
         r = create(c, "smc", 100, n=largest + 1, sid="over")
         assert r.status_code == 413 and r.json()["error"]["message"].startswith("smoothing_lag:"), r.text
         r = create(c, "smc", 100, n=largest, sid="largest")
@@ -154,7 +161,7 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
                 status = own.get("/v1/streams/largest/smoothed").status_code
                 reads.append((status, time.perf_counter() - t0))
 
-        threads = [threading.Thread(target=read) for _ in range(3)]
+        threads = [threading.Thread(target=read) for _ in range(CONCURRENT_READS)]
         for t in threads:
             t.start()
         time.sleep(0.5)  # the reads are under way
@@ -170,10 +177,50 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
             time.sleep(0.05)
         for t in threads:
             t.join()
-        assert [status for status, _ in reads] == [200, 200, 200]
+        assert [status for status, _ in reads] == [200] * CONCURRENT_READS
         slowest_read = max(seconds for _, seconds in reads)
         assert len(light) >= 10 and slowest_read > LIGHT_BOUND_S  # the reads were heavy, and many requests ran
         assert max(light) < LIGHT_BOUND_S, (max(light), sorted(light)[-5:], slowest_read)
+
+
+def test_a_static_familys_smoothing_stream_is_priced_at_its_genealogy_walk(redis_url, prefix):
+    """An ``smc`` stream of a static family (``linear_gaussian``, d = 2) keeping L = 100 steps smooths by its
+    genealogy (N links a step), priced as such: named no count, it gets all of ``smoothing_particles`` (4096; an
+    ``lds`` stream gets fewer at L = 100), and it is created at a count the ``lds`` stream is refused at, 413 naming
+    ``smoothing_lag``; its read answers the 100 steps."""
+    lds_largest = largest_window(settings(), 100)
+    static = {"family": "linear_gaussian", "params": {"H": [[1.0, 0.5]]}}  # one number a step, as the data
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        assert create(c, "smc", 100, n=lds_largest + 1).status_code == 413
+        body = {"model": static, "prior": PRIOR, "method": "smc", "seed": 3, "smoothing_lag": 100}
+        r = c.post("/v1/streams", json={**body, "stream_id": f"static-{uuid.uuid4().hex[:8]}"})
+        assert r.status_code == 201 and r.json()["num_particles"] == SMC.smoothing_particles > lds_largest, r.text
+        sid = r.json()["stream_id"]
+        r = c.post("/v1/streams", json={**body, "stream_id": "static-big", "num_particles": lds_largest + 1})
+        assert r.status_code == 201, r.text
+        assert c.post(f"/v1/streams/{sid}/observations", json={"observations": data(105)}).status_code == 200
+        r = c.get(f"/v1/streams/{sid}/smoothed")
+        assert r.status_code == 200 and [s["step"] for s in r.json()["steps"]] == list(range(6, 106)), r.text
+
+
+def test_a_window_priced_below_its_work_when_it_was_created_is_refused_at_the_read(redis_url, prefix, monkeypatch):
+    """A stream created while a backward-simulation proposal was priced at 60 flops (``PROPOSAL_FLOPS``), at a
+    window now over the budget (L = 100, N = 4096), is refused at its ``/smoothed`` read — 413 naming
+    ``smoothing_lag`` with the largest lag that fits — and is otherwise left as it was: it still steps."""
+    with monkeypatch.context() as m:
+        m.setattr(backward_simulation, "PROPOSAL_FLOPS", 60.0)
+        with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+            assert create(c, "smc", 100, n=4096, sid="priced-at-60").status_code == 201
+    with serve(redis_url, prefix) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = c.get("/v1/streams/priced-at-60/smoothed")
+        assert r.status_code == 413, r.text
+        message = r.json()["error"]["message"]
+        lags = costs.largest(settings(), 100, lambda lag: costs.smoothing_cost(LDS, SMC, 4096, lag))
+        assert message.startswith("smoothing_lag:") and f"at most {lags} here" in message, message
+        assert 1 <= lags < 100
+        assert c.get("/v1/streams/priced-at-60").json()["step"] == 0
+        r = c.post("/v1/streams/priced-at-60/observations", json={"observations": data(3)})
+        assert r.status_code == 200 and r.json()["step"] == 3, r.text
 
 
 def test_refusals(redis_url, prefix):

@@ -8,7 +8,12 @@ Redis, the default limits):
 * item 3 — a Gaussian prior at N = 65536, d = 128, a forecast at N = 65536, d = 64 with ``steps=10`` and 100000
   draws of that stream are refused by the cost model with the field named, and the server's peak memory does not
   grow by more than :data:`RSS_BOUND` while they are; creating the N = 65536, d = 64 stream (accepted) stays under
-  3 × that bound; a forecast of 1000 steps on a small stream is answered within it.
+  3 × that bound; a forecast of 1000 steps on a small stream is answered within it;
+* a ``/smoothed`` read priced at its real work: at 60 floating-point operations a backward-simulation proposal the
+  cost model accepted an ``smc`` window of L = 100 steps of N = 35945 particles, whose read takes tens of seconds
+  on a loaded core (docs/benchmarks.md "What a read costs against its price"), past the 30 s worker deadline;
+  priced as measured, that stream's creation is refused (413 naming ``smoothing_lag``, nothing created), and the
+  largest window now accepted (at L = 10, to keep the test short) answers its read 200 within the deadline.
 """
 
 from __future__ import annotations
@@ -22,9 +27,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mpflow.operators.smoothing import backward_simulation
+from mpflow.service.settings import Settings
+from mpflow.service.streams import costs
 from websockets.sync.client import connect
 
+from tests.harness import rts
 from tests.harness.server import drop_prefix, serve_as_user
+from tests.harness.smoothing_windows import largest_window, smc_stream
 from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
 
@@ -189,3 +199,38 @@ def test_long_forecast_of_a_small_stream_is_bounded(server, client):
     assert len(r.json()["forecast"]) == 1000
     assert server.status("VmHWM") - before < RSS_BOUND
     assert seconds < 10.0
+
+
+#: the limits the server runs with (its defaults)
+DEFAULTS = Settings(redis_url="redis://unused")
+#: an ``smc`` smoothing stream of the 2-D ``lds`` of ``tests/harness/rts.py``
+SMOOTHING = {"model": {"family": "lds", "params": rts.PARAMS}, "prior": rts.PRIOR, "method": "smc", "seed": 5}
+
+
+def test_a_smoothing_window_is_priced_at_its_reads_work(monkeypatch, client):
+    with monkeypatch.context() as m:  # the window the earlier price of a proposal (and a kernel term) let a stream keep
+        m.setattr(backward_simulation, "PROPOSAL_FLOPS", 60.0)
+        m.setattr(backward_simulation, "KERNEL_TERM_FLOPS", 2.0 * 2 + 20.0)
+        old = largest_window(DEFAULTS, 100)
+    assert old == 35945
+    sid = f"old-window-{uuid.uuid4().hex[:8]}"
+    body = {**SMOOTHING, "stream_id": sid, "num_particles": old, "smoothing_lag": 100}
+    r, seconds = timed(client.post, "/v1/streams", json=body)
+    message = refused(r, seconds, "smoothing_lag", "MPFLOW_MAX_REQUEST_FLOPS")
+    model, updater, _ = smc_stream()
+    lags = costs.largest(DEFAULTS, 100, lambda lag: costs.smoothing_cost(model, updater, old, lag))
+    assert message.startswith("smoothing_lag:") and f"at most {lags} here" in message, message
+    assert client.get(f"/v1/streams/{sid}").status_code == 404  # nothing created
+    # the largest window at L = 10 — as dear as any accepted read, and short to fill
+    n = largest_window(DEFAULTS, 10)
+    assert n < old
+    r, seconds = timed(client.post, "/v1/streams", json={**SMOOTHING, "num_particles": n + 1, "smoothing_lag": 10})
+    refused(r, seconds, "smoothing_lag", "MPFLOW_MAX_REQUEST_FLOPS")
+    sid = create(client, {**SMOOTHING, "num_particles": n, "smoothing_lag": 10})
+    r = client.post(f"/v1/streams/{sid}/observations", json={"observations": rts.data(15)})
+    assert r.status_code == 200 and r.json()["step"] == 15, r.text
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/smoothed")
+    assert r.status_code == 200, r.text
+    assert [s["step"] for s in r.json()["steps"]] == list(range(6, 16))
+    assert seconds < DEFAULTS.worker_deadline_seconds, f"the largest window's read took {seconds:.1f} s"
+    other_stream_updates(client)

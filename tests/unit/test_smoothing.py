@@ -191,7 +191,8 @@ def test_smc_above_the_ffbsm_limit_smooths_by_backward_simulation(monkeypatch):
     gap = np.abs((simulated.means - reweighted.means).numpy() / sd)
     assert 0 < gap[:-1].max() < 0.15 and gap[-1].max() < 1e-12  # the newest step is the filter's in both
     monkeypatch.undo()
-    flops = [updater.smoother.smooth_flops(LAG, n, 2) for n in (256, 512, 2048, 4096)]
+    model = make_model("lds", PARAMS, 2)
+    flops = [updater.smoother.smooth_flops(model, LAG, n) for n in (256, 512, 2048, 4096)]
     assert flops[1] / flops[0] > 3.5 and flops[3] / flops[2] < 2.2  # N² up to the limit, N above it
 
 

@@ -15,12 +15,20 @@ from mpflow.service.engine.methods import Methods
 from mpflow.service.schemas import CreateStreamRequest
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
-from mpflow.service.streams.creation import prepare
+from mpflow.service.streams.creation import prepare, smoothing_default
 
 from tests.harness.rts import PARAMS, PRIOR
 
-L96 = {"family": "lorenz96", "params": {"delta": 0.5, "rk4_step": 0.01, "Q": 0.1}}
-L96_PRIOR = {"type": "gaussian", "mean": [0.0] * 4, "cov": [[float(i == j) for j in range(4)] for i in range(4)]}
+#: Lorenz-96 in its usual d = 40 with 500 RK4 sub-steps a step (Δ = 0.5, h = 0.001): one particle's step, about
+#: 7.6e5 operations, costs more than five steps of its ``/smoothed`` window (about 1.4e5 each at backward
+#: simulation's measured price), so that the stream's creation binds before its read
+L96 = {"family": "lorenz96", "params": {"delta": 0.5, "rk4_step": 0.001, "Q": 0.1}}
+L96_D, L96_LAG = 40, 5
+L96_PRIOR = {
+    "type": "gaussian",
+    "mean": [8.0] * L96_D,
+    "cov": [[float(i == j) for j in range(L96_D)] for i in range(L96_D)],
+}
 
 
 def setup(**extra) -> tuple[Settings, Methods]:
@@ -41,22 +49,35 @@ def test_prepare_builds_the_model_once(monkeypatch, method):
 
 
 def test_the_smoothing_default_fits_the_streams_creation_and_steps():
-    """A Lorenz-96 stream with 50 RK4 sub-steps a step: at N = 4096 its creation (its first step included) is
-    over a budget of 3.3e8 operations while its window and ``/smoothed`` are not; the default N is lowered to fit
-    all of them, so the stream is created."""
-    settings, methods = setup(max_request_flops=3.3e8)
-    model = make_model("lorenz96", L96["params"], 4)
+    """A Lorenz-96 stream (:data:`L96`) keeping 5 steps: at N = 4096 its creation (its first step included) is over
+    a budget of 5e9 operations while its window and ``/smoothed`` are not; the default N is lowered to fit all of
+    them, so the stream is created."""
+    settings, methods = setup(max_request_flops=5e9)
+    model = make_model("lorenz96", L96["params"], L96_D)
     updater, prior = get_updater("smc"), prior_from_spec(L96_PRIOR)
     assert costs.share(settings, costs.creation_cost(model, updater, prior, 4096)) > 1
-    assert costs.share(settings, costs.smoothing_cost(updater, 4096, 4, 10)) <= 1
-    req = CreateStreamRequest(model=L96, prior=L96_PRIOR, method="smc", smoothing_lag=10)
+    assert costs.share(settings, costs.smoothing_cost(model, updater, 4096, L96_LAG)) <= 1
+    req = CreateStreamRequest(model=L96, prior=L96_PRIOR, method="smc", smoothing_lag=L96_LAG)
     meta, _, _ = prepare(settings, methods, req)
     n = meta["num_particles"]
     assert 256 < n < 4096
     for cost in (
         costs.creation_cost(model, updater, prior, n),
-        costs.observations_cost(model, updater, n, [(1.0, None)], 0, 10),
-        costs.smoothing_cost(updater, n, 4, 10),
+        costs.observations_cost(model, updater, n, [(1.0, None)], 0, L96_LAG),
+        costs.smoothing_cost(model, updater, n, L96_LAG),
     ):
         assert costs.share(settings, cost) <= 1
-    assert costs.share(settings, costs.smoothing_stream_cost(model, updater, prior, n + 1, 10)) > 1  # the largest
+    # the largest
+    assert costs.share(settings, costs.smoothing_stream_cost(model, updater, prior, n + 1, L96_LAG)) > 1
+
+
+def test_a_static_familys_smoothing_stream_gets_more_particles_than_a_dynamic_ones():
+    """At L = 100 (the defaults' budgets) an ``smc`` stream of the 2-D ``lds`` gets fewer than ``smoothing_particles``
+    by default (its read is backward simulation's), while a static family's — whose read walks the genealogy, N
+    links a step — gets them all."""
+    settings, _ = setup()
+    updater, prior = get_updater("smc"), prior_from_spec(PRIOR)
+    static, dynamic = make_model("linear_gaussian", {}, 2), make_model("lds", PARAMS, 2)
+    n_static = smoothing_default(settings, static, updater, prior, 256, 100)
+    n_dynamic = smoothing_default(settings, dynamic, updater, prior, 256, 100)
+    assert n_dynamic < n_static == updater.smoothing_particles
