@@ -223,6 +223,7 @@ def test_an_extreme_observation_is_answered_finitely_by_the_operator(redis_url):
 
     run(redis_url, body)
 
+
 def _nan_after(cls: type) -> type:
     """A subclass of the updater ``cls`` whose every update returns NaN particles (a faulty operator)."""
 
