@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mpflow.service.api.auth import RedactSecrets
+from mpflow.service.log_redaction import RedactSecrets
 
 #: the most workers the default starts: each loads torch and the operators (a few hundred MB) and micro-batches
 #: only its own requests, so past a handful of cores more replicas serve better than more workers
@@ -147,7 +147,7 @@ def shared_metrics_dir(workers: int) -> Iterator[str | None]:
     for the workers, which are spawned later and inherit the environment; removed, with the variable, on exit.
     Yields the directory in use, or None with one worker. A directory the user set already is used as it is
     and kept (SystemExit if it is not a directory, before any worker starts)."""
-    from mpflow.service.api.metrics import MULTIPROC_ENV
+    from mpflow.service.settings import MULTIPROC_ENV
 
     own = os.environ.get(MULTIPROC_ENV)
     if own:

@@ -1,6 +1,7 @@
 """``python -m mpflow serve`` with its defaults, as a user runs it: one worker per usable core (capped), all of them
 on the one embedded redis-server of the data dir, which the last worker to stop shuts down. The workers start
-slowly, as on a loaded machine: none is killed by uvicorn's health check while it starts."""
+slowly, as on a loaded machine: none is killed by uvicorn's health check while it starts; the process that
+supervises them does not load torch."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def test_default_workers_share_one_embedded_store(tmp_path, monkeypatch):
     with serve_as_user(env, log) as server:
         assert len(_workers(server.pid)) == want
         assert "died" not in log.read_text()  # no worker was killed and started again
+        if want > 1:  # the supervising process runs no app: it never loads torch (2.8 s before it spawns workers)
+            assert not [m.path for m in psutil.Process(server.pid).memory_maps() if "libtorch" in m.path]
         found = running_server(data)
         assert found is not None
         redis_servers = [
