@@ -49,6 +49,10 @@ from typing import Any
 from pydantic import SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: the variable prometheus_client reads for the directory of the workers' shared metric files: ``mpflow serve``
+#: sets it before it spawns several workers (:func:`mpflow.cli.serve.shared_metrics_dir`), here so that its
+#: supervising process reads it without importing the API (and torch)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 #: the shortest ``snapshot_key`` accepted (characters)
 MIN_SNAPSHOT_KEY_LENGTH = 32

@@ -24,11 +24,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mpflow.service.api.auth import RedactSecrets
+from mpflow.service.log_redaction import RedactSecrets
 
 #: the most workers the default starts: each loads torch and the operators (a few hundred MB) and micro-batches
 #: only its own requests, so past a handful of cores more replicas serve better than more workers
 MAX_DEFAULT_WORKERS = 8
+#: seconds a worker has to answer uvicorn's health-check ping. A worker answers from a thread, which cannot run
+#: while the main thread loads torch's shared libraries (the GIL is held): with uvicorn's 5 s default, a worker
+#: still starting on a loaded 2-core machine was killed and started again (measured: a 2-worker start took
+#: 12.9-13.3 s with that restart, 8.1 s without); a worker hung for this long is still replaced
+WORKER_HEALTHCHECK_S = 60
 
 
 def usable_cpus() -> int:
@@ -142,7 +147,7 @@ def shared_metrics_dir(workers: int) -> Iterator[str | None]:
     for the workers, which are spawned later and inherit the environment; removed, with the variable, on exit.
     Yields the directory in use, or None with one worker. A directory the user set already is used as it is
     and kept (SystemExit if it is not a directory, before any worker starts)."""
-    from mpflow.service.api.metrics import MULTIPROC_ENV
+    from mpflow.service.settings import MULTIPROC_ENV
 
     own = os.environ.get(MULTIPROC_ENV)
     if own:
@@ -207,6 +212,7 @@ def serve(args: argparse.Namespace) -> int:
             ws_max_size=settings.max_body_bytes,
             # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
             timeout_graceful_shutdown=5,
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
         )
     return 0
 

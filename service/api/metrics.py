@@ -55,6 +55,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from mpflow.service.settings import MULTIPROC_ENV
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -68,8 +69,6 @@ _ESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 _ACCEPTANCE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def multiprocess_dir() -> str | None:

@@ -143,11 +143,12 @@ def _tracking_stream(client: httpx.Client, ex, stream_id: str, method: str, n: i
     return params
 
 
-def test_page_follows_a_tracking_stream_live(browser) -> None:
+def test_page_follows_a_tracking_stream_live(browser, open_server: str) -> None:
     """List → stream page; each POSTed observation moves the step counter, the particles and the traces."""
     ex = _example()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+    url = open_server
+    with httpx.Client(base_url=url, timeout=30) as client:
         params = _tracking_stream(client, ex, "target-1", "smc", 256)
         rng = np.random.default_rng(3)
         _, obs = ex.simulate(params, np.array([0.0, 0.0, 0.5, 0.25]), 30, rng)
@@ -195,9 +196,9 @@ def test_page_follows_a_tracking_stream_live(browser) -> None:
     assert not outside, f"the page reached beyond its origin: {outside}"
 
 
-def test_events_feed_pushes_each_applied_update() -> None:
+def test_events_feed_pushes_each_applied_update(open_server: str) -> None:
     """GET /v1/streams/{id}/events: the document, then one event per update (with every step of a batch)."""
-    with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=open_server, timeout=30) as client:
         documented = client.get("/openapi.json").json()["paths"]["/v1/streams/{stream_id}/events"]["get"]
         assert "text/event-stream" in documented["responses"]["200"]["content"]
         assert {"404", "503"} <= set(documented["responses"])  # (401 only where keys are on)

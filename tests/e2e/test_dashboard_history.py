@@ -10,7 +10,7 @@ import math
 
 import httpx
 
-from tests.e2e.test_dashboard import ARTIFACTS, WAIT_MS, PageLog, _wait_step, browser, server  # noqa: F401  (fixture)
+from tests.e2e.test_dashboard import ARTIFACTS, WAIT_MS, PageLog, _wait_step, browser  # noqa: F401  (fixture)
 
 STEPS = 30
 EYE = [[1.0, 0.0], [0.0, 1.0]]
@@ -33,8 +33,9 @@ def _post(client: httpx.Client, stream_id: str, seq: int, observations: list) ->
     assert r.status_code == 200, r.text
 
 
-def test_a_page_opened_late_shows_the_earlier_steps_and_their_observations(browser) -> None:  # noqa: F811
-    with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+def test_a_page_opened_late_shows_the_earlier_steps_and_their_observations(browser, open_server: str) -> None:  # noqa: F811
+    url = open_server
+    with httpx.Client(base_url=url, timeout=30) as client:
         prior = {
             "type": "gaussian",
             "mean": [5.0, 5.0, 0.5, 0.25],

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import httpx
 
-from tests.e2e.test_dashboard import WAIT_MS, PageLog, _wait_step, browser, server  # noqa: F401  (fixture)
+from tests.e2e.test_dashboard import WAIT_MS, PageLog, _wait_step, browser  # noqa: F401  (fixture)
 
 
-def test_mpf_without_an_operator_reads_as_the_base_flow(browser) -> None:  # noqa: F811
-    with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+def test_mpf_without_an_operator_reads_as_the_base_flow(browser, open_server: str) -> None:  # noqa: F811
+    url = open_server
+    with httpx.Client(base_url=url, timeout=30) as client:
         prior = {"type": "gaussian", "mean": [0.0, 0.0, 0.0], "cov": [[1, 0, 0], [0, 1, 0], [0, 0, 1]]}
         for stream_id, family in (("base-flow", "linear_gaussian"), ("trained", None)):
             body = {"stream_id": stream_id, "model": {"family": family or "linear_gaussian"}, "method": "mpf"}

@@ -16,7 +16,6 @@ from tests.e2e.test_dashboard import (  # noqa: F401  (fixture)
     _example,
     _wait_step,
     browser,
-    server,
 )
 
 STEPS = 12
@@ -33,10 +32,11 @@ def _create(client: httpx.Client, ex, stream_id: str, options: dict) -> tuple[di
     return params, r.json()
 
 
-def test_a_weighted_mpf_cloud_is_drawn_by_weight_with_its_ess(browser) -> None:  # noqa: F811
+def test_a_weighted_mpf_cloud_is_drawn_by_weight_with_its_ess(browser, open_server: str) -> None:  # noqa: F811
     ex = _example()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with server() as (url, _, _), httpx.Client(base_url=url, timeout=30) as client:
+    url = open_server
+    with httpx.Client(base_url=url, timeout=30) as client:
         params, weighted = _create(client, ex, "auto-share", {"flow_fraction": "auto", "correct": True})
         _, uniform = _create(client, ex, "full-flow", {})
         assert weighted["capabilities"]["weighted"] is True and weighted["capabilities"]["exact"] is False

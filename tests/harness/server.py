@@ -7,7 +7,8 @@ lifespan (store, engine, operators) and yields an ``httpx.AsyncClient`` bound to
 
 Processes: ``with serve_as_user(env, log_path) as server`` starts ``python -m mpflow serve`` in a subprocess, as a
 user (or ``make serve``) starts it, and yields it once ``/readyz`` answers 200 (:class:`UserServer`: restartable
-on the same port; :class:`ServiceProcess`: the same in a process group of its own, for fault injection).
+on the same port; :class:`ServiceProcess`: the same in a process group of its own, for fault injection);
+:func:`start_together` starts several at once.
 :class:`RedisProcess` is an external ``redis-server`` with AOF on that can be killed, shut down, frozen and
 started again on the same files; :func:`kill_embedded` kills the embedded store's redis-server of a data dir.
 Every process group started here is known to :func:`kill_started`, the safety net of a test that fails half-way.
@@ -174,14 +175,19 @@ class UserServer:
     def start(self, timeout: float = 120.0) -> float:
         """Start it and wait until ``/readyz`` answers 200 (:func:`wait_ready`); the seconds that took."""
         t0 = time.monotonic()
+        self.launch()
+        assert self.proc is not None
+        wait_ready(self.url, self.proc, self.log_path, timeout)
+        return time.monotonic() - t0
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready (:func:`start_together`)."""
         cmd = [sys.executable, "-m", "mpflow", "serve", "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session
             )
-        wait_ready(self.url, self.proc, self.log_path, timeout)
-        return time.monotonic() - t0
 
     def kill(self) -> None:
         """SIGKILL the server — its process and, with several workers, the worker processes it started — with no
@@ -210,6 +216,16 @@ class UserServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def start_together(servers: Sequence[UserServer], timeout: float = 120.0) -> None:
+    """Start every server at once and wait until each answers ``/readyz`` 200: their starts (torch's import in
+    each process) overlap instead of adding up, and servers of one deployment race as they would in production."""
+    for server in servers:
+        server.launch()
+    for server in servers:
+        assert server.proc is not None
+        wait_ready(server.url, server.proc, server.log_path, timeout)
 
 
 @contextmanager
@@ -301,12 +317,10 @@ class ServiceProcess(UserServer):
         env = {"MPFLOW_LOG_LEVEL": "WARNING", **env}
         super().__init__(env, log_path, port=port, inherit_mpflow_env=True, new_session=True)
 
-    def start(self, timeout: float = 120.0) -> float:
-        try:
-            return super().start(timeout)
-        finally:
-            if self.proc is not None:
-                _STARTED.add(self.proc)
+    def launch(self) -> None:
+        super().launch()
+        if self.proc is not None:
+            _STARTED.add(self.proc)
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of the server's log."""
@@ -482,6 +496,7 @@ __all__ = [
     "serve_as_user",
     "serve_in_process",
     "serve_in_thread",
+    "start_together",
     "wait_gone",
     "wait_ready",
 ]

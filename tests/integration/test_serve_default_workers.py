@@ -1,5 +1,7 @@
 """``python -m mpflow serve`` with its defaults, as a user runs it: one worker per usable core (capped), all of them
-on the one embedded redis-server of the data dir, which the last worker to stop shuts down."""
+on the one embedded redis-server of the data dir, which the last worker to stop shuts down. The workers start
+slowly, as on a loaded machine: none is killed by uvicorn's health check while it starts; the process that
+supervises them does not load torch."""
 
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ from mpflow.cli.serve import default_workers
 from tests.harness.server import serve_as_user
 from tests.integration.test_api_streams import new_stream
 
+#: a ``sitecustomize`` on the server's ``PYTHONPATH``: each spawned worker waits before it can answer uvicorn's
+#: health-check ping, past uvicorn's 5 s default (which killed workers still loading torch on a loaded 2-core
+#: machine, and here would kill every replacement too) and within ``mpflow.cli.serve.WORKER_HEALTHCHECK_S``
+SLOW_WORKER_START_S = 6.0
+SLOW_WORKERS = f"""
+import sys, time
+if "--multiprocessing-fork" in sys.argv:
+    time.sleep({SLOW_WORKER_START_S})
+"""
+
 
 def _workers(pid: int) -> list[psutil.Process]:
     """uvicorn's worker processes under the server process ``pid`` (multiprocessing spawns them)."""
@@ -21,9 +33,15 @@ def _workers(pid: int) -> list[psutil.Process]:
 def test_default_workers_share_one_embedded_store(tmp_path, monkeypatch):
     monkeypatch.delenv("MPFLOW_WORKERS", raising=False)
     want = default_workers()
-    data = tmp_path / "data"
-    with serve_as_user({"MPFLOW_DATA_DIR": str(data)}, tmp_path / "serve.log") as server:
+    data, site, log = tmp_path / "data", tmp_path / "site", tmp_path / "serve.log"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_WORKERS)
+    env = {"MPFLOW_DATA_DIR": str(data), "MPFLOW_LOG_LEVEL": "INFO", "PYTHONPATH": str(site)}
+    with serve_as_user(env, log) as server:
         assert len(_workers(server.pid)) == want
+        assert "died" not in log.read_text()  # no worker was killed and started again
+        if want > 1:  # the supervising process runs no app: it never loads torch (2.8 s before it spawns workers)
+            assert not [m.path for m in psutil.Process(server.pid).memory_maps() if "libtorch" in m.path]
         found = running_server(data)
         assert found is not None
         redis_servers = [

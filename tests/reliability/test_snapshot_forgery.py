@@ -27,7 +27,7 @@ from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.streams.snapshot_signing import GENERATED_BYTES, key_id
 from mpflow.service.streams.snapshots import MEDIA_TYPE
 
-from tests.harness.server import UserServer, drop_prefix
+from tests.harness.server import UserServer, drop_prefix, start_together
 from tests.harness.snapshots import flip_byte, forge, unsigned
 from tests.harness.specs import LINEAR_STREAM
 from tests.integration import conftest as integration
@@ -68,8 +68,7 @@ def servers(redis_url, tmp_path_factory) -> Iterator[tuple[str, str, str]]:
     b = UserServer({**env, "MPFLOW_LOG_LEVEL": "WARNING"}, logs / "b.log")
     try:
         with a, b:
-            a.start()
-            b.start()
+            start_together([a, b])
             yield a.url, b.url, prefix
     finally:
         asyncio.run(drop_prefix(redis_url, prefix))
