@@ -174,7 +174,8 @@ class MPFUpdater(Updater):
         "evidence": "gaussian",
         # the flow as the proposal of a marginal particle filter, weighted against the exact mixture predictive and
         # driven by quasi-random points (mpf.marginal): off by default (docs/benchmarks.md "Anomaly scores": its
-        # evidence is not yet within the bar at N = 256, at about 6x the cost); auto = wherever it applies
+        # evidence is not yet within the bar at N = 256; 2x the plain flow's cost at d = 1, 16-20x batched at d = 5-10,
+        # outside the default-picking budget); auto = wherever it applies
         "marginal": False,
     }
 
@@ -241,11 +242,24 @@ class MPFUpdater(Updater):
         return self.options["marginal"] is not False and self.marginal_refusal(model) is None
 
     def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
-        """The step's predict; for the marginal particle filter by sequential quasi-Monte Carlo, per dimension."""
+        """The step's predict; for the marginal particle filter by sequential quasi-Monte Carlo, per dimension, from
+        the weighted cloud the last step carried (:func:`marginal.carried`; the stream's particles where there is
+        none), its predictive moments per dimension (a factorised family's dimensions are independent)."""
         if not self.uses_marginal(model):
             return super()._prediction(state, model, gens)
         split = model if model.state_dim == 1 else model.per_dimension(state.batch_size)
-        return quasi_random_prediction(state, model, split, gens, replicates=2)  # marginal.crossed_maps
+        cloud = marginal.carried(state)
+        if cloud is None:
+            return quasi_random_prediction(state, model, split, gens, replicates=2)  # marginal.crossed_maps
+        # the last step's weighted cloud, per dimension: SQMC resamples it by its weights (Gerber & Chopin Alg. 2)
+        B, N, d = state.particles.shape
+        x_prev, log_w = cloud
+        mean, var = split.predicted_moments(x_prev, log_w)
+        u = sqmc.replicated_points(gens, N, d, 2)
+        x, _ = sqmc.resample_move(x_prev, log_w, u, split.transition_from_noise)
+        uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
+        cov = torch.diag_embed(var.reshape(B, d))  # a factorised family's predictive: independent dimensions
+        return Prediction(correction.from_dimensions(x, d), mean.reshape(B, d), cov, uniform, None)
 
     @staticmethod
     def runs_operator(options: dict) -> bool:
@@ -357,6 +371,8 @@ class MPFUpdater(Updater):
             placeholder = gap.expand(state.batch_size, *gap.shape)
             moments = prior.moments() if isinstance(prior, GaussianMixture) else gaussian.moments(x.double())
             state = Sites.start(*moments, placeholder, self.options["window"]).write(state)
+        if self.uses_marginal(model):  # the first step's mixture predictive is over the prior's particles
+            state = marginal.carry(state, x)
         if not self.options["track_density"]:
             return state.replace(particles=x)
         if isinstance(prior, GaussianMixture):
@@ -369,7 +385,11 @@ class MPFUpdater(Updater):
     def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
         """A tracked log-density does not follow particles another method moved: where the state carries one it
         becomes the log-density of the Gaussian fitted to the particles. ``density`` is not used (the flow
-        starts from the particles)."""
+        starts from the particles). The marginal particle filter's carried cloud (:func:`marginal.carried`) becomes
+        these particles with their weights."""
+        if marginal.POINTS in state.extras:
+            d = state.dim
+            state = marginal.carry(state, state.particles, state.log_weights.repeat_interleave(d, 0))
         if state.log_density is None:
             return state
         x = state.particles.to(torch.float64)
@@ -400,6 +420,8 @@ class MPFUpdater(Updater):
         """A step without a measurement keeps the particles of a static family; its gap enters the moves' window
         (so a stream's window is always its last ``window`` steps)."""
         new, info = super()._unobserved(state, obs, model, gens)
+        if marginal.carried(state) is not None:  # the predicted particles, uniformly weighted, are the next cloud
+            new = marginal.carry(new, new.particles)
         sites = Sites.read(state)
         if sites is None:
             return new, info
@@ -648,16 +670,19 @@ class MPFUpdater(Updater):
         prediction: Prediction | None = None,
     ):
         """One step of the marginal particle filter with the flow as its proposal (:mod:`~mpflow.operators.mpf.
-        marginal`), as d one-dimensional problems where the family factorises: the quasi-random predict
-        (:meth:`_prediction`), the moment match onto the predictive's pushed moments (× ``inflation``²) and the base
-        flow in ``substeps`` stages, the weights against the exact mixture predictive, their evidence, and the
-        sorted systematic resampling. The step's ``ess`` is the weights' (the smallest over the dimensions); a
-        stream whose flow was not affine keeps the flowed cloud and the predictive Gaussian fit's evidence."""
+        marginal`), as d one-dimensional problems where the family factorises: the quasi-random predict from the
+        weighted cloud the last step carried (:meth:`_prediction`, :func:`marginal.carried`), the moment match onto
+        the predictive's pushed moments (× ``inflation``²) and the base flow in ``substeps`` stages, the weights
+        against the exact mixture predictive, their evidence; the weighted points are carried to the next step
+        (:func:`marginal.carry`) and the stream's particles are their sorted systematic resampling. The step's
+        ``ess`` is the weights' (the smallest over the dimensions); a stream whose flow was not affine keeps the
+        flowed cloud, uniformly weighted, and the predictive Gaussian fit's evidence."""
         B, N, d = state.particles.shape
         if prediction is None:
             prediction = self._prediction(state, model, gens)
         split = model if d == 1 else model.per_dimension(B)
-        x_prev, x_pred, obs_d = (correction.to_dimensions(t) for t in (state.particles, prediction.particles, obs))
+        x_pred, obs_d = (correction.to_dimensions(t) for t in (prediction.particles, obs))
+        x_prev, prev_lw = marginal.carried(state) or (correction.to_dimensions(state.particles), None)
         mean, cov = prediction.mean, prediction.cov * float(self.options["inflation"]) ** 2
         inc = self.step_evidence(model, obs, prediction.particles, [mean, cov])
         x1 = torch.empty_like(x_pred)
@@ -665,7 +690,7 @@ class MPFUpdater(Updater):
             white = gaussian.matched(x_pred[:, half].double(), *correction.marginals(mean, cov))
             x0 = white.points().to(x_prev.dtype)
             x1[:, half] = self._staged_flow(self.base_flow(1), split, obs_d, x0, None, white, False)[0]
-        found = marginal.log_weights(split, obs_d, x_prev, x_pred, x1)
+        found = marginal.log_weights(split, obs_d, x_prev, x_pred, x1, prev_lw)
         log_z = evidence.log_mean_exp(found.log_weights).reshape(B, d).sum(-1)
         affine = found.affine.reshape(B, d).all(-1)
         log_w = torch.where(found.affine[:, None], found.log_weights, torch.zeros_like(found.log_weights))
@@ -673,7 +698,8 @@ class MPFUpdater(Updater):
         x1 = correction.from_dimensions(sqmc.sorted_systematic(found.points, log_w, v), d)
         n_eff = ess(log_w).reshape(B, d).min(-1).values
         inc = torch.where(affine & torch.isfinite(log_z), log_z, inc.to(torch.float64))
-        return state.replace(particles=x1), StepInfo(inc, n_eff)
+        new = marginal.carry(state.replace(particles=x1), correction.from_dimensions(found.points, d), log_w)
+        return new, StepInfo(inc, n_eff)
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
         """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the
