@@ -316,10 +316,13 @@ class Writers:
         key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
         ports = self.nodes_of[ack.sid]
 
+        async def ask_one(port: int) -> str:
+            said = await self._holds(port, key, ack.seq)
+            ack.answered[port] = time.monotonic()
+            return said
+
         async def ask(nodes: list[int]) -> dict[int, str]:
-            said = await asyncio.gather(*(self._holds(p, key, ack.seq) for p in nodes))
-            ack.answered |= dict.fromkeys(nodes, time.monotonic())
-            return dict(zip(nodes, said, strict=True))
+            return dict(zip(nodes, await asyncio.gather(*map(ask_one, nodes)), strict=True))
 
         seen = await ask(ports)
         while _copies(seen) <= self.wait and time.monotonic() - ack.at < RECHECK_WINDOW_S:
