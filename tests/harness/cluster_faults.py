@@ -21,10 +21,16 @@ What is checked, over every answer:
   node's role by then: a replica that acknowledged may have been promoted since (a paused primary that wakes before
   it learns of its replacement runs the writes it was sent and, with ``WAIT 1``, acknowledges them only with its
   replica's — the new primary's — acknowledgment). **On one node**: those that one node alone holds (what ``WAIT 0``
-  risks in a failover: Redis replicates asynchronously). A node that is down or paused holds nothing for anyone; a
-  node that answers but cannot serve the read yet (the cluster down for a moment, loading a resync, a slot not its
-  own) is asked again, every 0.1 s for up to 2 s. **Unverifiable**: short acknowledgments for which a node that did
-  not answer was killed or paused after the request was sent — it may have acknowledged just before;
+  risks in a failover: Redis replicates asynchronously). A node that is down, or paused now, holds nothing for
+  anyone; a node that cannot serve the read yet — it answers an error (the cluster down for a moment, loading a
+  resync, a slot not its own), or gives no answer within 2 s or refuses though the fault has not stopped it or has
+  restarted it since (alive but starved of CPU: on a loaded machine one read can take 4 s) — is asked again, every 0.1 s
+  until 10 s after the answer; only a copy a node returns counts. **Unverifiable**: short acknowledgments for which
+  a node that does not hold the step was killed or paused after the request was sent and before its answer was
+  read — it may have held the step and lost it to the strike (a killed node restarts empty) — or could still not
+  serve the read at the end of the 10 s;
+* **while struck**: acknowledgments sent after a node of the stream's shard was killed or paused and answered before
+  it was back (with one replica per primary and ``WAIT 1``: none may be);
 * **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
 """
 
@@ -60,10 +66,12 @@ AFTER_S = 2.0
 DOWN_S = 3.0
 #: the victim's lowest slots that the migration moves (the victim's streams live there)
 MIGRATED_SLOTS = 200
-#: how long the replica check waits for one node's answer (a longer wait: it is paused)
+#: how long the replica check waits for one node's answer (a longer wait: it is paused, or starved of CPU)
 CHECK_TIMEOUT_S = 2.0
-#: a node that answered the check with an error (cluster down, loading, a slot not its own yet) is asked again
-RECHECK_S, RECHECKS = 0.1, 20
+#: a node that could not serve the check yet (an error: cluster down, loading, a slot not its own; or a timeout
+#: while nobody stopped it: a live node starved of CPU) is asked again every ``RECHECK_S`` until ``RECHECK_WINDOW_S``
+#: after the answer (long enough for a few ``CHECK_TIMEOUT_S`` asks on a loaded machine)
+RECHECK_S, RECHECK_WINDOW_S = 0.1, 10.0
 
 
 @dataclass
@@ -76,9 +84,15 @@ class Context:
     target: int
     #: node port -> when it was killed or paused (the check's judge of a replica that died after it acknowledged)
     struck: dict[int, float] = field(default_factory=dict)
+    #: node port -> when a struck node's restart or resume began (from then on a timeout is CPU load, not the fault)
+    recovered: dict[int, float] = field(default_factory=dict)
 
     def strike(self, port: int, how: Any) -> None:
         self.struck[port] = time.monotonic()
+        how(port)
+
+    def recover(self, port: int, how: Any) -> None:
+        self.recovered[port] = time.monotonic()  # before: the node may serve (and acknowledge) before ``how`` returns
         how(port)
 
 
@@ -88,7 +102,7 @@ def primary_kill(ctx: Context) -> None:
     ctx.strike(ctx.victim, ctx.cluster.kill)
     ctx.cluster.wait_promoted(ctx.victim)
     time.sleep(DOWN_S)
-    ctx.cluster.restart(ctx.victim)
+    ctx.recover(ctx.victim, ctx.cluster.restart)
     ctx.cluster.wait_ok()
 
 
@@ -103,7 +117,7 @@ def primary_pause(ctx: Context) -> None:
             time.sleep(0.05)
         time.sleep(1.0)
     finally:
-        ctx.cluster.resume(ctx.victim)
+        ctx.recover(ctx.victim, ctx.cluster.resume)
     ctx.cluster.wait_ok()
 
 
@@ -112,7 +126,7 @@ def replica_kill(ctx: Context) -> None:
     replica = ctx.cluster.replica_ports(ctx.victim)[0]
     ctx.strike(replica, ctx.cluster.kill)
     time.sleep(DOWN_S)
-    ctx.cluster.restart(replica)
+    ctx.recover(replica, ctx.cluster.restart)
     ctx.cluster.wait_ok()
 
 
@@ -165,8 +179,9 @@ class Ack:
     sent: float  # time.monotonic() of the request
     at: float  # time.monotonic() of the answer
     holders: int = -1  # nodes that held it (its primary, replicas), read right after (-1: not read yet)
-    unverifiable: bool = False  # a node that did not answer was killed or paused after the request was sent
+    unverifiable: bool = False  # a node without it was struck after the request, or never answered (docstring)
     seen: dict[int, str] = field(default_factory=dict)  # per node: "holds", "behind", "primary", or the error
+    answered: dict[int, float] = field(default_factory=dict)  # per node: time.monotonic() of its last answer
 
 
 @dataclass
@@ -178,6 +193,7 @@ class Writers:
     prefix: str
     wait: int  # the replicas each acknowledgment promises
     struck: dict[int, float]  # the fault's nodes killed or paused, and when
+    recovered: dict[int, float]  # those of them restarted or resumed, and when
     shard_of: dict[str, int]  # stream -> the port of its primary at the start
     nodes_of: dict[str, list[int]]  # stream -> the nodes that may replicate it during the case
     acked: dict[str, int] = field(default_factory=dict)
@@ -292,27 +308,48 @@ class Writers:
         return f"{held} (primary, {len(role[2]) if isinstance(role, list) and len(role) > 2 else '?'} replicas)"
 
     async def _check(self, ack: Ack) -> None:
-        """Read every node of the stream's shard right after the answer; a node that answered an error is asked
-        again every ``RECHECK_S`` (at most ``RECHECKS`` times) until it serves the read, unless enough hold it."""
+        """Read every node of the stream's shard right after the answer; a node that could not serve the read yet
+        (:meth:`_pending`) is asked again every ``RECHECK_S`` until ``RECHECK_WINDOW_S`` after the answer, unless
+        enough hold it. A node struck after the request was sent and before its answer came that does not hold the
+        step makes the acknowledgment unverifiable, whatever it says: a killed node restarts empty, a paused one is
+        resynced, so its answer tells nothing about what it held when the service answered."""
         key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
         ports = self.nodes_of[ack.sid]
 
+        async def ask_one(port: int) -> str:
+            said = await self._holds(port, key, ack.seq)
+            ack.answered[port] = time.monotonic()
+            return said
+
         async def ask(nodes: list[int]) -> dict[int, str]:
-            return dict(zip(nodes, await asyncio.gather(*(self._holds(p, key, ack.seq) for p in nodes)), strict=True))
+            return dict(zip(nodes, await asyncio.gather(*map(ask_one, nodes)), strict=True))
 
         seen = await ask(ports)
-        for _ in range(RECHECKS):
-            unanswered = [p for p, said in seen.items() if said.startswith("error")]
-            if not unanswered or _copies(seen) > self.wait:
+        while _copies(seen) <= self.wait and time.monotonic() - ack.at < RECHECK_WINDOW_S:
+            pending = [p for p, said in seen.items() if self._pending(p, said)]
+            if not pending:
                 break
             await asyncio.sleep(RECHECK_S)
-            seen |= await ask(unanswered)
-        for port, said in seen.items():  # struck after the request was sent: it may have acknowledged first
-            if said in ("down", "timeout") and self.struck.get(port, float("inf")) > ack.sent:
+            seen |= await ask(pending)
+        for port, said in seen.items():
+            if said.startswith("holds"):
+                continue
+            if ack.sent < self.struck.get(port, float("inf")) <= ack.answered[port]:  # it may have held it
                 seen[port] = f"{said}, struck after the request"
+                ack.unverifiable = True
+            elif self._pending(port, said):  # alive, and still no answer: neither a copy nor a miss
+                seen[port] = f"{said}, still after {RECHECK_WINDOW_S:g} s"
+                ack.unverifiable = True
         ack.seen = seen
         ack.holders = _copies(seen)
-        ack.unverifiable = any(said.endswith("struck after the request") for said in seen.values())
+
+    def _pending(self, port: int, said: str) -> bool:
+        """Whether the node's answer is no answer yet: an error (it answered but could not serve the read), or a
+        timeout or refusal from a node the fault has not stopped, or has restarted or resumed since (alive: slow
+        under CPU load, or the pooled connections predate its restart). ``behind``, and ``down`` or a timeout of a
+        node stopped now, are final."""
+        stopped = port in self.struck and port not in self.recovered
+        return said.startswith("error") or (said in ("timeout", "down") and not stopped)
 
     async def final_check(self) -> dict[str, int]:
         lost, doubled, stored = self.lost, self.misapplied, 0
@@ -346,7 +383,7 @@ async def _drive(
     moved = groups[target] if fault == "slot_migration" else []
     nodes_of = {sid: [*groups[p], *(moved if p == victim else [])] for sid, p in shard_of.items()}
     ctx = Context(cluster, server, victim, target)
-    writers = Writers(server.url, key, prefix, wait, ctx.struck, shard_of, nodes_of)
+    writers = Writers(server.url, key, prefix, wait, ctx.struck, ctx.recovered, shard_of, nodes_of)
     await writers.create()
     task = asyncio.create_task(writers.run())
     await asyncio.sleep(STEADY_S)
@@ -372,6 +409,11 @@ async def _drive(
         return dict(total)
 
     short = [a for a in writers.acks if a.holders < 1 + wait and not a.unverifiable]
+    struck_node = [  # sent after a node of its shard was struck, answered before it was back
+        a
+        for a in writers.acks
+        if any(ctx.struck[p] < a.sent and a.at < ctx.recovered.get(p, end) for p in nodes_of[a.sid] if p in ctx.struck)
+    ]
     examples = [
         {
             "victim": shard_of[a.sid] == victim,
@@ -381,6 +423,7 @@ async def _drive(
             "sent_s": round(a.sent - t0, 2),
             "at_s": round(a.at - t0, 2),
             **a.seen,
+            "answered_s": {port: round(t - a.at, 2) for port, t in a.answered.items()},
         }
         for a in short[:5]
     ]
@@ -392,6 +435,7 @@ async def _drive(
         "of_them_on_retry": sum(a.retry for a in short),
         "acks_on_one_node": sum(a.holders <= 1 and not a.unverifiable for a in writers.acks),
         "acks_unverifiable": sum(a.holders < 1 + wait and a.unverifiable for a in writers.acks),
+        "acks_while_struck": len(struck_node),
         "outage_victim_s": writers.outage(on_victim, end),
         "outage_healthy_s": writers.outage(healthy, end),
         "answers_victim": answers(on_victim),
@@ -403,17 +447,24 @@ async def _drive(
 
 
 def run_case(
-    fault: str, wait: int, replicas: int, full_coverage: bool = True, base_dir: str | Path | None = None
+    fault: str,
+    wait: int,
+    replicas: int,
+    full_coverage: bool = True,
+    base_dir: str | Path | None = None,
+    service_wait: int | None = None,
 ) -> dict[str, Any]:
     """One case on a fresh cluster and server (module docstring; ``full_coverage``: Redis'
-    ``cluster-require-full-coverage``); every process is stopped at the end."""
+    ``cluster-require-full-coverage``); every process is stopped at the end. ``service_wait``: the service's
+    ``MPFLOW_REDIS_WAIT_REPLICAS`` when it is not ``wait``, the promise checked (a service that breaks it: the check
+    must catch that)."""
     with tempfile.TemporaryDirectory(prefix="cluster-faults-", dir=base_dir) as tmp:
         with LocalCluster(tmp, replicas=replicas, full_coverage=full_coverage) as cluster:
             prefix, key = f"cf-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
             env = {
                 "MPFLOW_REDIS_URL": cluster.url,
                 "MPFLOW_REDIS_PREFIX": prefix,
-                "MPFLOW_REDIS_WAIT_REPLICAS": str(wait),
+                "MPFLOW_REDIS_WAIT_REPLICAS": str(wait if service_wait is None else service_wait),
                 "MPFLOW_LOG_LEVEL": "WARNING",
                 "MPFLOW_API_KEYS": f"default:{key}",
             }
