@@ -73,14 +73,6 @@ CHUNK = 512
 GENEALOGY_FLOPS = 1900.0
 
 
-def transition_density(model: ModelFamily) -> bool:
-    """Whether ``model``'s steps have a transition density (dynamic, Q positive definite): smoothed by FFBSm or
-    FFBSi, else by the genealogy (module docstring)."""
-    if not model.dynamic:
-        return False
-    return bool((torch.linalg.cholesky_ex(model.transition_noise().to(F64))[1] == 0).any())
-
-
 def noise_factor(model: ModelFamily, d: int, batch: int) -> torch.Tensor:
     """The Cholesky factor [B, d, d] of the step's transition noise Q, zero where Q is not positive definite (no
     transition density) or the family is static."""
@@ -89,6 +81,14 @@ def noise_factor(model: ModelFamily, d: int, batch: int) -> torch.Tensor:
     Q = model.transition_noise().to(F64).expand(batch, d, d)
     L, info = torch.linalg.cholesky_ex(Q)
     return torch.where((info == 0)[:, None, None], L, torch.zeros_like(L))
+
+
+def transition_density(model: ModelFamily) -> bool:
+    """Whether ``model``'s steps have a transition density (dynamic, Q positive definite): smoothed by FFBSm or
+    FFBSi, else by the genealogy (module docstring) — the test :meth:`ParticleSmoother.smooth` applies to the
+    window's :func:`noise_factor`, so the price follows the path a read takes."""
+    factor = noise_factor(model, model.state_dim, 1)[0]
+    return bool(torch.diagonal(factor).gt(0).all())
 
 
 def backward_weights(
