@@ -4,8 +4,9 @@ Each ``per_step`` entry carries ``pit``: for each observed entry j, u_j = P(O_j 
 predictive (:meth:`mpflow.operators.updaters.base.Updater.pit`). Under the model u_j ~ U(0, 1), so a reading is
 flagged at the two-sided level α — the stream's ``pit_alert``, set at creation, default :data:`DEFAULT_PIT_ALERT` —
 when |u_j − ½| > ½ − α/2, i.e. u_j < α/2 or u_j > 1 − α/2: a fraction α of the steps of a stream that follows its
-model are flagged, for each entry. The last step's values are kept in the stream's metadata and shown in the stream
-document's ``summary`` (``pit``, ``pit_step``, ``pit_alert``, ``pit_flagged``).
+model are flagged, for each entry. The latest observed step's values are kept in the stream's metadata (a step
+without a measurement leaves them) and shown in the stream document's ``summary`` (``pit``, ``pit_step``,
+``pit_alert``, ``pit_flagged``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ def flagged(pit: list[float | None], alert: float) -> list[bool]:
 
 
 def latest(per_step: list[dict[str, Any]]) -> dict[str, Any]:
-    """The metadata fields that keep the request's last step's p-values (none when it has no ``pit``)."""
-    last = per_step[-1] if per_step else {}
-    if "pit" not in last:
-        return {}
-    return {"pit": last["pit"], "pit_step": last["step"]}
+    """The metadata fields that keep the p-values of the request's last observed step — one whose ``pit`` has a
+    value: a step without a measurement has no ``pit``, or one of nulls —, none when no step of the request was
+    observed (the stream keeps those of an earlier request)."""
+    for entry in reversed(per_step):
+        if any(u is not None for u in entry.get("pit") or ()):
+            return {"pit": entry["pit"], "pit_step": entry["step"]}
+    return {}
 
 
 def view(meta: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,12 @@ Stream description (each refusal is a 422 ``snapshot: stream.<field>: …`` nami
 * ``state_names``: as at creation (:func:`~mpflow.service.streams.creation.check_state_names`);
 * ``smoothing_lag``: 0 … 100 (absent: 0); the window's bytes within the cost model, as at creation, and its
   values as its method's smoother reads them (:func:`check_window`: ``smc``'s ancestor indices within 0 … N − 1).
+* ``pit_alert``: null (the default level) or a number in (0, 1), as at creation; ``pit`` and ``pit_step``, the
+  latest observed step's predictive p-values (:func:`check_pit`): both null, or ``pit_step`` 1 … ``step`` and
+  ``pit`` one entry per entry of the family's observation (for a family whose observation has a free size,
+  ``logistic``'s M labels, at least one: bounded by the snapshot's body limit, as the step that made it was by its
+  request's), each null (not observed) or a probability Σᵢ wᵢ F(o | xᵢ) in [0, 1] — within the normalised weights'
+  tolerance :data:`LOG_WEIGHT_TOLERANCE` above 1, as a sum of float weights may land.
 
 State (422 ``snapshot: state.<field>: …``): the core tensors with this stream's shapes and dtypes (particles
 [1, N, d] float32, log-weights [1, N] float32, step [1] int64 equal to the description's, log-evidence [1]
@@ -122,6 +128,33 @@ def check_numbers(settings: Settings, stream: dict[str, Any]) -> None:
         check_lag(stream.get("smoothing_lag") or 0, "smoothing_lag")
     except ValueError as exc:
         raise refuse(f"stream.{exc}") from None
+
+
+def _probability(value: object) -> bool:
+    """A number in [0, 1] (up to e^:data:`LOG_WEIGHT_TOLERANCE` above 1: a weighted sum of CDF values whose
+    weights sum to 1 within that tolerance)."""
+    number = isinstance(value, float | int) and not isinstance(value, bool)
+    return number and 0.0 <= value <= math.exp(LOG_WEIGHT_TOLERANCE)
+
+
+def check_pit(stream: dict[str, Any], model: ModelFamily) -> None:
+    """``pit_alert``, ``pit`` and ``pit_step`` as a stream of ``model`` at the description's step holds them
+    (module docstring)."""
+    alert = stream["pit_alert"]
+    if alert is not None and not (isinstance(alert, float | int) and not isinstance(alert, bool) and 0 < alert < 1):
+        raise refuse("stream.pit_alert: null or a number in (0, 1)")
+    pit, at = stream["pit"], stream["pit_step"]
+    if pit is None and at is None:
+        return
+    if not (_whole(at) and 1 <= at <= stream["step"]):
+        raise refuse("stream.pit_step: null with pit, else an integer from 1 to the stream's step")
+    free = any(size < 0 for size in model.obs_shape)
+    k = model.observation_size()
+    size = "at least 1" if free else f"{k}"
+    if not (isinstance(pit, list) and (len(pit) >= 1 if free else len(pit) == k)):
+        raise refuse(f"stream.pit: null with pit_step, else a list of {size} entries (one per observed entry)")
+    if not all(u is None or _probability(u) for u in pit):
+        raise refuse("stream.pit: each entry null (not observed) or a probability in [0, 1]")
 
 
 def check_method(stream: dict[str, Any]) -> None:
@@ -288,6 +321,7 @@ __all__ = [
     "check_fields",
     "check_method",
     "check_numbers",
+    "check_pit",
     "check_window",
     "model_and_prior",
     "normalised",

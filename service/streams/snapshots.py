@@ -4,11 +4,14 @@ A snapshot is one safetensors file (Content-Type :data:`MEDIA_TYPE`; no pickle, 
 state tensors exactly as the store keeps them (particles, log-weights, step, log-evidence, the generator state,
 the method's extras) and, in the header's metadata, ``format`` (:data:`FORMAT`, the version), ``stream`` — the
 stream's description as canonical JSON: model, prior, method, its options, the trained operator and that
-operator's content hash, N, d, seed, TTL, step, log-evidence, the state's names (``state_names``; a snapshot of
-an older server lacks them: read as null) —, ``sha256``, the SHA-256 of ``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state
-bytes`` (a truncated or damaged snapshot is recognised), and ``hmac`` and ``key_id``: the same bytes signed under
-the deployment's snapshot key (:mod:`mpflow.service.streams.snapshot_signing`), so that a snapshot this deployment did
-not write — forged, or altered and its ``sha256`` recomputed — is recognised.
+operator's content hash, N, d, seed, TTL, step, log-evidence, the state's names (``state_names``), the smoothing
+window's lag (``smoothing_lag``; the window itself is among the state tensors), the level α at which the stream flags
+predictive p-values (``pit_alert``) and the latest observed step's p-values (``pit``, ``pit_step``) — a snapshot of
+an older server lacks some of these: read as null, a lag as 0 and α as the default —, ``sha256``, the SHA-256 of
+``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes`` (a truncated or damaged snapshot is recognised), and ``hmac`` and
+``key_id``: the same bytes signed under the deployment's snapshot key
+(:mod:`mpflow.service.streams.snapshot_signing`), so that a snapshot this deployment did not write — forged, or
+altered and its ``sha256`` recomputed — is recognised.
 
 Import refuses, with a 4xx saying why and before anything is written: what is not such a file or is truncated,
 a checksum that does not match, another format version; a signature that is missing or does not verify under
@@ -17,8 +20,9 @@ another deployment, taken on the caller's word; then every field of the descript
 state is validated as creation validates a new stream (:mod:`mpflow.service.streams.snapshot_checks`: limits are 413),
 an operator this server does not have or has with other content is 422 ``operator_unavailable``, and the state
 must take a step of the method (a step without a measurement, computed and thrown away) and have a summary in
-the float32 range. The imported stream gets the caller's tenant, the given or a new id, and the state bytes of
-the original, so it continues exactly as the original would.
+the float32 range. The imported stream gets the caller's tenant, the given or a new id, the state bytes of the
+original and what its description carries, so it continues, smooths and flags its p-values exactly as the original
+would.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from mpflow.service.streams import snapshot_checks as checks
 from mpflow.service.streams.creation import check_smoothing, state_size
 from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import document, now
+from mpflow.service.streams.pit import DEFAULT_PIT_ALERT
 from mpflow.service.streams.snapshot_signing import SnapshotKey, key_id, signature, verifies
 
 FORMAT = "mpflow-snapshot-v1"
@@ -64,9 +69,13 @@ STREAM_FIELDS = (
     "log_evidence",
     "state_names",
     "smoothing_lag",
+    "pit_alert",
+    "pit",
+    "pit_step",
 )
-#: fields a snapshot's description may lack (written by an older server): read as null (a smoothing_lag as 0)
-OPTIONAL_STREAM_FIELDS = frozenset({"state_names", "smoothing_lag"})
+#: fields a snapshot's description may lack (written by an older server): read as null (a smoothing_lag as 0, a
+#: pit_alert as the default level)
+OPTIONAL_STREAM_FIELDS = frozenset({"state_names", "smoothing_lag", "pit_alert", "pit", "pit_step"})
 #: how far an import trusts a snapshot's origin: ``signed`` — signed under this deployment's key (the default);
 #: ``foreign`` — any intact snapshot (another deployment's, or written before snapshots were signed)
 Trust = Literal["signed", "foreign"]
@@ -227,6 +236,8 @@ class Snapshots(StreamPart):
         self._check_operator(stream)
         model, prior = checks.model_and_prior(self.methods, stream)
         checks.check_core(stream, state)
+        checks.check_pit(stream, model)
+        stream["pit_alert"] = stream["pit_alert"] or DEFAULT_PIT_ALERT
         updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
 
         lag = stream["smoothing_lag"] = stream.get("smoothing_lag") or 0

@@ -13,7 +13,8 @@ the stream's step. After ``STEADY_S`` s of load the fault (:data:`FAULTS`) runs,
 What is checked, over every answer:
 
 * **acknowledged**: the highest ``seq`` answered 200, summed over streams; **stored**: the streams' steps at the end;
-* **lost**: acknowledged steps a stream no longer had (at a 409, or at the end); **doubled**: steps beyond the
+* **lost**: acknowledged steps a stream no longer had (at a 409, or at the end; their acknowledgments, with what
+  each node held right after the answer, are the row's ``lost_examples``); **doubled**: steps beyond the
   highest ``seq`` sent, or an applied (not ``duplicate``) answer whose step is not its ``seq``;
 * **without the promised replicas**: acknowledgments (first answers and retries alike) of which, read right after
   the answer from every node of the stream's shard (``READONLY``, the stream's ``step``), fewer than ``1 + wait``
@@ -25,10 +26,12 @@ What is checked, over every answer:
   anyone; a node that cannot serve the read yet — it answers an error (the cluster down for a moment, loading a
   resync, a slot not its own), or gives no answer within 2 s or refuses though the fault has not stopped it or has
   restarted it since (alive but starved of CPU: on a loaded machine one read can take 4 s) — is asked again, every 0.1 s
-  until 10 s after the answer; only a copy a node returns counts. **Unverifiable**: short acknowledgments for which
-  a node that does not hold the step was killed or paused after the request was sent and before its answer was
-  read — it may have held the step and lost it to the strike (a killed node restarts empty) — or could still not
-  serve the read at the end of the 10 s;
+  until 10 s after the answer; only a copy a node returns counts. A node that does not hold the step is
+  *doubtful* when it was killed or paused after the request was sent and before its answer was read — it may have
+  held the step and lost it to the strike (a killed node restarts empty) — or could still not serve the read at the
+  end of the 10 s. **Unverifiable**: acknowledgments with fewer than ``1 + wait`` copies found that would have had
+  enough had their doubtful nodes held the step; one short even counting those is *without the promised replicas*
+  (a live replica that acknowledged and lacks the step is a broken promise whatever happened to its primary);
 * **while struck**: acknowledgments sent after a node of the stream's shard was killed or paused and answered before
   it was back (with one replica per primary and ``WAIT 1``: none may be);
 * **outage**: the longest time without an acknowledgment on one stream, on the victim's shard and on the others.
@@ -170,6 +173,15 @@ def _copies(seen: dict[int, str]) -> int:
     return sum(said.startswith("holds") for said in seen.values())
 
 
+def classify(ack: Ack, wait: int) -> str:
+    """``"short"`` — fewer than the ``1 + wait`` copies ``WAIT`` promises even if every doubtful node
+    (:meth:`Writers._check`) had held the step —, ``"unverifiable"`` — fewer found, but enough had the doubtful
+    nodes held it —, else ``"kept"``."""
+    if ack.holders + ack.doubtful < 1 + wait:
+        return "short"
+    return "unverifiable" if ack.holders < 1 + wait else "kept"
+
+
 @dataclass
 class Ack:
     sid: str
@@ -179,7 +191,8 @@ class Ack:
     sent: float  # time.monotonic() of the request
     at: float  # time.monotonic() of the answer
     holders: int = -1  # nodes that held it (its primary, replicas), read right after (-1: not read yet)
-    unverifiable: bool = False  # a node without it was struck after the request, or never answered (docstring)
+    #: nodes without it whose answer tells nothing: struck after the request, or never answered (docstring)
+    doubtful: int = 0
     seen: dict[int, str] = field(default_factory=dict)  # per node: "holds", "behind", "primary", or the error
     answered: dict[int, float] = field(default_factory=dict)  # per node: time.monotonic() of its last answer
 
@@ -204,6 +217,8 @@ class Writers:
         default_factory=lambda: collections.defaultdict(collections.Counter)
     )
     lost: int = 0
+    #: each loss found: (stream, its step then, the highest seq acknowledged before, when it was found)
+    losses: list[tuple[str, int, int, float]] = field(default_factory=list)
     misapplied: int = 0
 
     def __post_init__(self) -> None:
@@ -258,7 +273,7 @@ class Writers:
                 seq, tries = seq + 1, 0
             elif answer.status_code == 409 and answer.json()["error"]["code"] == "seq_conflict":
                 step = await self._step(client, sid)
-                self.lost += max(0, self.acked[sid] - step)
+                self._lose(sid, step)
                 self.acked[sid] = step
                 seq, tries = step + 1, 0
             else:  # 503: the same seq again
@@ -311,8 +326,9 @@ class Writers:
         """Read every node of the stream's shard right after the answer; a node that could not serve the read yet
         (:meth:`_pending`) is asked again every ``RECHECK_S`` until ``RECHECK_WINDOW_S`` after the answer, unless
         enough hold it. A node struck after the request was sent and before its answer came that does not hold the
-        step makes the acknowledgment unverifiable, whatever it says: a killed node restarts empty, a paused one is
-        resynced, so its answer tells nothing about what it held when the service answered."""
+        step is doubtful, whatever it says: a killed node restarts empty, a paused one is resynced, so its answer
+        tells nothing about what it held when the service answered; so is a live node still unable to serve the
+        read at the end. Each doubtful node is one copy that may have existed (:func:`classify`)."""
         key = f"{self.prefix}:{{default:{ack.sid}}}:meta"
         ports = self.nodes_of[ack.sid]
 
@@ -336,10 +352,10 @@ class Writers:
                 continue
             if ack.sent < self.struck.get(port, float("inf")) <= ack.answered[port]:  # it may have held it
                 seen[port] = f"{said}, struck after the request"
-                ack.unverifiable = True
+                ack.doubtful += 1
             elif self._pending(port, said):  # alive, and still no answer: neither a copy nor a miss
                 seen[port] = f"{said}, still after {RECHECK_WINDOW_S:g} s"
-                ack.unverifiable = True
+                ack.doubtful += 1
         ack.seen = seen
         ack.holders = _copies(seen)
 
@@ -352,14 +368,29 @@ class Writers:
         return said.startswith("error") or (said in ("timeout", "down") and not stopped)
 
     async def final_check(self) -> dict[str, int]:
-        lost, doubled, stored = self.lost, self.misapplied, 0
+        doubled, stored = self.misapplied, 0
         async with self._client() as client:
             for sid in self.shard_of:
                 step = await self._step(client, sid)
                 stored += step
-                lost += max(0, self.acked[sid] - step)
+                self._lose(sid, step)
                 doubled += max(0, step - self.sent[sid])
-        return {"acknowledged": sum(self.acked.values()), "stored": stored, "lost": lost, "doubled": doubled}
+        return {"acknowledged": sum(self.acked.values()), "stored": stored, "lost": self.lost, "doubled": doubled}
+
+    def _lose(self, sid: str, step: int) -> None:
+        """Count the acknowledged steps past ``step``, the stream's now, as lost (none when it has them)."""
+        if self.acked[sid] > step:
+            self.lost += self.acked[sid] - step
+            self.losses.append((sid, step, self.acked[sid], time.monotonic()))
+
+    def lost_acks(self) -> list[Ack]:
+        """The acknowledgments of the steps counted lost (each one's answer before its loss was found)."""
+        return [
+            a
+            for sid, step, acked, found in self.losses
+            for a in self.acks
+            if a.sid == sid and step < a.seq <= acked and a.at <= found
+        ]
 
     def outage(self, sids: list[str], until: float) -> float:
         """The longest time (s) one of ``sids`` went without an acknowledgment (up to ``until``)."""
@@ -408,33 +439,38 @@ async def _drive(
             total.update(writers.statuses[sid])
         return dict(total)
 
-    short = [a for a in writers.acks if a.holders < 1 + wait and not a.unverifiable]
+    kinds = [classify(a, wait) for a in writers.acks]
+    short = [a for a, kind in zip(writers.acks, kinds, strict=True) if kind == "short"]
+    unverifiable = [a for a, kind in zip(writers.acks, kinds, strict=True) if kind == "unverifiable"]
     struck_node = [  # sent after a node of its shard was struck, answered before it was back
         a
         for a in writers.acks
         if any(ctx.struck[p] < a.sent and a.at < ctx.recovered.get(p, end) for p in nodes_of[a.sid] if p in ctx.struck)
     ]
-    examples = [
-        {
-            "victim": shard_of[a.sid] == victim,
-            "seq": a.seq,
-            "duplicate": a.duplicate,
-            "retry": a.retry,
-            "sent_s": round(a.sent - t0, 2),
-            "at_s": round(a.at - t0, 2),
-            **a.seen,
-            "answered_s": {port: round(t - a.at, 2) for port, t in a.answered.items()},
-        }
-        for a in short[:5]
-    ]
+
+    def examples(acks: list[Ack]) -> list[dict[str, Any]]:
+        return [
+            {
+                "victim": shard_of[a.sid] == victim,
+                "seq": a.seq,
+                "duplicate": a.duplicate,
+                "retry": a.retry,
+                "sent_s": round(a.sent - t0, 2),
+                "at_s": round(a.at - t0, 2),
+                **a.seen,
+                "answered_s": {port: round(t - a.at, 2) for port, t in a.answered.items()},
+            }
+            for a in acks[:5]
+        ]
+
     return {
         **counts,
         "acks": len(writers.acks),
         "acks_on_retry": sum(a.retry for a in writers.acks),
         "acks_without_promised_replicas": len(short),
         "of_them_on_retry": sum(a.retry for a in short),
-        "acks_on_one_node": sum(a.holders <= 1 and not a.unverifiable for a in writers.acks),
-        "acks_unverifiable": sum(a.holders < 1 + wait and a.unverifiable for a in writers.acks),
+        "acks_on_one_node": sum(a.holders <= 1 and not a.doubtful for a in writers.acks),
+        "acks_unverifiable": len(unverifiable),
         "acks_while_struck": len(struck_node),
         "outage_victim_s": writers.outage(on_victim, end),
         "outage_healthy_s": writers.outage(healthy, end),
@@ -442,7 +478,9 @@ async def _drive(
         "answers_healthy": answers(healthy),
         "fault_s": round(fault_s, 1),
         "victim_streams_moved": moved,
-        "short_examples": examples,
+        "short_examples": examples(short),
+        "unverifiable_examples": examples(unverifiable),
+        "lost_examples": examples(writers.lost_acks()),
     }
 
 

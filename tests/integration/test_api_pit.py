@@ -93,3 +93,29 @@ def test_particle_methods_report_pit_for_every_family(redis_url):
         pit = answer["per_step"][0]["pit"]
         assert 0.2 < pit[0] < 0.8 and pit[1] > 0.999, (method, pit)  # 25 is ~ 30 sd of exp(x/2) above 0
         assert answer["summary"]["pit_flagged"] is True
+
+
+def test_the_summary_keeps_the_latest_observed_steps_values_past_steps_without_a_measurement(redis_url):
+    """A request whose last step has no measurement (``null``), and one of such steps alone, leave the summary's
+    ``pit`` at the latest observed step (docs/API.md), for an exact and a Monte Carlo method (the summary once took
+    the request's last step: none after one request, an older request's values after several)."""
+
+    async def body(app, client):
+        out = {}
+        for method in ("kalman", "smc"):
+            spec = {"model": MODEL, "prior": PRIOR, "method": method, "num_particles": 64, "seed": 3}
+            sid = (await client.post("/v1/streams", json=spec)).json()["stream_id"]
+            r = await client.post(f"/v1/streams/{sid}/observations", json={"observations": [*OBS, None]})
+            assert r.status_code == 200, r.text
+            r2 = await client.post(f"/v1/streams/{sid}/observations", json={"observations": [None, None]})
+            assert r2.status_code == 200, r2.text
+            doc = (await client.get(f"/v1/streams/{sid}")).json()
+            out[method] = r.json(), r2.json()["summary"], doc["summary"]
+        return out
+
+    for method, (answer, later, now) in run(redis_url, body).items():
+        third = answer["per_step"][2]["pit"]
+        assert answer["summary"]["pit_step"] == 3 and answer["summary"]["pit"] == third, (method, answer["summary"])
+        assert answer["summary"]["pit_flagged"] is True and third[0] > 0.99, method
+        for summary in (later, now):
+            assert (summary["pit_step"], summary["pit"], summary["pit_flagged"]) == (3, third, True), (method, summary)

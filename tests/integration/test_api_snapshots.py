@@ -1,7 +1,8 @@
 """Stream snapshots through the HTTP API (issue 19): ``GET /v1/streams/{id}/export`` and ``POST /v1/streams:import``,
 against uvicorn in a thread and a real Redis.
 
-* Export → import → the same 20 observations on both streams: byte-identical stored states, for every method.
+* Export → import → the same 20 observations on both streams: byte-identical stored states and the same stream
+  document (the stream's ``pit_alert`` kept), for every method.
 * Corrupted snapshots (property-based: truncated, bytes flipped, another format version, another operator hash with
   a valid checksum, an oversized stream or body) are refused with a 4xx and create nothing.
 * Tenant B can neither export tenant A's stream nor see what it imported.
@@ -90,7 +91,7 @@ def make_stream(c: httpx.Client, method: str, n: int = 64, **extra) -> str:
 def test_export_import_continues_byte_identically(server, redis_url, method):
     url, prefix = server
     with client(url) as c:
-        sid = make_stream(c, method)
+        sid = make_stream(c, method, pit_alert=0.05)  # not the default level: the copy must keep it
         r = c.get(f"/v1/streams/{sid}/export")
         assert r.status_code == 200 and r.headers["content-type"] == MEDIA_TYPE
         snapshot = r.content
@@ -107,6 +108,8 @@ def test_export_import_continues_byte_identically(server, redis_url, method):
             r = c.post(f"/v1/streams/{target}/observations", json={"observations": OBS, "seq": 6})
             assert r.status_code == 200, r.text
         assert stored_state(redis_url, prefix, "alpha", sid) == stored_state(redis_url, prefix, "alpha", f"{sid}-copy")
+        summaries = [c.get(f"/v1/streams/{target}").json()["summary"] for target in (sid, f"{sid}-copy")]
+        assert summaries[0] == summaries[1] and summaries[1]["pit_alert"] == 0.05 and summaries[1]["pit_step"] == 25
         # without a stream_id: a new id
         r = c.post("/v1/streams:import", content=snapshot, headers={"content-type": MEDIA_TYPE})
         assert r.status_code == 201 and r.json()["stream_id"] not in (sid, f"{sid}-copy")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.harness.cluster import cluster_binaries
-from tests.harness.cluster_faults import DOWN_S, FAULTS, Context, primary_kill, run_case
+from tests.harness.cluster_faults import DOWN_S, FAULTS, Ack, Context, classify, primary_kill, run_case
 
 pytestmark = pytest.mark.skipif(cluster_binaries() is None, reason="needs redis-server >= 7 and redis-cli")
 
@@ -69,3 +69,16 @@ def test_a_replica_starved_of_cpu_is_read_again_not_counted_as_missing(tmp_path,
     r = run_case("primary_kill_then_starved", wait=1, replicas=1, full_coverage=False, base_dir=tmp_path)
     assert r["acks_without_promised_replicas"] == 0, r["short_examples"]
     assert r["acks_while_struck"] == 0, r
+
+
+def test_a_doubtful_node_excuses_only_the_copy_it_may_have_held():
+    """With ``WAIT 1`` (two copies promised): a primary killed while the acknowledgment was read may have held one
+    copy — with the replica's, unverifiable —, but a live replica that lacks the step is short whatever happened to
+    the primary (the check once called that unverifiable too)."""
+    ack = Ack("s", 1, duplicate=False, retry=False, sent=0.0, at=0.1)
+    cases = [((2, 0), "kept"), ((1, 1), "unverifiable"), ((0, 1), "short"), ((0, 2), "unverifiable"), ((1, 0), "short")]
+    for (holders, doubtful), kind in cases:
+        ack.holders, ack.doubtful = holders, doubtful
+        assert classify(ack, wait=1) == kind, (holders, doubtful)
+    ack.holders, ack.doubtful = 0, 1
+    assert classify(ack, wait=0) == "unverifiable"

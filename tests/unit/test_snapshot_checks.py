@@ -124,6 +124,40 @@ def test_an_operator_domain_of_another_shape_is_refused(domain):
     assert _refusal(checks.check_domain, domain).startswith("snapshot: stream.operator_domain:")
 
 
+PIT = {"step": 5, "pit_alert": 0.05, "pit": [0.31, None], "pit_step": 4}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"pit_alert": 1.0}, "stream.pit_alert"),
+        ({"pit_alert": 0}, "stream.pit_alert"),
+        ({"pit_alert": True}, "stream.pit_alert"),
+        ({"pit_step": None}, "stream.pit_step"),
+        ({"pit_step": 6}, "stream.pit_step"),
+        ({"pit_step": 0}, "stream.pit_step"),
+        ({"pit": None}, "stream.pit"),
+        ({"pit": [0.5]}, "stream.pit"),
+        ({"pit": [0.5, 0.5, 0.5]}, "stream.pit"),
+        ({"pit": [0.5, 1.01]}, "stream.pit"),
+        ({"pit": [-1e-9, 0.5]}, "stream.pit"),
+        ({"pit": [0.5, "0.5"]}, "stream.pit"),
+        ({"pit": {"0": 0.5, "1": 0.5}}, "stream.pit"),
+    ],
+)
+def test_predictive_p_values_out_of_shape_are_refused_naming_the_field(changes, field):
+    """A stream's ``pit_alert`` in (0, 1), and its latest p-values: both null, or one probability (or null) per entry
+    of the family's observation at a step from 1 to the stream's."""
+    model = make_model("linear_gaussian", {}, 2)
+    for genuine in ({**PIT, "pit": [0.0, 1.0]}, {**PIT, "pit": None, "pit_step": None, "pit_alert": None}):
+        checks.check_pit({**DESCRIPTION, **genuine}, model)
+    logistic = make_model("logistic", {}, 2)  # M labels a step, as many p-values
+    checks.check_pit({**DESCRIPTION, **PIT, "pit": [0.2] * 7}, logistic)
+    assert _refusal(checks.check_pit, {**DESCRIPTION, **PIT, "pit": []}, logistic).startswith("snapshot: stream.pit:")
+    message = _refusal(checks.check_pit, {**DESCRIPTION, **PIT, **changes}, model)
+    assert message.startswith(f"snapshot: {field}:"), message
+
+
 def _state():
     model = make_model("linear_gaussian", {}, 2)
     return get_updater("gpf").init(prior_from_spec(PRIORS["gaussian"], 2), model, 16, 1)
