@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 from mpflow.operators import evidence, gaussian
 from mpflow.operators.rng import Generators, side_streams
+from mpflow.operators.smoothing.backward_simulation import KERNEL_TERM_FLOPS
 
 #: the share α of the draws from the flowed cloud's (inflated) Gaussian; the rest come from the predictive's fit
 POSTERIOR_SHARE = 0.75
@@ -57,11 +58,15 @@ SIDE_STREAM_TAG = 0x45564944  # "EVID"
 def work(model, n: int) -> tuple[float, float]:
     """(flops, peak bytes) of one stream's estimate for a cloud of ``n`` (the cost model,
     :meth:`~mpflow.operators.updaters.base.Updater.step_work`): M × K pairs of draws and components (M ≤
-    :data:`MAX_DRAWS`, K ≤ :data:`MAX_COMPONENTS`), each a d-term product and an exponential in the log-sum (about
-    2 d + 20 flops), K transition means, M likelihoods and the two proposal densities; the [M, K] log-densities
-    in float64, twice (the pairs and their weighted sum)."""
+    :data:`MAX_DRAWS`, K ≤ :data:`MAX_COMPONENTS`), each a transition log-density in the log-sum priced as the
+    smoothers' kernel term (:data:`~mpflow.operators.smoothing.backward_simulation.KERNEL_TERM_FLOPS`: about
+    2 d + 20 are counted, the rest is memory traffic over the [M, K] pairs; it was priced 2 d + 20, which
+    ``benchmarks/price_audit.py`` measured at an eighth of its time at N = 1024, d = 8; its own fit there was 260
+    to 456 at 25 Gflop/s in four runs on 2026-11-28, about the kernel term's 330), K transition means,
+    M likelihoods and the two proposal densities; the [M, K] log-densities in float64, twice (the pairs and their
+    weighted sum)."""
     d, m, k = model.state_dim, min(n, MAX_DRAWS), min(n, MAX_COMPONENTS)
-    flops = m * k * (2.0 * d + 20.0) + k * model.transition_flops() + m * (model.likelihood_flops() + 8.0 * d * d)
+    flops = m * k * KERNEL_TERM_FLOPS + k * model.transition_flops() + m * (model.likelihood_flops() + 8.0 * d * d)
     return flops, 16.0 * m * k
 
 

@@ -63,12 +63,20 @@ AFFINE_TOLERANCE = 1e-4
 DEFENSIVE_EVERY = 2
 
 
+#: floating-point operations' worth of one pair of a point and a component of :func:`mixture_log_density` (a
+#: product, a sum and an exponential in the float32 log-sum: about 24 counted) — measured, not counted, as
+#: :data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS` is: ``benchmarks/price_audit.py`` fits it from the
+#: marginal ``mpf`` step of ``stochastic_volatility`` d = 1 at N = 7094 (the largest the defaults accepted at 24:
+#: 0.57 to 0.83 s CPU, priced at an eighth of that), 131 to 204 at 25 Gflop/s in four runs on 2026-11-28
+PAIR_FLOPS = 180.0
+
+
 def work(d: int, n: int) -> tuple[float, float]:
     """(flops, peak bytes) of one stream's weights (the cost model): per dimension 2 n² pairs of a point and a
-    component (the mixture density at the weighted points and at their pre-images), each a few products and an
-    exponential in the log-sum (about 24 flops), and the sorts of the points and the cloud (20 n log₂ n each); the
-    [2n, n] log-densities of every dimension in float32 (:func:`mixture_log_density`)."""
-    flops = d * (2.0 * n * n * 24.0 + 2.0 * 20.0 * n * math.log2(max(n, 2)))
+    component (the mixture density at the weighted points and at their pre-images), :data:`PAIR_FLOPS` each, and
+    the sorts of the points and the cloud (20 n log₂ n each); the [2n, n] log-densities of every dimension in
+    float32 (:func:`mixture_log_density`)."""
+    flops = d * (2.0 * n * n * PAIR_FLOPS + 2.0 * 20.0 * n * math.log2(max(n, 2)))
     return flops, 2.0 * 4.0 * d * n * n
 
 

@@ -60,13 +60,14 @@ MH_MOVES = 16
 #: draw (a binary search of the cumulative weights), a uniform, the comparison, the gathers and its share of each
 #: round's fixed costs. Measured, not counted (about 60 are counted): the work is memory-bound, so a proposal is
 #: priced at the time it takes in an ``smc`` step's operations. ``benchmarks/smoothing_price.py`` (one thread, the
-#: worst case of a read at N = 4096, L = 100: every proposal rejected) fitted 2469 on 2026-11-27 (load 0.9) and,
-#: from CPU times under a load of 3.6 to 4.3, 2004, 2380 and 2462 on 2026-11-28; rounded up. With the exact
-#: fall-backs priced at :data:`KERNEL_TERM_FLOPS` (they were at 2 d + 20 a term) the fit of a load of 1.2 to 2.4
-#: ranged 1836 to 3470 in six runs on 2026-11-28 (the step's CPU time 0.06 to 0.11 s), kept. At this price the
-#: largest window the defaults accept at L = 100 (N = 1767) reads, worst case, in 1.00 and 0.84 of the time its
-#: budget buys at the step's rate of the run (two runs; 0.79 to 1.51 in four at N = 1791)
-PROPOSAL_FLOPS = 2500.0
+#: worst case of a read at N = 4096, L = 100: every proposal rejected) fitted 1836 to 3470 against the step's rate
+#: of the moment in six runs of 2026-11-28 (then 2500, kept), and over a longer series the same day (``--repeats 5``,
+#: the step timed 25 times) 3283, 4194 and 6712: the read's CPU time went from 3.05 to 4.83 s and the step's rate
+#: from 14.7 to 52 Gflop/s (CPU) with the other jobs of the shared cores. At 25 Gflop/s, the rate the cost model's
+#: measured constants are set at (:data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS`), the five reads
+#: give 3435, 4078, 4151, 5647 and 5696: the largest, rounded up. The largest window the defaults then accept at
+#: L = 100 is N = 847 (1767 at 2500, whose worst-case read took 1.3 to 2.8 times the time its budget buys)
+PROPOSAL_FLOPS = 5700.0
 #: floating-point operations' worth of one kernel term log K_ij of an exact backward reweighting (FFBSm's N² per
 #: step, an exact fall-back's N per draw) with its share of the log-sum-exps and sums over it. Measured, not counted
 #: (about 2 d + 20 are counted; the rest is memory traffic over the N × 512 blocks), like :data:`PROPOSAL_FLOPS`:

@@ -97,6 +97,37 @@ class Prediction(NamedTuple):
 #: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
 #: per-stream ``randn`` of n × d costs about as much as 30 n d multiply-adds)
 RANDN_FLOPS = 30.0
+#: The constants below are measured, not counted: the work they price is memory-bound, so it is priced at the time
+#: it takes in an ``smc`` step's operations (the reference step of ``benchmarks/smoothing_price.py``: ``lds``
+#: d = 64, N = 16384). ``benchmarks/price_audit.py`` fits each from one row — the CPU time of the work at the
+#: largest N the default limits accept — at 25 Gflop/s (CPU), the loaded side of the 16 to 83 Gflop/s the
+#: reference step ran at on 2026-11-28 as the other jobs of the shared cores came and went (the memory-bound rows'
+#: times moved a few percent; a fit against the step's rate of the moment moves with that rate). Each is set from
+#: the runs' fits at that rate, rounded up; docs/benchmarks.md "What each method costs against its price".
+#:
+#: one particle's share of a particle step beyond its counted arithmetic — the cloud's float64 copies, the weights'
+#: log-sum-exp and ESS, resampling's gathers: fitted from ``smc`` on ``lds`` d = 1, N = 65536 (``qmc: false``;
+#: about 400 flops a particle counted), 1200 to 5500 in five runs (a step of 0.02 s: the fit is noisy). Without it
+#: ``smc``'s step at d = 1 was priced at a twentieth of its time, ``smc2``'s at a thirtieth
+PARTICLE_STEP_FLOPS = 6000.0
+#: one number of a weighted quantile's pass (:func:`batch_weighted_quantiles` of the service's summaries and
+#: forecasts: the sort along the particles — a strided dimension — the cumulative weights, the search and the
+#: gathers) per log₂ N: fitted from a one-step forecast of ``enkf`` on ``lorenz96`` d = 40, N = 65536 (the
+#: quantiles of 80 columns, 0.8 to 1.1 s CPU), 225 to 311 in five runs: kept at 250, at which a stream of
+#: N = 65536, d = 64 is still accepted (every row of the audit at 0.53 or more of its price's time). It was 20: a
+#: summary of d = 64, N = 16384 took 2.7 times its step's time, and forecasts 5 to 15 times what their price bought
+QUANTILE_FLOPS = 250.0
+#: one entry of a predictive p-value per particle, beyond the likelihood's counted work (the family's conditional
+#: CDF — an erf of a standardised residual — and the weighted sum over the cloud): fitted from ``enkf``'s p-values on
+#: ``lds`` d = 64 at the largest N the defaults accept (a second predict of the cloud and 64 CDFs a particle),
+#: 491 to 934 in four runs; they were priced at a likelihood's 2 d + 10 an entry, the CDFs alone take 30 ns an
+#: entry here (``lorenz96``: 20)
+CDF_FLOPS = 1000.0
+#: one horizon of a forecast besides its particles' work — the transition's and the draws' calls, the moments' and
+#: the quantiles' calls (:func:`particle_predictive` and the answer): fitted from 1000 horizons of ``nvgd`` on
+#: ``lds`` d = 8 at N = 376 (0.5 to 0.8 s CPU), −1.0e6 to 7.6e6 in five runs (3.2e6 in the last, where that row's
+#: forecast took 1.2 times what its price bought)
+HORIZON_FLOPS = 2e6
 
 
 #: the capabilities a method publishes (:meth:`Updater.capabilities_with`), each with what it means (the API schema
@@ -527,36 +558,43 @@ class Updater:
         entries (None: the family's observation size). The default is a particle method's (``smc``): every
         particle's transition and likelihood (:meth:`ModelFamily.particle_flops`), the cloud's moments and a
         Liu–West move (a few n d², a d³ factorisation), n d normal draws (:data:`RANDN_FLOPS` each), the step's
-        model (:meth:`ModelFamily.step_model_flops`); about eight float64 copies of the cloud and two of its
-        predicted observations. Methods whose work grows otherwise (iterations, pairs of particles, d³ algebra)
-        override it."""
+        model (:meth:`ModelFamily.step_model_flops`) and each particle's memory-bound share
+        (:data:`PARTICLE_STEP_FLOPS`); about eight float64 copies of the cloud and two of its predicted
+        observations. Methods whose work grows otherwise (iterations, pairs of particles, d³ algebra) override it."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
-        flops = n * (model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d) + 10.0 * d**3
+        per = model.particle_flops(dt, k) + 6.0 * d * d + RANDN_FLOPS * d + PARTICLE_STEP_FLOPS
+        flops = n * per + 10.0 * d**3
         return StepWork(flops + model.step_fixed_flops(dt), 8.0 * n * (8 * d + 2 * k) + 80.0 * d * d)
 
     def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """:meth:`pit` of one observed step: the family's conditional CDF of each of the ``k`` entries per particle
-        (about a likelihood's work, :meth:`ModelFamily.likelihood_flops`) and its [n, k] values in float64; a
-        method that does not predict once (:meth:`predicts_once`) also predicts the ``n`` particles a second time
-        (every particle's transition, all its sub-steps, and its n d draws) and holds that cloud."""
+        (about a likelihood's work, :meth:`ModelFamily.likelihood_flops`, and :data:`CDF_FLOPS` an entry) and its
+        [n, k] values in float64; a method that does not predict once (:meth:`predicts_once`) also predicts the
+        ``n`` particles a second time (every particle's transition, all its sub-steps, its n d draws and its
+        memory-bound share, :data:`PARTICLE_STEP_FLOPS`) and holds that cloud."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
+        cdf = model.likelihood_flops(k) + CDF_FLOPS * k
         if self.predicts_once():
-            return StepWork(n * model.likelihood_flops(k), 8.0 * n * k)
-        flops = n * (model.particle_flops(dt, k) + RANDN_FLOPS * d) + model.step_fixed_flops(dt)
+            return StepWork(n * cdf, 8.0 * n * k)
+        per = model.transition_flops() * model.integration_substeps(dt) + cdf + RANDN_FLOPS * d + PARTICLE_STEP_FLOPS
+        flops = n * per + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * n * (2 * d + k))
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """:meth:`forecast` by propagation: per horizon every particle's transition (all its sub-steps) and one
-        draw of its observation (2 d k + 2 k²), the weighted moments (2 (d² + k²)) and quantiles (a sort); every
-        horizon's cloud is kept in float64 — k × n × (d + o) — and the quantiles' sort copies it about five
-        times more."""
+        draw of its observation (2 d k + 2 k²), the weighted moments (2 (d² + k²)) and quantiles (a sort,
+        :data:`QUANTILE_FLOPS` a number per log₂ n) and each horizon's calls (:data:`HORIZON_FLOPS`); every
+        horizon's cloud is kept in float64 — k × n × (d + o) — and the quantiles' sort copies it about five times
+        more."""
         d, k = model.state_dim, model.observation_size()
-        sort = 20.0 * (d + k) * math.log2(max(n, 2))
+        sort = QUANTILE_FLOPS * (d + k) * math.log2(max(n, 2))
         per = model.transition_flops() * model.integration_substeps(dt) + 2.0 * d * k + 2.0 * k * k
         per += 2.0 * (d * d + k * k) + sort
-        fixed = model.step_model_flops() + steps * (model.step_fixed_flops(dt) - model.step_model_flops())
+        fixed = model.step_model_flops() + steps * (
+            model.step_fixed_flops(dt) - model.step_model_flops() + HORIZON_FLOPS
+        )
         return StepWork(steps * n * per + fixed, 8.0 * 6 * steps * n * (d + k))
 
     # ------------------------------------------------------------------ forecasts

@@ -19,8 +19,16 @@ from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.exact_kalman import kalman_predict
 from mpflow.operators.rng import Generators, randn
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
+from mpflow.operators.updaters.base import CDF_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive, gaussian_predictive
+
+#: floating-point operations' worth of one float64 normal draw of a Gaussian state's fresh particles (torch's
+#: float64 ``randn`` from a stream's generator and the copy around it) — measured, not counted, as
+#: :data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS` is: ``benchmarks/price_audit.py`` fits it from
+#: ``kalman``'s p-values on ``lds`` d = 128 at N = 37849 (a second predict and N d draws: 0.16 s CPU, priced at a
+#: quarter to a half of that at :data:`~mpflow.operators.updaters.base.RANDN_FLOPS`' 30 a draw), 488 to 1072 at
+#: 25 Gflop/s in three runs on 2026-11-28
+DRAW_FLOPS = 1100.0
 
 
 class KalmanUpdater(Updater):
@@ -77,17 +85,23 @@ class KalmanUpdater(Updater):
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """The Kalman predict and update in float64 (products and factorisations of d × d and k × k: about
-        30 d³ + 20 d² k + 10 k³) and n fresh draws of the Gaussian (n d normal draws and 2 n d²)."""
+        30 d³ + 20 d² k + 10 k³) and n fresh draws of the Gaussian (n d float64 normal draws,
+        :data:`DRAW_FLOPS` each, and 2 n d²)."""
         d = model.state_dim
         k = model.observation_size() if k is None else k
-        draws = n * d * (RANDN_FLOPS + 2.0 * d)
+        draws = n * d * (DRAW_FLOPS + 2.0 * d)
         flops = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + draws + model.step_fixed_flops(dt)
         return StepWork(flops, 8.0 * (3 * n * d + 20 * (d + k) ** 2))
 
     def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
-        """The closed-form p-values: a second Kalman predict (the particles it redraws included), as
-        :meth:`step_work`."""
-        return self.step_work(model, n, dt, k)
+        """The p-values: a second predict (the particles it redraws included), as :meth:`step_work`, and — where the
+        family's predictive is not the closed-form Gaussian (``ukf`` on a nonlinear family) — each redrawn
+        particle's conditional CDF of the k entries (its likelihood's work and :data:`CDF_FLOPS` an entry)."""
+        work = self.step_work(model, n, dt, k)
+        if model.linear_gaussian:
+            return work
+        k = model.observation_size() if k is None else k
+        return StepWork(work.flops + n * (model.likelihood_flops(k) + CDF_FLOPS * k), work.bytes + 8.0 * n * k)
 
     def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
         """The exact predictive: per horizon a Kalman predict and the observation's moments (d × d and k × k

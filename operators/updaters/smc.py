@@ -144,7 +144,7 @@ class SMCUpdater(Updater):
     smoother = ParticleSmoother()
     #: the smoothed means' worst of 16 runs at N = 4096 (backward simulation) was 0.112 sd from the exact smoother's,
     #: mean 0.066; 0.260 at 1024 and 0.626 at 256 (``benchmarks/smoothing.py``, docs/benchmarks.md); lowered where
-    #: the stream's requests would be over the cost budgets (at the defaults, d = 2: 1767 at L = 100; a static family's,
+    #: the stream's requests would be over the cost budgets (at the defaults, d = 2: 847 at L = 100; a static family's,
     #: smoothed by its genealogy, keeps 4096)
     smoothing_particles = 4096
 

@@ -311,6 +311,12 @@ class SMC2Updater(Updater):
         params = sum(v[0].numel() for v in model.params.values())
         return StepWork(base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params))
 
+    def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
+        """:meth:`Updater.forecast_work`, plus per horizon and pair its own transition under its own θ
+        (:data:`PAIR_FORECAST_FLOPS`: the pairs are moved as n one-row models, a generator's call each)."""
+        base = super().forecast_work(model, n, steps, dt)
+        return StepWork(base.flops + steps * n * PAIR_FORECAST_FLOPS, base.bytes)
+
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
         """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring)."""
@@ -324,6 +330,15 @@ class SMC2Updater(Updater):
         )
         x = state.particles.reshape(N, 1, d)
         return particle_predictive(x.transpose(0, 1), state.log_weights, _PerParticle(per_pair), steps, gen)
+
+
+#: floating-point operations' worth of moving one (θ, x) pair one horizon of a forecast under its own θ
+#: (:meth:`SMC2Updater.forecast`: a one-row model and a ``randn`` call per pair, a Python loop over the pairs) —
+#: measured, not counted, as :data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS` is: ``benchmarks/
+#: price_audit.py`` fits it from ``smc2`` on ``lds`` d = 1 at N = 65536 (63 horizons took 19.4 to 19.8 s CPU,
+#: priced 2.7e9 — a hundredth of their time: the cost model accepted them), 103000 to 131000 at 25 Gflop/s in
+#: three runs on 2026-11-28
+PAIR_FORECAST_FLOPS = 120000.0
 
 
 def _rows(gens: Generators) -> list:

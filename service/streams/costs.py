@@ -30,6 +30,7 @@ from typing import Any
 from mpflow.operators.models.base import ModelFamily, check_dt, subfield
 from mpflow.operators.models.priors import Prior
 from mpflow.operators.updaters import Updater
+from mpflow.operators.updaters.base import QUANTILE_FLOPS
 from mpflow.service.engine.summary import QUANTILES
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.settings import Settings
@@ -97,9 +98,10 @@ class Budget:
 
 def summary_cost(n: int, d: int) -> Cost:
     """A summary of n particles in d dimensions (:mod:`mpflow.service.engine.summary`): weighted moments (2 n d²), the
-    quantiles' sort (about 20 n d log₂ n, five float64 copies of the cloud) and its JSON (d² + 7 d numbers)."""
+    quantiles' sort (:data:`~mpflow.operators.updaters.base.QUANTILE_FLOPS` n d log₂ n, five float64 copies of the
+    cloud) and its JSON (d² + 7 d numbers)."""
     numbers = d * d + SUMMARY_NUMBERS_PER_DIM * d
-    flops = 2.0 * n * d * d + 20.0 * n * d * math.log2(max(n, 2)) + JSON_FLOPS_PER_NUMBER * numbers
+    flops = 2.0 * n * d * d + QUANTILE_FLOPS * n * d * math.log2(max(n, 2)) + JSON_FLOPS_PER_NUMBER * numbers
     return Cost(flops, 8.0 * 5 * n * d + JSON_BYTES_PER_NUMBER * numbers)
 
 

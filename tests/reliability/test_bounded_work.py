@@ -13,7 +13,12 @@ Redis, the default limits):
   cost model accepted an ``smc`` window of L = 100 steps of N = 35945 particles, whose read takes tens of seconds
   on a loaded core (docs/benchmarks.md "What a read costs against its price"), past the 30 s worker deadline;
   priced as measured, that stream's creation is refused (413 naming ``smoothing_lag``, nothing created), and the
-  largest window now accepted (at L = 10, to keep the test short) answers its read 200 within the deadline.
+  largest window now accepted (at L = 10, to keep the test short) answers its read 200 within the deadline;
+* an ``smc2`` forecast priced at its real work: each (θ, x) pair is moved a horizon as a one-row model, about 80000
+  floating-point operations' worth (``benchmarks/price_audit.py``), where it was priced as a particle filter's
+  forecast — a hundredth of its time. At that price the cost model accepted 63 horizons at N = 65536 (about 20 s of
+  CPU, against the 30 s worker deadline on a core of its own); priced as measured they are refused (413 naming
+  ``steps``), and the largest forecast now accepted answers within a third of the deadline.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mpflow.operators.models import make_model
 from mpflow.operators.smoothing import backward_simulation
+from mpflow.operators.updaters import base, get_updater, smc2
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from websockets.sync.client import connect
@@ -233,4 +240,48 @@ def test_a_smoothing_window_is_priced_at_its_reads_work(monkeypatch, client):
     assert r.status_code == 200, r.text
     assert [s["step"] for s in r.json()["steps"]] == list(range(6, 16))
     assert seconds < DEFAULTS.worker_deadline_seconds, f"the largest window's read took {seconds:.1f} s"
+    other_stream_updates(client)
+
+
+#: an ``smc2`` stream learning R of a 1-D ``lds`` (log R ~ N(0, 1)) at N = 65536: M = 256 θ-particles of 256 states
+SMC2_PARAMS = {"A": [[0.9]], "B": [[1.0]], "R": {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}}
+SMC2_N = 65536
+
+
+def smc2_forecast_steps() -> int:
+    """The most horizons of a forecast of the ``smc2`` stream the cost model accepts (at most the server's limit)."""
+    model = make_model("lds", SMC2_PARAMS, 1)
+    updater = get_updater("smc2", **DEFAULTS.method_options.get("smc2", {}))
+    return costs.largest(
+        DEFAULTS,
+        DEFAULTS.max_forecast_steps,
+        lambda k: costs.forecast_cost(model, updater, SMC2_N, k, 1.0, 0),
+    )
+
+
+def test_an_smc2_forecast_is_priced_at_its_work(monkeypatch, client):
+    with monkeypatch.context() as m:  # the forecast the earlier price (a particle filter's) accepted
+        m.setattr(smc2, "PAIR_FORECAST_FLOPS", 0.0)
+        m.setattr(base, "QUANTILE_FLOPS", 20.0)
+        old = smc2_forecast_steps()
+    assert old == 63
+    body = {
+        "model": {"family": "lds", "params": SMC2_PARAMS},
+        "prior": {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]},
+        "method": "smc2",
+        "num_particles": SMC2_N,
+        "seed": 6,
+    }
+    sid = create(client, body)
+    r = client.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.3], [-0.1]]})
+    assert r.status_code == 200, r.text
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": old})
+    message = refused(r, seconds, "steps", "MPFLOW_MAX_REQUEST_FLOPS")
+    now = smc2_forecast_steps()
+    assert 1 <= now < old and f"at most {now} here" in message, message
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": now})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["forecast"]) == now
+    assert seconds < DEFAULTS.worker_deadline_seconds / 3, f"the largest forecast took {seconds:.1f} s"
+    assert client.delete(f"/v1/streams/{sid}").status_code == 204
     other_stream_updates(client)

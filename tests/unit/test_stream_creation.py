@@ -50,9 +50,9 @@ def test_prepare_builds_the_model_once(monkeypatch, method):
 
 def test_the_smoothing_default_fits_the_streams_creation_and_steps():
     """A Lorenz-96 stream (:data:`L96`) keeping 5 steps: at N = 4096 its creation (its first step included) is over
-    a budget of 5e9 operations while its window and ``/smoothed`` are not; the default N is lowered to fit all of
+    a budget of 6.5e9 operations while its window and ``/smoothed`` are not; the default N is lowered to fit all of
     them, so the stream is created."""
-    settings, methods = setup(max_request_flops=5e9)
+    settings, methods = setup(max_request_flops=6.5e9)
     model = make_model("lorenz96", L96["params"], L96_D)
     updater, prior = get_updater("smc"), prior_from_spec(L96_PRIOR)
     assert costs.share(settings, costs.creation_cost(model, updater, prior, 4096)) > 1
