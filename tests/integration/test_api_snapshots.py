@@ -36,9 +36,9 @@ OBS[4], OBS[9] = None, [None, 0.3]
 MAX_PARTICLES = 512
 #: the server's snapshot key: the forger of these tests holds it (the validation of every field is what is tested)
 SNAPSHOT_KEY = "k" * 40
-#: gpf's and nvgd's iterations shortened (``SHORT_SOLVERS``): at their defaults a request takes 2 gpf steps and no nvgd
-#: step (nvgd's 60 × 20 network steps cost ~1 s a step whatever N); these tests send 5 and 20 steps a request and are
-#: about what a snapshot carries, not the solvers' convergence
+#: gpf's and nvgd's iterations shortened (``SHORT_SOLVERS``): at their defaults a request takes 2 gpf steps and one
+#: nvgd step (nvgd's 50 × 10 network steps cost up to ~1 s a step whatever N); these tests send 5 and 20 steps a
+#: request and are about what a snapshot carries, not the solvers' convergence
 METHOD_OPTIONS = SHORT_SOLVERS
 
 
