@@ -28,13 +28,19 @@ against :meth:`Updater.pit`, for a method that predicts them apart (:meth:`Updat
 in their update). Times: the median of ``--repeats`` CPU times (:func:`time.process_time`, one thread: the time
 other jobs of the shared cores held it left out), at batch 1.
 
+The iterative solvers' rows at N = 16 (``gpf``, ``svgd``, ``nvgd``; and with ``tol`` 0, the worst case their price
+bounds) record the iterations each step ran (:attr:`Measured.ran`): their price is that of ``max_iters``, their time
+that of the iterations run, and their constants per iteration are fitted against the price of those.
+
 Then the fits (:data:`FITS`): each measured constant of the cost model from its row — the value at which the row's
 price buys its CPU time, the rest of the price as it is — at the row's reference rate and at
 :data:`NOMINAL_RATE`, the rate the constants are set at. ``--prices before`` runs the same with the prices as they
 were before this audit (:data:`BEFORE`). Writes ``benchmarks/results/price_audit.json`` (``price_audit-before``)
 and a bar chart of the ratios (log scale), ``price_audit.png``.
 
-    python -m benchmarks.price_audit [--repeats 3] [--only LABEL ...] [--prices before]
+``--merge`` (with ``--only``) replaces the rows and fits it measured in the existing JSON and keeps the others.
+
+    python -m benchmarks.price_audit [--repeats 3] [--only LABEL ...] [--prices before] [--merge]
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +65,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import marginal
 from mpflow.operators.rng import generator
-from mpflow.operators.updaters import Updater, base, enkf, get_updater, kalman, smc2
+from mpflow.operators.updaters import Updater, base, enkf, get_updater, gpf, kalman, nvgd, smc2, svgd
 from mpflow.service.engine.summary import summary
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -124,6 +132,16 @@ ROWS = (
     Row("gpf lds d=8", "lds", lds(8), 8, "gpf"),
     Row("svgd lds d=8", "lds", lds(8), 8, "svgd"),
     Row("nvgd lds d=8", "lds", lds(8), 8, "nvgd"),
+    # small N, where an iterative solver's time is its iterations' fixed cost (Python, the tensor operations'
+    # launches): the rows its constants are fitted from (:data:`FITS`, by the iterations each step ran)
+    Row("gpf lds d=2 N=16", "lds", lds(2), 2, "gpf", {}, 16, False),
+    Row("svgd lds d=2 N=16", "lds", lds(2), 2, "svgd", {}, 16, False),
+    Row("nvgd lds d=2 N=16", "lds", lds(2), 2, "nvgd", {}, 16, False),
+    # the worst case the price bounds, ``max_iters`` iterations (the solver never converges: tol 0; gpf's stall
+    # test may still stop it), and nvgd's outer iterations with 2 Adam steps each (its ITERATION_FLOPS)
+    Row("gpf lds d=2 N=16 tol=0", "lds", lds(2), 2, "gpf", {"tol": 0.0}, 16, False),
+    Row("svgd lds d=2 N=16 tol=0", "lds", lds(2), 2, "svgd", {"tol": 0.0}, 16, False),
+    Row("nvgd lds d=2 N=16 inner_steps=2 tol=0", "lds", lds(2), 2, "nvgd", {"inner_steps": 2, "tol": 0.0}, 16, False),
 )
 
 
@@ -174,6 +192,12 @@ class Measured:
     steps: int = 1
     #: the reference step's priced flops per CPU second, measured just before this row's stream
     rate: float = 0.0
+    #: an iterative solver's update: the mean over the repeats of its CPU seconds, of the solver loop's passes (the
+    #: iterations it moved the particles in and the pass that found it converged, at most ``max_iters``) and of its
+    #: inner steps (``nvgd``'s Adam steps; 0 for the others), and the price of those (:func:`ran_price`) — its
+    #: price is that of ``max_iters``, an upper bound
+    ran: tuple[float, float, float] | None = None
+    ran_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -186,12 +210,16 @@ class Fit:
     label: str
     work: str
     terms: Callable[[Measured], float]
+    #: fitted from the iterations the solver ran: the row's mean CPU time against the price of those iterations
+    #: (:attr:`Measured.ran`), not the median against the price of ``max_iters``
+    ran: bool = False
 
     def fitted(self, m: Measured, rate: float | None = None) -> float:
         """The constant at which the row's price buys its CPU time at ``rate`` (None: its reference step's), the
         rest of its price as it is: (t · r − (F − terms · value)) / terms."""
         count = self.terms(m)
-        return (m.time.cpu * (rate or m.rate) - (m.flops - count * self.value())) / count
+        t, flops = (m.ran[0], m.ran_flops) if self.ran else (m.time.cpu, m.flops)
+        return (t * (rate or m.rate) - (flops - count * self.value())) / count
 
 
 def _log2(n: int) -> float:
@@ -238,6 +266,17 @@ FITS = (
         lambda m: m.n * m.stream.model.state_dim,
     ),
     Fit("base.HORIZON_FLOPS", lambda: base.HORIZON_FLOPS, "nvgd lds d=8", "forecast", lambda m: m.steps),
+    Fit("gpf.ITERATION_FLOPS", lambda: gpf.ITERATION_FLOPS, "gpf lds d=2 N=16", "update", lambda m: m.ran[1], True),
+    Fit("svgd.ITERATION_FLOPS", lambda: svgd.ITERATION_FLOPS, "svgd lds d=2 N=16", "update", lambda m: m.ran[1], True),
+    Fit("nvgd.ADAM_STEP_FLOPS", lambda: nvgd.ADAM_STEP_FLOPS, "nvgd lds d=2 N=16", "update", lambda m: m.ran[2], True),
+    Fit(
+        "nvgd.ITERATION_FLOPS",
+        lambda: nvgd.ITERATION_FLOPS,
+        "nvgd lds d=2 N=16 inner_steps=2 tol=0",
+        "update",
+        lambda m: m.ran[1],
+        True,
+    ),
 )
 
 
@@ -256,6 +295,11 @@ BEFORE = (
     (smc2, "PAIR_FORECAST_FLOPS", 0.0),
     (marginal, "PAIR_FLOPS", 24.0),
     (mixture_evidence, "KERNEL_TERM_FLOPS", 2.0 * 8 + 20.0),
+    # the iterative solvers' fixed costs, added after the audit (the small-N rows)
+    (gpf, "ITERATION_FLOPS", 0.0),
+    (svgd, "ITERATION_FLOPS", 0.0),
+    (nvgd, "ITERATION_FLOPS", 0.0),
+    (nvgd, "ADAM_STEP_FLOPS", 0.0),
 )
 
 
@@ -283,14 +327,23 @@ def measure(stream: Stream, settings: Settings, repeats: int) -> list[Measured]:
     row, model, updater, n, ys, k = stream.row, stream.model, stream.updater, stream.n, stream.ys, stream.k
     state = updater.init(stream.prior, model, n, [3])
     state, _ = updater.update(state, ys[:, 0], model)  # warm: the first step builds what later ones reuse
-    box, t = [state], iter(range(1, repeats + 1))
+    box, t, runs = [state], iter(range(1, repeats + 1)), []
 
     def step() -> None:  # the request's work: the update and its summary (the per-step entry of the answer)
-        box[0] = updater.update(box[0], ys[:, next(t)], model)[0]
+        cpu = time.process_time()
+        box[0], info = updater.update(box[0], ys[:, next(t)], model)
         summary(box[0])
+        inner = info.extras.get("inner_steps")
+        moved = 0.0 if info.iterations is None else float(info.iterations[0])
+        iters = min(moved + 1.0, float(updater.options.get("max_iters", 1)))
+        runs.append((time.process_time() - cpu, iters, 0.0 if inner is None else float(inner[0])))
 
     step_flops = costs.observations_cost(model, updater, n, [(1.0, k)], 0).flops
-    out = [Measured(row.label, "update", n, "1 step", step_flops, seconds(step, repeats), stream)]
+    update = Measured(row.label, "update", n, "1 step", step_flops, seconds(step, repeats), stream)
+    if "max_iters" in updater.options:
+        ran = tuple(statistics.fmean(r[i] for r in runs) for i in range(3))
+        update = dataclasses.replace(update, ran=ran, ran_flops=ran_price(stream, ran[1], ran[2]))
+    out = [update]
     obs = ys[:, repeats + 1]
     if not updater.predicts_once():
         pit = seconds(lambda: updater.pit(box[0], obs, model), repeats)
@@ -306,6 +359,17 @@ def measure(stream: Stream, settings: Settings, repeats: int) -> list[Measured]:
             flops = costs.forecast_cost(model, updater, n, steps, 1.0, 0).flops
             out.append(Measured(row.label, "forecast", n, f"{steps} steps", flops, fc, stream, steps))
     return out
+
+
+def ran_price(stream: Stream, iterations: float, inner: float) -> float:
+    """The price of a one-step observation whose solver ran ``iterations`` passes and ``inner`` inner steps in
+    all (``nvgd``'s Adam steps): the row's method with ``max_iters`` (and ``inner_steps``) at what it ran."""
+    row = stream.row
+    options = {**stream.updater.options, "max_iters": max(iterations, 1.0)}
+    if "inner_steps" in options:
+        options["inner_steps"] = inner / max(iterations, 1.0)
+    updater = get_updater(row.method, **options)
+    return costs.observations_cost(stream.model, updater, stream.n, [(1.0, stream.k)], 0).flops
 
 
 def table_rows(measured: list[Measured]) -> list[tuple]:
@@ -335,10 +399,12 @@ def underpriced(m: Measured) -> bool:
     return ratio(m) < 1.0 / UNDERPRICED
 
 
-def plot(measured: list[Measured]) -> Callable:
+def plot(rows: list[dict[str, Any]]) -> Callable:
+    """The bar chart of the JSON ``rows``' ratios."""
+
     def draw(path) -> None:
-        names = [f"{m.label} · {m.work}" for m in measured]
-        values = [ratio(m) for m in measured]
+        names = [f"{r['label']} · {r['work']}" for r in rows]
+        values = [r["ratio_to_reference"] for r in rows]
         with report.figure(path, figsize=(9, 0.32 * len(names) + 1.5)) as (fig, ax):
             colours = ["tab:red" if v < 1.0 / UNDERPRICED else "tab:blue" for v in values]
             ax.barh(range(len(names)), values, color=colours)
@@ -358,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", nargs="*", default=None, help="rows whose label contains one of these")
     p.add_argument("--prices", choices=("now", "before"), default="now", help="before: the prices this audit changed")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace the rows (and fits) measured in the existing JSON, keeping the others (with --only)",
+    )
     args = p.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.prices == "before":
@@ -430,6 +501,16 @@ def audit(args: argparse.Namespace) -> int:
                 "priced_gflops_per_s": m.flops / m.time.cpu / 1e9,
                 "ratio_to_reference": ratio(m),
                 "underpriced": underpriced(m),
+                **(
+                    {
+                        "mean_cpu_seconds": m.ran[0],
+                        "mean_iterations": m.ran[1],
+                        "mean_inner_steps": m.ran[2],
+                        "priced_flops_of_iterations_run": m.ran_flops,
+                    }
+                    if m.ran
+                    else {}
+                ),
             }
             for m in rows
         ],
@@ -438,8 +519,29 @@ def audit(args: argparse.Namespace) -> int:
     }
     result["prices"] = args.prices
     name = "price_audit" if args.prices == "now" else "price_audit-before"
-    report.write_outputs(result, report.out_stem(args, name), plot(rows))
+    stem = report.out_stem(args, name)
+    if args.merge:
+        result = merged(stem.with_name(stem.name + ".json"), result)
+    report.write_outputs(result, stem, plot(result["rows"]))
     return 0
+
+
+def merged(path, new: dict[str, Any]) -> dict[str, Any]:
+    """The audit's JSON at ``path`` with ``new``'s rows and fits in place of those of the same row (and work) or
+    constant, the others kept as they were measured (each row is read against its own reference step); the runs'
+    reference rates and load are kept side by side under ``merges``."""
+    if not path.exists():
+        return new
+    old = json.loads(path.read_text())
+    rows = {(r["label"], r["work"]): r for r in new["rows"]}
+    kept = [rows.pop((r["label"], r["work"]), r) for r in old["rows"]]
+    fitted = {f["constant"]: f for f in new["fits"]}
+    fits = [fitted.pop(f["constant"], f) for f in old["fits"]]
+    merges = [
+        *old.get("merges", []),
+        {"reference": new["reference"], "meta": new["meta"], "rows": sorted({r["label"] for r in new["rows"]})},
+    ]
+    return {**old, "rows": kept + list(rows.values()), "fits": fits + list(fitted.values()), "merges": merges}
 
 
 HEADER = ("row", "work", "N", "size", "s CPU", "priced flops", "ref. Gflop/s", "priced Gflop/s", "/ reference", "")

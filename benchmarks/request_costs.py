@@ -116,12 +116,12 @@ def cases(settings: Settings) -> list[Case]:
             )
         )
     # POST observations: the number of steps grown (smc d = 64 at N = 16384; lorenz96 at 1000 RK4 sub-steps each;
-    # nvgd's default iterations at N = 64, d = 2)
+    # gpf's default iterations at N = 16, d = 2, each priced at its fixed cost: max_iters = 500 of them a step)
     l96_dt = settings.max_integration_substeps * 0.05 / 0.05 / 1.001  # Δ = h = 0.05: dt sub-steps per step
     for name, spec, dt_, value in (
         ("observe smc d=64 N=16384", stream("lds", "smc", 16384, 64), 1.0, [0.0] * 64),
         ("observe lorenz96 d=40 N=1024 dt=999", stream("lorenz96", "smc", 1024, 40), l96_dt, [8.0] * 40),
-        ("observe nvgd d=2 N=64", stream("lds", "nvgd", 64, 2), 1.0, [0.0] * 2),
+        ("observe gpf d=2 N=16", stream("lds", "gpf", 16, 2), 1.0, [0.0] * 2),
     ):
         model, updater, _, n, _ = _parts(spec, settings)
         item = {"value": value, "dt": dt_}

@@ -128,12 +128,23 @@ class AssumedDensityUpdater(Updater):
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """The predict and fit of a particle method (:meth:`Updater.step_work`), then up to ``max_iters``
-        iterations of the solver (:meth:`iteration_work`), each with every particle's score."""
+        iterations of the solver, each its arithmetic (:meth:`iteration_work`), every particle's score and its
+        fixed cost whatever n (:meth:`iteration_flops`):
+
+            flops = base + max_iters · (iteration_work(n) + n · likelihood_flops(k) + iteration_flops)
+
+        — an upper bound: the solver stops earlier when it converges, but the data may keep it from converging."""
         base = super().step_work(model, n, dt, k)
         per = self.iteration_work(model, n)
         iters = float(self.options.get("max_iters", 1))
         score = n * model.likelihood_flops(k)
-        return StepWork(base.flops + iters * (per.flops + score), max(base.bytes, per.bytes))
+        return StepWork(base.flops + iters * (per.flops + score + self.iteration_flops()), max(base.bytes, per.bytes))
+
+    def iteration_flops(self) -> float:
+        """One solver iteration's fixed cost, whatever n, in floating-point operations' worth: its Python and its
+        tensor operations' launches, which are the whole of an iteration's time at small n (measured, each
+        method's constant: ``benchmarks/price_audit.py``'s rows at N = 16)."""
+        raise NotImplementedError
 
     def iteration_work(self, model: ModelFamily, n: int) -> StepWork:
         """One iteration of the solver beyond the particles' scores: a linear flow's (``gpf``: the cloud's

@@ -54,6 +54,16 @@ class GPFTrace:
     converged: torch.Tensor  # [B] bool
 
 
+#: one GPF iteration's fixed cost whatever N, in floating-point operations' worth — its Python and its tensor
+#: operations' launches (two scores and free energies, the moments, the acceptance test, all in float64), the whole
+#: of its time at small N: fitted from ``benchmarks/price_audit.py``'s row "gpf lds d=2 N=16" (a step's mean CPU
+#: time over the passes of its loop, 17 to 19, 10 to 23 ms) at NOMINAL_RATE (25 Gflop/s CPU): 1.4e7 to 1.8e7 in
+#: four runs of 2026-11-28 and 3.1e7 in a fifth at a load of 5; their median rounded up. Without it a step of N = 16
+#: was priced 5.5e5 (its 500 iterations' arithmetic), a 25th of one iteration's time; now 1e10, so two steps a
+#: request (500 iterations could take 0.5 s)
+ITERATION_FLOPS = 2e7
+
+
 def gaussian_particle_flow(
     x: torch.Tensor,
     log_prob: LogDensity,
@@ -152,6 +162,10 @@ class GPFUpdater(AssumedDensityUpdater):
         "natural_mean": True,
         "optimizer": "plain",
     }
+
+    def iteration_flops(self) -> float:
+        """:data:`ITERATION_FLOPS`."""
+        return ITERATION_FLOPS
 
     def start(self, x: torch.Tensor, prior: GaussianMixture) -> torch.Tensor:
         return gaussian.moment_matched(x, *prior.moments()) if prior.weights.shape[1] == 1 else x

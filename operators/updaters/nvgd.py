@@ -51,6 +51,20 @@ DIVERGENCES = ("auto", "exact", "hutchinson")
 AUTO_EXACT_MAX_DIM = 16
 
 
+#: one Adam step's fixed cost whatever N, in floating-point operations' worth — the witness's forward pass with its
+#: tangents, autograd's backward pass, the early-stopping bookkeeping and the Adam update, each a few dozen small
+#: tensor operations: fitted from ``benchmarks/price_audit.py``'s row "nvgd lds d=2 N=16" (a step's mean CPU time,
+#: 0.5 to 0.9 s, over its Adam steps, 470 to 630 in 60 iterations; the iterations at :data:`ITERATION_FLOPS`) at
+#: NOMINAL_RATE (25 Gflop/s CPU): 2.5e7 to 3.8e7 in five runs of 2026-11-28; their median (3.5e7) rounded up
+ADAM_STEP_FLOPS = 4e7
+#: one outer iteration's fixed cost besides its Adam steps — the score, the random split's draws, the witness on
+#: every particle and the move: fitted from the row "nvgd lds d=2 N=16 inner_steps=2 tol=0" (60 iterations of 2
+#: Adam steps, 0.15 to 0.18 s CPU; the Adam steps at :data:`ADAM_STEP_FLOPS`): −7.6e6 to 1.7e7 with them at 3e7
+#: or 4e7 — collinear with them, 2 a pass: the pass with its 2 Adam steps fitted 6.4e7 to 7.7e7 in three runs of
+#: 2026-11-28, here 1e8
+ITERATION_FLOPS = 2e7
+
+
 @dataclass
 class NVGDTrace:
     iterations: torch.Tensor  # [B] particle steps taken
@@ -264,13 +278,18 @@ def nvgd(
 class NVGDUpdater(AssumedDensityUpdater):
     name = "nvgd"
     supports_kl = False
+    #: ``max_iters`` 50 × ``inner_steps`` 10 (the plain solver's 60 × 20 is over a request's budget): each step is
+    #: priced at its ``max_iters`` outer iterations and their Adam steps' fixed cost (:data:`ADAM_STEP_FLOPS`,
+    #: :data:`ITERATION_FLOPS`): 2.1e10 of the 2.5e10 default budget, so a default stream takes one observation a
+    #: request. ``patience`` 5 ends the inner loop at about 9 Adam steps on average (535 in 60 outer iterations at
+    #: N = 16), so the cap of 10 seldom binds
     defaults = {
         "evidence": "predictive",
         "step_size": 0.2,
-        "max_iters": 60,
+        "max_iters": 50,
         "tol": 1e-2,
         "max_move": 1.0,
-        "inner_steps": 20,
+        "inner_steps": 10,
         "patience": 5,
         "lr": 3e-3,
         "hidden": (32, 32),
@@ -279,10 +298,18 @@ class NVGDUpdater(AssumedDensityUpdater):
         "whiten": True,
     }
 
+    def iteration_flops(self) -> float:
+        """:data:`ITERATION_FLOPS`: an outer iteration's fixed cost (its Adam steps' are :meth:`iteration_work`'s)."""
+        return ITERATION_FLOPS
+
     def iteration_work(self, model: ModelFamily, n: int) -> StepWork:
         """Up to ``inner_steps`` Adam steps of the witness MLP d → ``hidden`` → d: forward and backward on the
         training half, forward on the validation half (about 4 flops per weight and particle), carrying t tangents
-        for the divergence (t = d when exact: ``divergence`` "exact", or "auto" up to d = 16; else ``probes``);
+        for the divergence (t = d when exact: ``divergence`` "exact", or "auto" up to d = 16; else ``probes``),
+        and each step's fixed cost whatever n (:data:`ADAM_STEP_FLOPS`):
+
+            inner_steps · (4 n W (1 + t) + ADAM_STEP_FLOPS),  W the network's weights;
+
         activations and tangents in float32."""
         d = model.state_dim
         sizes = [d, *self.options["hidden"], d]
@@ -291,7 +318,7 @@ class NVGDUpdater(AssumedDensityUpdater):
         )
         tangents = d if exact else int(self.options["probes"])
         weights = sum(a * b for a, b in itertools.pairwise(sizes))
-        flops = float(self.options["inner_steps"]) * 4.0 * n * weights * (1 + tangents)
+        flops = float(self.options["inner_steps"]) * (4.0 * n * weights * (1 + tangents) + ADAM_STEP_FLOPS)
         return StepWork(flops, 4.0 * 6 * n * sum(sizes) * (1 + tangents) + 80.0 * n * d)
 
     def solve(self, x: torch.Tensor, target: PosteriorTarget, gens: Generators, want_kl: bool) -> FlowResult:

@@ -34,6 +34,14 @@ from mpflow.operators.updaters.base import StepWork
 Score = Callable[[torch.Tensor], torch.Tensor]
 
 
+#: one SVGD iteration's fixed cost whatever N, in floating-point operations' worth — its Python and its tensor
+#: operations' launches (the score in whitened coordinates, the kernel, the Stein direction, the step size), the
+#: whole of its time at small N: fitted from ``benchmarks/price_audit.py``'s row "svgd lds d=2 N=16" (a step's mean
+#: CPU time over the passes of its loop, 30 to 84) at NOMINAL_RATE (25 Gflop/s CPU): 8.3e6 to 1.2e7 in four runs
+#: of 2026-11-28 and 1.7e7 in a fifth at a load of 5; their median rounded up
+ITERATION_FLOPS = 1.2e7
+
+
 @dataclass
 class SVGDTrace:
     iterations: torch.Tensor  # [B]
@@ -136,6 +144,10 @@ class SVGDUpdater(AssumedDensityUpdater):
         "whiten": True,
         "nu": 1e-2,
     }
+
+    def iteration_flops(self) -> float:
+        """:data:`ITERATION_FLOPS`."""
+        return ITERATION_FLOPS
 
     def iteration_work(self, model: ModelFamily, n: int) -> StepWork:
         """The kernel: n × n distances and K (two float32 n × n buffers) and one product K [s, z, 1] — about

@@ -35,6 +35,12 @@ SERVER_ENV = {
         {"nvgd": {"max_iters": 3, "inner_steps": 3}, "gpf": {"max_iters": 60}, "svgd": {"max_iters": 10}}
     ),
 }
+#: server method options for tests that send several steps a request to the iterative methods: each step is priced
+#: at its ``max_iters`` iterations' fixed cost (docs/API.md "Limits"), so at the defaults a request takes 2 ``gpf``
+#: steps (500 iterations each), 20 ``svgd`` steps at N = 64 and one ``nvgd`` step (50 × 10 Adam steps); at these a
+#: ``gpf`` step is priced 1e9, an ``svgd`` one 6e8 and an ``nvgd`` one 1.1e9 (22 or more steps a request up to
+#: N = 64), and the ``gpf`` streams of these tests converge within them (in about 20 iterations)
+SHORT_SOLVERS = {"gpf": {"max_iters": 50}, "svgd": {"max_iters": 50}, "nvgd": {"max_iters": 6, "inner_steps": 4}}
 #: a cheap stream to send hostile bodies to
 LINEAR_STREAM = {
     "model": {"family": "linear_gaussian"},

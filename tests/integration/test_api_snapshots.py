@@ -26,6 +26,7 @@ from mpflow.service.streams.snapshots import MEDIA_TYPE
 
 from tests.harness.server import drop_prefix, serve_in_thread
 from tests.harness.snapshots import forge
+from tests.harness.specs import SHORT_SOLVERS
 
 KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
 MODEL = {"family": "lds", "params": {"A": [[0.9, 0.1], [-0.1, 0.9]], "B": [[1.0, 0.0], [0.0, 1.0]]}}
@@ -35,9 +36,10 @@ OBS[4], OBS[9] = None, [None, 0.3]
 MAX_PARTICLES = 512
 #: the server's snapshot key: the forger of these tests holds it (the validation of every field is what is tested)
 SNAPSHOT_KEY = "k" * 40
-#: nvgd's default 60 × 20 network steps cost ~1 s a step whatever N (the export-import test's 45 steps: 40-80 s on 2
-#: cores, past the client's timeout under load); these tests are about what a snapshot carries, not nvgd's convergence
-METHOD_OPTIONS = {"nvgd": {"max_iters": 6, "inner_steps": 4}}
+#: gpf's and nvgd's iterations shortened (``SHORT_SOLVERS``): at their defaults a request takes 2 gpf steps and one
+#: nvgd step (nvgd's 50 × 10 network steps cost up to ~1 s a step whatever N); these tests send 5 and 20 steps a
+#: request and are about what a snapshot carries, not the solvers' convergence
+METHOD_OPTIONS = SHORT_SOLVERS
 
 
 @pytest.fixture(scope="module")

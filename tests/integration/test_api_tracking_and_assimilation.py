@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 from fastapi import FastAPI
 
+from tests.harness.specs import SHORT_SOLVERS
 from tests.integration.test_api_streams import run
 
 TRACK = {
@@ -86,7 +87,7 @@ def test_range_bearing_and_lorenz96_streams_run_through_the_api(redis_url):
             )
             assert r.status_code == 422 and "method_options.flow_fraction" in r.text, r.text
 
-    run(redis_url, body)
+    run(redis_url, body, method_options=SHORT_SOLVERS)  # 4 steps a request: gpf at its default takes 2
 
 
 def test_a_range_bearing_stream_without_a_method_gets_the_corrected_flow(redis_url):

@@ -18,13 +18,19 @@ Redis, the default limits):
   floating-point operations' worth (``benchmarks/price_audit.py``), where it was priced as a particle filter's
   forecast — a hundredth of its time. At that price the cost model accepted 63 horizons at N = 65536 (about 20 s of
   CPU, against the 30 s worker deadline on a core of its own); priced as measured they are refused (413 naming
-  ``steps``), and the largest forecast now accepted answers within a third of the deadline.
+  ``steps``), and the largest forecast now accepted answers within a third of the deadline;
+* an iterative solver priced at its iterations: a ``gpf`` step was priced at its ``max_iters`` = 500 iterations'
+  arithmetic only, a 25th of one iteration's fixed cost at N = 16 (Python, the tensor operations' launches: about
+  0.6 ms), so a request of 1000 steps was accepted (about 14 s as it runs, and up to 500 iterations a step where the
+  data keep it from converging). Priced at ``gpf.ITERATION_FLOPS`` an iteration, a 20-step request to that stream is
+  refused (413 naming ``observations``, nothing applied), and the largest now accepted answers within a few seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +40,7 @@ import httpx
 import pytest
 from mpflow.operators.models import make_model
 from mpflow.operators.smoothing import backward_simulation
-from mpflow.operators.updaters import base, get_updater, smc2
+from mpflow.operators.updaters import base, get_updater, gpf, smc2
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from websockets.sync.client import connect
@@ -283,5 +289,47 @@ def test_an_smc2_forecast_is_priced_at_its_work(monkeypatch, client):
     assert r.status_code == 200, r.text
     assert len(r.json()["forecast"]) == now
     assert seconds < DEFAULTS.worker_deadline_seconds / 3, f"the largest forecast took {seconds:.1f} s"
+    assert client.delete(f"/v1/streams/{sid}").status_code == 204
+    other_stream_updates(client)
+
+
+#: a default ``gpf`` stream this small spends its step in its iterations' fixed cost (about 18 of them a step here)
+GPF_N = 16
+#: a request the arithmetic-only price accepted (it accepted 1000 steps, the field's own cap)
+GPF_OLD_STEPS = 20
+#: "within a few seconds": the largest accepted request's answer (2 steps of at most 500 iterations of about 0.6 ms;
+#: a loaded core takes a few times as long)
+GPF_SECONDS = 5.0
+
+
+def gpf_observation_steps() -> int:
+    """The most steps of one observation request to a default ``gpf`` stream of :data:`GPF_N` particles (``lds``
+    d = 2, as :func:`gaussian_stream`) the default budget accepts."""
+    body = gaussian_stream(GPF_N, 2, "gpf")
+    updater = get_updater("gpf", **DEFAULTS.method_options.get("gpf", {}))
+    model = make_model("lds", body["model"]["params"], 2, updater.model_dtype)
+    return costs.largest(
+        DEFAULTS,
+        DEFAULTS.max_observations_per_request,
+        lambda k: costs.observations_cost(model, updater, GPF_N, [(1.0, None)] * k, 0),
+    )
+
+
+def test_an_iterative_solver_is_priced_at_its_iterations(monkeypatch, client):
+    with monkeypatch.context() as m:  # the price before: the iterations' arithmetic only
+        m.setattr(gpf, "ITERATION_FLOPS", 0.0)
+        old = gpf_observation_steps()
+    assert old == DEFAULTS.max_observations_per_request >= GPF_OLD_STEPS
+    now = gpf_observation_steps()
+    assert 1 <= now < GPF_OLD_STEPS
+    sid = create(client, gaussian_stream(GPF_N, 2, "gpf"))
+    obs = [[0.3 * math.sin(i), 0.2 * math.cos(i)] for i in range(GPF_OLD_STEPS)]
+    r, seconds = timed(client.post, f"/v1/streams/{sid}/observations", json={"observations": obs})
+    message = refused(r, seconds, "observations", "MPFLOW_MAX_REQUEST_FLOPS")
+    assert f"at most {now} here" in message, message
+    assert client.get(f"/v1/streams/{sid}").json()["step"] == 0  # nothing applied
+    r, seconds = timed(client.post, f"/v1/streams/{sid}/observations", json={"observations": obs[:now]})
+    assert r.status_code == 200 and r.json()["step"] == now, r.text
+    assert seconds < GPF_SECONDS, f"the largest accepted request took {seconds:.1f} s"
     assert client.delete(f"/v1/streams/{sid}").status_code == 204
     other_stream_updates(client)

@@ -14,7 +14,7 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import marginal
 from mpflow.operators.rng import StreamRNG, rand, randn
 from mpflow.operators.smoothing import backward_simulation
-from mpflow.operators.updaters import base, get_updater, smc2
+from mpflow.operators.updaters import base, get_updater, gpf, nvgd, smc2, svgd
 from mpflow.service.errors import ApiError
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -84,6 +84,70 @@ def test_requested_steps_read_dt_and_entries_and_refuse_bad_dt():
 
 
 # ----------------------------------------------------------------- estimates
+
+
+#: each iterative solver's fixed cost per iteration (whatever N): gpf's and svgd's iteration, nvgd's outer iteration
+#: and its ``inner_steps`` Adam steps
+ITERATION_CONSTANTS = {
+    "gpf": ((gpf, "ITERATION_FLOPS"),),
+    "svgd": ((svgd, "ITERATION_FLOPS"),),
+    "nvgd": ((nvgd, "ITERATION_FLOPS"), (nvgd, "ADAM_STEP_FLOPS")),
+}
+
+
+@pytest.mark.parametrize("method", ["gpf", "svgd", "nvgd"])
+def test_an_iterative_solver_is_priced_its_iterations_fixed_cost(monkeypatch, method):
+    """max_iters · (the iteration's fixed cost + inner_steps · an Adam step's) on top of the arithmetic, whatever N:
+    at N = 16 the fixed cost is nearly the whole price (the solvers' time at small N, benchmarks/price_audit.py)."""
+    m = lds(2)
+    updater = get_updater(method)
+    opts = updater.options
+    fixed = opts["max_iters"] * (
+        updater_module(method).ITERATION_FLOPS + opts.get("inner_steps", 0) * nvgd.ADAM_STEP_FLOPS
+    )
+    priced = {n: updater.step_work(m, n).flops for n in (16, 256)}
+    with monkeypatch.context() as patched:
+        for module, name in ITERATION_CONSTANTS[method]:
+            patched.setattr(module, name, 0.0)
+        arithmetic = {n: updater.step_work(m, n).flops for n in (16, 256)}
+    for n in (16, 256):
+        assert priced[n] - arithmetic[n] == pytest.approx(fixed)
+    assert fixed > 10 * arithmetic[16]
+    # an iteration at small N takes a few tenths of a millisecond at least: 5e6 operations at 25 Gflop/s
+    assert fixed / opts["max_iters"] >= 5e6
+    # fewer iterations (the server's MPFLOW_METHOD_OPTIONS) price proportionally less
+    fewer = get_updater(method, max_iters=opts["max_iters"] // 10).step_work(m, 16).flops
+    assert fewer < priced[16] / 5
+
+
+def updater_module(method: str):
+    return {"gpf": gpf, "svgd": svgd, "nvgd": nvgd}[method]
+
+
+def test_small_iterative_streams_take_few_steps_a_request(monkeypatch):
+    """At their iterations' fixed cost, a default ``gpf`` stream of 16 particles takes a few observations a request
+    (its 500 iterations a step could take about 0.5 s), where the arithmetic alone let it take all 1000; a default
+    ``nvgd`` step (50 × 10 Adam steps, up to about a second) takes a request of its own, and the plain solver's
+    60 × 20 does not fit one at all."""
+    m, prior = lds(2), gaussian(2)
+
+    def steps(method: str) -> int:
+        updater = get_updater(method)
+        return costs.largest(SETTINGS, 1000, lambda k: costs.observations_cost(m, updater, 16, [(1.0, None)] * k, 0))
+
+    now = {method: steps(method) for method in ("gpf", "svgd", "nvgd")}
+    with monkeypatch.context() as patched:
+        for pairs in ITERATION_CONSTANTS.values():
+            for module, name in pairs:
+                patched.setattr(module, name, 0.0)
+        before = {method: steps(method) for method in ("gpf", "svgd", "nvgd")}
+    assert before["gpf"] == 1000 and 1 <= now["gpf"] <= 5
+    assert before["svgd"] == 1000 and 1 <= now["svgd"] < 100
+    assert before["nvgd"] > 20 and now["nvgd"] == 1
+    n = costs.largest(SETTINGS, SETTINGS.max_particles, lambda k: costs.creation_cost(m, get_updater("nvgd"), prior, k))
+    assert 256 <= n < 1000
+    heavy = get_updater("nvgd", max_iters=60, inner_steps=20)
+    assert costs.largest(SETTINGS, SETTINGS.max_particles, lambda k: costs.creation_cost(m, heavy, prior, k)) == 0
 
 
 def test_estimates_grow_as_the_methods_do():
