@@ -44,6 +44,21 @@ Options of this round (issue 35; docs/benchmarks.md "A learned correction after 
   ``--sakov-tolerance t`` keeps a new best θ only if its sakov2008 validation RMSE is at most (1 + t) × the base's
   (iteration 0): the kept θ improves spantini2019 without making sakov2008 worse.
 
+Options of the fourth round (docs/benchmarks.md "Gradients through the IEnKF over several cycles"):
+
+* ``--window k`` (``--base ienkf``, no ``--forecast-weight``) — an iteration advances its pool by k cycles with the
+  gradient through all of them (:func:`window_step`): the corrected ensemble X'_j is the next cycle's previous
+  ensemble with its graph, the IEnKF's Gauss–Newton iterations and RK4 forecasts differentiable in float64
+  (:func:`~mpflow.operators.updaters.ienkf.gauss_newton_frozen`: Δw by a Cholesky solve, the transform T, T⁻¹ held
+  constant — the gradient goes through w, the sensitivities and the forecasts, not through the thin SVD), and the
+  loss Σ_j mean_twins log(ES(X'_j) / ES(X^a_j)) (``--loss log-ratio``) summed over the window; the ensemble is
+  detached after it. A step whose gradient is not finite (a blown twin's NaN through a batched layer) is skipped and
+  counted (``skipped_steps``).
+* ``--select paired`` — the validation runs θ and the base (the IEnKF alone, θ₀) from the same warm states with the
+  same observation noise (:func:`paired_validate`) and keeps θ by the mean over twins of RMSE_θ − RMSE_base on
+  spantini2019 (lowest yet; θ₀'s is 0), where sakov2008's is at most ``--sakov-tolerance`` × the base's RMSE there
+  (0 if not given); each row logs both differences with their standard errors. The base's runs are made once.
+
 Writes ``DIR/ring.pt`` (the network's arch, config and θ; at every new best, so a run cut short keeps one),
 ``DIR/ring_final.pt`` (θ at the end of training, whether or not it is the best), ``DIR/ring_log.jsonl`` (one line per
 validation) and
@@ -144,16 +159,23 @@ def new_pool(params: list[dict[str, Any]], d: int, N: int, gen: torch.Generator,
 
 
 def base_analysis(
-    updater: EnKFUpdater | IEnKFUpdater, previous: torch.Tensor, obs: torch.Tensor, model: Lorenz96
+    updater: EnKFUpdater | IEnKFUpdater,
+    previous: torch.Tensor,
+    obs: torch.Tensor,
+    model: Lorenz96,
+    grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(forecast, base analysis) [B, N, d] from the previous analysis ensemble, no gradient. The LETKF analyses the
     forecast f(previous); the IEnKF analyses ``previous`` itself, inflated about its mean by ρ(Δ) of each twin
     (:func:`lorenz96_inflation`, passed as :meth:`IEnKFUpdater.iterate`'s per-stream ``inflation``, as a served
-    stream's correction takes it), and its forecast is that of the inflated ensemble."""
-    with torch.no_grad():
+    stream's correction takes it), and its forecast is that of the inflated ensemble. ``grad`` (``--window``, the
+    IEnKF only): with the gradient through the iterations (T, T⁻¹ held constant: ``frozen_transform``)."""
+    if grad and not isinstance(updater, IEnKFUpdater):
+        raise ValueError("a gradient through the base analysis needs --base ienkf")
+    with torch.set_grad_enabled(grad):
         if isinstance(updater, IEnKFUpdater):
             rho = lorenz96_inflation(model.params["delta"]).to(previous)[:, None, None]
-            xa, _, _, forecast = updater.iterate(previous, obs, model, rho, strict=False)
+            xa, _, _, forecast = updater.iterate(previous, obs, model, rho, strict=False, frozen_transform=grad)
             return forecast, xa
         forecast = model.transition_mean(previous)
         return forecast, updater.analysis(forecast, obs, model, None)[0]
@@ -167,32 +189,47 @@ def make_base(name: str) -> EnKFUpdater | IEnKFUpdater:
 
 
 def cycle(
-    pool: Pool, flow: RingFlow, letkf: EnKFUpdater | IEnKFUpdater, gen: torch.Generator, grad: bool
+    pool: Pool,
+    flow: RingFlow | RingCorrection | None,
+    letkf: EnKFUpdater | IEnKFUpdater,
+    gen: torch.Generator,
+    grad: bool,
+    through: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forecast–analysis cycle of every twin of the pool, in place → (energy score [B] (with its graph when
-    ``grad``), analysis RMSE [B])."""
+    ``grad``), analysis RMSE [B]). ``flow`` None: the base analysis alone (float64; the paired validation's base).
+    ``through`` (``--window``): the base analysis with its gradient, and the corrected ensemble carried on *with* its
+    graph as the next cycle's previous ensemble (the caller detaches it after the window)."""
     model = pool.model
     pool.truth = model.transition_mean(pool.truth[:, None])[:, 0]
     noise = torch.randn(pool.truth.shape[0], model.params["obs_index"].shape[-1], generator=gen, dtype=torch.float64)
     obs = model.observed_mean(pool.truth[:, None])[:, 0] + model.observation_sd() * noise.to(pool.truth.device)
-    forecast, base = base_analysis(letkf, pool.members, obs, model)
+    forecast, base = base_analysis(letkf, pool.members, obs, model, grad=through)
     # a twin whose base analysis blew up (the IEnKF's iterate left the attractor): carried as it was, then restarted
     blown = ~(torch.isfinite(base).all((1, 2)) & torch.isfinite(forecast).all((1, 2)))
     if bool(blown.any()):
         base, forecast = base.clone(), forecast.clone()
         base[blown], forecast[blown] = pool.members[blown], pool.members[blown]
-    weight = next(flow.parameters())
+    weight = next(flow.parameters()) if flow is not None else base
     dev, dtype = weight.device, weight.dtype
     flow_model = type(model)({k: v.to(dev, dtype) for k, v in model.params.items()}, model.state_dim)
     with torch.set_grad_enabled(grad):
-        out = flow(forecast.to(dev, dtype), base.to(dev, dtype), obs.to(dev, dtype), flow_model)
+        out = (
+            base if flow is None else flow(forecast.to(dev, dtype), base.to(dev, dtype), obs.to(dev, dtype), flow_model)
+        )
         score = energy_score(out, pool.truth.to(dev, dtype))
     with torch.no_grad():
         pool.base_score = energy_score(base.to(dev, dtype), pool.truth.to(dev, dtype))
     pool.corrected = out if grad else None
-    pool.members = out.detach().to(pool.truth.device, torch.float64)
+    members = (out if through else out.detach()).to(pool.truth.device, torch.float64)
+    bad = ~torch.isfinite(members.detach()).all((1, 2))  # a huge ensemble overflowed the network's float32
+    if bool(bad.any()):  # that twin carried as it was (finite), its score left out, counted lost below
+        members = torch.where(bad[:, None, None], pool.members, members)
+        score = torch.where(bad.to(score.device), torch.nan, score)
+        blown = blown | bad
+    pool.members = members
     pool.age += 1
-    rmse = (pool.members.mean(1) - pool.truth).square().mean(-1).sqrt()
+    rmse = (pool.members.detach().mean(1) - pool.truth).square().mean(-1).sqrt()
     rmse[blown] = math.inf
     pool.held = (rmse <= LOST_RMSE) & torch.isfinite(rmse)
     return score, rmse
@@ -217,20 +254,56 @@ def next_forecast_score(pool: Pool, base_name: str) -> torch.Tensor:
     return energy_score(ahead, truth.to(x))
 
 
+def cycle_loss(score: torch.Tensor, base_score: torch.Tensor, keep: torch.Tensor, loss: str) -> torch.Tensor:
+    """One cycle's term of the loss over the kept twins: the mean over them of log(ES(X') / ES(X^a)) (``log-ratio``)
+    or of ES(X') (``energy``)."""
+    per = log_ratio(score, base_score) if loss == "log-ratio" else score
+    return per[keep].mean()
+
+
+def gate_pull(flow, args: argparse.Namespace) -> torch.Tensor | float:
+    """``--gate-l2``'s λ ‖W_γ‖² of the gate's last layer (0 without a gate)."""
+    gate = getattr(flow, "gate", None)
+    return args.gate_l2 * gate[-1].weight.square().sum() if gate is not None and args.gate_l2 > 0 else 0.0
+
+
 def training_loss(pool: Pool, score: torch.Tensor, keep: torch.Tensor, args: argparse.Namespace, flow) -> torch.Tensor:
     """The loss of one iteration over the kept twins (module docstring: ``--loss``, ``--forecast-weight``,
     ``--gate-l2``)."""
-    per = log_ratio(score, pool.base_score) if args.loss == "log-ratio" else score
-    loss = per[keep].mean()
+    loss = cycle_loss(score, pool.base_score, keep, args.loss)
     if args.forecast_weight > 0:
         ahead = next_forecast_score(pool, args.base)
         if args.loss == "log-ratio":  # normalised by the base analysis' score (a constant: ∇ log ES = ∇ES / ES)
             ahead = log_ratio(ahead, pool.base_score)
         loss = loss + args.forecast_weight * ahead[keep & torch.isfinite(ahead.detach())].mean()
-    gate = getattr(flow, "gate", None)
-    if gate is not None and args.gate_l2 > 0:
-        loss = loss + args.gate_l2 * gate[-1].weight.square().sum()
-    return loss
+    return loss + gate_pull(flow, args)
+
+
+def window_step(
+    pool: Pool, flow, base: IEnKFUpdater, gen: torch.Generator, args: argparse.Namespace
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``--window k``: k consecutive cycles of the pool with the gradient through all of them → (the loss, or None
+    when no twin was kept at any cycle; the last cycle's RMSE [B]). Cycle j's corrected ensemble X'_j is the
+    previous ensemble of cycle j + 1's IEnKF, with its graph (:func:`cycle` ``through``), so
+
+        L = Σ_{j=1..k} mean_{twins kept at j} log(ES(X'_j) / ES(X^a_j)) + λ ‖W_γ‖²
+
+    (``--loss log-ratio``; X^a_j the IEnKF's analysis of the corrected path at j, its score a constant) reaches θ
+    through every later cycle's IEnKF iterations and forecasts. A twin counts at cycle j while it held the truth at
+    j − 1 and its score is finite. The pool's ensemble is detached after the window (truncation every k cycles)."""
+    terms = []
+    rmse = None
+    for _ in range(args.window):
+        held = pool.held
+        score, rmse = cycle(pool, flow, base, gen, grad=True, through=True)
+        keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
+        if bool(keep.any()):
+            terms.append(cycle_loss(score, pool.base_score, keep, args.loss))
+    pool.members = pool.members.detach()
+    pool.corrected = None
+    if not terms:
+        return None, rmse
+    return sum(terms) + gate_pull(flow, args), rmse
 
 
 def restart_lost(pool: Pool, rmse: torch.Tensor, stride: int, N: int, gen: torch.Generator) -> int:
@@ -269,6 +342,58 @@ def validate(
     return out
 
 
+def closed_gate(flow) -> bool:
+    """Whether ``flow`` is a gated correction whose gate's last layer is zero: γ = 0, the base analysis exactly."""
+    gate = getattr(flow, "gate", None)
+    return gate is not None and all(not bool(p.detach().abs().sum()) for p in gate[-1].parameters())
+
+
+def paired_validate(
+    flow,
+    base: EnKFUpdater | IEnKFUpdater,
+    pools: dict[str, Pool],
+    cycles: dict[str, int],
+    seed: int,
+    reference: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """``--select paired``: θ and the base (``flow`` None: the IEnKF alone, θ₀ of a gated correction) run from the
+    same warm states with the same observation noise (one generator seeded alike; the truths are deterministic),
+    so per twin i the difference D_i = RMSE_θ,i − RMSE_base,i (each the mean over the cycles of the analysis RMSE,
+    a lost or blown twin's counted at ``LOST_RMSE``) has the chaotic path's common part removed. Per regime:
+
+        diff = mean_i D_i,   diff_se = sd_i(D_i) / √n    (n twins),
+
+    with the base's per-twin RMSEs from ``reference`` (filled here on the first call: the base does not change).
+    ``flow`` None: θ is the base (a closed gate, :func:`closed_gate`): its row is the base's, every D_i = 0."""
+    out: dict[str, Any] = {}
+    runs = {}
+    for name, pool in pools.items():
+        for who, net in (("base", None), ("theta", flow)):
+            if (who == "base" and name in reference) or (who == "theta" and flow is None):
+                continue
+            p, gen = copy.deepcopy(pool), torch.Generator().manual_seed(seed)
+            rmse = torch.zeros(p.truth.shape[0], dtype=torch.float64)
+            spread = 0.0
+            for _ in range(cycles[name]):
+                _, r = cycle(p, net, base, gen, grad=False)
+                rmse += r.detach().cpu().nan_to_num(LOST_RMSE, LOST_RMSE).clamp_max(LOST_RMSE)
+                spread += float(p.members.std(1).square().mean(-1).sqrt().mean())
+            row = {"rmse": rmse / cycles[name], "spread": spread / cycles[name]}
+            if who == "base":
+                reference[name] = row
+            runs[name] = row
+        ref = reference[name]
+        theta = ref if flow is None else runs[name]
+        D = theta["rmse"] - ref["rmse"]
+        out[f"{name}_rmse"] = float(theta["rmse"].mean())
+        out[f"{name}_spread"] = theta["spread"]
+        out[f"{name}_base_rmse"] = float(ref["rmse"].mean())
+        out[f"{name}_base_spread"] = ref["spread"]
+        out[f"{name}_diff"] = float(D.mean())
+        out[f"{name}_diff_se"] = float(D.std() / math.sqrt(len(D))) if len(D) > 1 else math.nan
+    return out
+
+
 def faster_base_device(letkf: EnKFUpdater, args: argparse.Namespace, gen: torch.Generator) -> str:
     """ "cuda" or "cpu", whichever runs a batch's forecast and LETKF analysis faster (the LETKF's many small
     SVDs may be faster on the CPU's cores than on a GPU)."""
@@ -288,6 +413,8 @@ def faster_base_device(letkf: EnKFUpdater, args: argparse.Namespace, gen: torch.
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
+    if args.window > 1 and (args.base != "ienkf" or args.forecast_weight > 0):
+        raise ValueError("--window k > 1: through the IEnKF (--base ienkf), with no --forecast-weight")
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -317,6 +444,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log = open(out_dir / "ring_log.jsonl", "w", encoding="utf-8")  # noqa: SIM115
     history, t0, it, restarts = [], time.perf_counter(), 0, 0
     best, best_state, sakov_bar = math.inf, copy.deepcopy(flow.state_dict()), math.inf
+    reference: dict[str, dict[str, Any]] = {}  # --select paired: the base's per-twin validation RMSEs
+    skipped = 0
     train_scores: list[float] = []
     try:
         while True:
@@ -324,33 +453,50 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if it % args.val_every == 0 or elapsed > 60 * args.minutes or it >= args.iterations:
                 row = {"iteration": it, "seconds": round(elapsed, 1), "restarts": restarts}
                 row["train_score"] = sum(train_scores) / len(train_scores) if train_scores else None
-                row.update(validate(flow, letkf, val_pools, val_cycles, args.seed))
-                if it == 0 and args.sakov_tolerance is not None:  # the base's sakov2008 RMSE: the bar a θ keeps
-                    sakov_bar = row["sakov2008_rmse"] * (1 + args.sakov_tolerance)
+                row["skipped_steps"] = skipped
+                if args.select == "paired":
+                    theta = None if closed_gate(flow) else flow  # θ₀: the base exactly, not run twice
+                    row.update(paired_validate(theta, letkf, val_pools, val_cycles, args.seed, reference))
+                    row["validation_seconds"] = round(time.perf_counter() - t0 - elapsed, 1)
+                    # the paired differences: θ kept where spantini2019's is the lowest yet (θ₀'s is 0) and
+                    # sakov2008's is at most t × the base's RMSE there (t = --sakov-tolerance, 0 if not given)
+                    score_now = row["spantini2019_diff"]
+                    sakov_ok = row["sakov2008_diff"] <= (args.sakov_tolerance or 0.0) * row["sakov2008_base_rmse"]
+                else:
+                    row.update(validate(flow, letkf, val_pools, val_cycles, args.seed))
+                    if it == 0 and args.sakov_tolerance is not None:  # the base's sakov2008 RMSE: the bar a θ keeps
+                        sakov_bar = row["sakov2008_rmse"] * (1 + args.sakov_tolerance)
+                    score_now, sakov_ok = row["spantini2019_rmse"], row["sakov2008_rmse"] <= sakov_bar
                 train_scores = []
                 history.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 print(json.dumps(row), flush=True)
-                if row["spantini2019_rmse"] < best and row["sakov2008_rmse"] <= sakov_bar:
-                    best, best_state = row["spantini2019_rmse"], copy.deepcopy(flow.state_dict())
+                if score_now < best and sakov_ok:
+                    best, best_state = score_now, copy.deepcopy(flow.state_dict())
                     save(out_dir / "ring.pt", args, flow.config, best_state, it, best)  # a run cut short keeps it
                 if elapsed > 60 * args.minutes or it >= args.iterations:
                     break
             stride = STRIDES[it % len(STRIDES)]
             pool = pools[stride]
-            held = pool.held
-            score, rmse = cycle(pool, flow, letkf, gen, grad=True)
-            keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
-            if bool(keep.any()):  # else every twin of the batch is lost: no step, the restarts below renew them
-                loss = training_loss(pool, score, keep, args, flow)
+            if args.window > 1:
+                loss, rmse = window_step(pool, flow, letkf, gen, args)
+            else:
+                held = pool.held
+                score, rmse = cycle(pool, flow, letkf, gen, grad=True)
+                keep = torch.isfinite(score.detach()) & (held.to(score.device) if held is not None else True)
+                loss = training_loss(pool, score, keep, args, flow) if bool(keep.any()) else None
+            if loss is not None:  # else every twin of the batch is lost: no step, the restarts below renew them
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
-                for group in opt.param_groups:  # cosine over the time budget
-                    group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
-                opt.step()
-                train_scores.append(float(loss.detach()))
+                norm = torch.nn.utils.clip_grad_norm_(flow.parameters(), args.clip)
+                if bool(torch.isfinite(norm)):
+                    for group in opt.param_groups:  # cosine over the time budget
+                        group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / (60 * args.minutes))))
+                    opt.step()
+                    train_scores.append(float(loss.detach()))
+                else:  # a blown twin's NaN reached θ through a batched layer (0 · ∞ in its backward): no step
+                    skipped += 1
             if (it // len(STRIDES)) % args.restart_every == 0:  # restarts in batches: a spin-up costs as one
                 restarts += restart_lost(pool, rmse, stride, args.particles, gen)
             it += 1
@@ -405,10 +551,21 @@ def plot(history: list[dict[str, Any]], path: Path, arch: str = "flow", base: st
     for name in VALIDATION:
         axes[0].plot(its, [h[f"{name}_rmse"] for h in history], label=f"{name} rmse")
         axes[0].plot(its, [h[f"{name}_spread"] for h in history], ls="--", label=f"{name} spread")
-        axes[1].plot(its, [h[f"{name}_score"] for h in history], label=f"{name} energy score")
-    axes[1].plot(its, [h["train_score"] for h in history], label="training pools (mixed regimes)", color="grey")
+        if f"{name}_diff" in history[0]:  # --select paired: θ − base per twin, mean ± standard error
+            se = [h[f"{name}_diff_se"] for h in history]
+            axes[1].errorbar(its, [h[f"{name}_diff"] for h in history], yerr=se, capsize=3, label=f"{name} θ − base")
+        else:
+            axes[1].plot(its, [h[f"{name}_score"] for h in history], label=f"{name} energy score")
     axes[0].set(xlabel="iteration", ylabel="validation analysis RMSE (solid), spread (dashed)", yscale="log")
-    axes[1].set(xlabel="iteration", ylabel="energy score", yscale="log")
+    if "spantini2019_diff" in history[0]:
+        axes[1].axhline(0.0, color="black", lw=0.5)
+        axes[1].set(xlabel="iteration", ylabel="paired validation RMSE difference θ − base (± se)")
+        train = axes[1].twinx()
+        train.plot(its, [h["train_score"] for h in history], color="grey", ls=":", label="training loss")
+        train.set_ylabel("training loss (grey, dotted)")
+    else:
+        axes[1].plot(its, [h["train_score"] for h in history], label="training pools (mixed regimes)", color="grey")
+        axes[1].set(xlabel="iteration", ylabel="energy score", yscale="log")
     for ax in axes:
         ax.legend(fontsize=7)
     what = "ring flow" if arch == "flow" else "local correction"
@@ -450,6 +607,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--val-sakov-cycles", type=int, default=0, help="sakov2008 validation cycles (0: --val-cycles)")
     p.add_argument(
         "--sakov-tolerance", type=float, default=None, help="keep θ only if sakov2008 RMSE ≤ (1 + t) × the base's"
+    )
+    p.add_argument("--window", type=int, default=1, help="cycles per gradient, through the IEnKF (--base ienkf)")
+    p.add_argument(
+        "--select", choices=("rmse", "paired"), default="rmse", help="keep θ by its RMSE, or by θ − base per twin"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the twins and the initial weights")
     p.add_argument("--device", default="auto", help="the flow's device (auto: CUDA when present)")

@@ -212,12 +212,18 @@ class IEnKFUpdater(Updater):
         model: ModelFamily,
         inflation: torch.Tensor | None = None,
         strict: bool = True,
+        frozen_transform: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Steps 1–4 of the module docstring without the correction and the model noise, and with the first
         iterate's forecast f(x̄0 + A0) [B, N, d] (the inflated previous ensemble carried to this step: the forecast a
         correction after the IEnKF reads) → (f(x̄0 + A0ᵀ (w* + T_i)), log p(o | o_<m), iterations, f(x̄0 + A0)).
         ``inflation``: ρ per stream [B, 1, 1] in place of the option's. ``strict=False``: a stream whose forecast is
-        not finite comes back not finite instead of raising (training restarts that twin alone)."""
+        not finite (or whose anomalies overflow) comes back not finite instead of raising (training restarts that twin
+        alone), and log p(o | o_<m) is not computed (NaN).
+        ``frozen_transform=True`` (training through the IEnKF, ``ring_train --window``): each Gauss–Newton step by
+        :func:`gauss_newton_frozen` — the same iterates, with the gradient through w, the forecasts and the
+        sensitivities but not through the transform T, T⁻¹ (the thin SVD's backward is unstable near repeated
+        singular values)."""
         B, N, d = previous.shape
         m64 = model.to(torch.float64)
         obs = obs.to(torch.float64)
@@ -243,12 +249,17 @@ class IEnKFUpdater(Updater):
             F = torch.where(blown[:, None, None], 0.0, F)  # strict=False: such a stream iterates on zeros, then NaN
             first = F if first is None else first
             _, e_bar, Y = ensemble_innovations(F, obs, m64)
-            if log_pred is None:
+            if log_pred is None and not strict:  # training: not read, and a huge stream's S is not positive definite
+                log_pred = torch.full((B,), torch.nan, dtype=torch.float64)
+            elif log_pred is None:
                 S = Y.transpose(-1, -2) @ Y / (N - 1) + m64.observation_noise().expand(B, -1, -1)
                 log_pred = predictive_log_density(e_bar, S) + m64.observation_log_offset().to(torch.float64)
             Yw = torch.linalg.solve_triangular(L, (T_inv @ Y).transpose(-1, -2), upper=False).transpose(-1, -2)
             delta = torch.linalg.solve_triangular(L, e_bar[..., None], upper=False)  # R^{-1/2} ē  [B, k, 1]
-            dw, T_new, T_inv_new = gauss_newton(Yw, delta, w)
+            if not strict:  # a finite but huge forecast overflows its anomalies: that stream blew up too
+                blown = blown | ~(torch.isfinite(Yw).flatten(1).all(1) & torch.isfinite(delta).flatten(1).all(1))
+                Yw, delta = torch.where(blown[:, None, None], 0.0, Yw), torch.where(blown[:, None, None], 0.0, delta)
+            dw, T_new, T_inv_new = (gauss_newton_frozen if frozen_transform else gauss_newton)(Yw, delta, w)
             step = active[:, None, None]
             w = torch.where(step, w + dw, w)
             T, T_inv = torch.where(step, T_new, T), torch.where(step, T_inv_new, T_inv)
@@ -295,4 +306,23 @@ def gauss_newton(
     root = torch.sqrt((N - 1) / denom)
     T = eye + U @ ((root - 1)[..., None] * U.transpose(-1, -2))
     T_inv = eye + U @ ((1 / root - 1)[..., None] * U.transpose(-1, -2))
+    return dw, T, T_inv
+
+
+def gauss_newton_frozen(
+    Yw: torch.Tensor, delta: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gauss_newton` for back-propagation through the IEnKF: the same Δw = C⁻¹ (Yw δ − (N − 1) w) with
+    C = (N − 1) I + Yw Ywᵀ, by a Cholesky solve (C ⪰ (N − 1) I: well conditioned, its backward stable), so the
+    gradient reaches Yw, δ and w; T and T⁻¹ come from :func:`gauss_newton` without a gradient (constants of the
+    step: the SVD's backward has 1/(s_i² − s_j²) terms that blow up where singular values nearly repeat)."""
+    N = Yw.shape[-2]
+    with torch.no_grad():
+        _, T, T_inv = gauss_newton(Yw.detach(), delta.detach(), w.detach())
+    eye = torch.eye(N, dtype=Yw.dtype)
+    C = (N - 1) * eye + Yw @ Yw.transpose(-1, -2)
+    L, info = torch.linalg.cholesky_ex(C)
+    if bool((info != 0).any()):  # a stream whose huge sensitivities lost C's definiteness to rounding: Δw = ∇/(N − 1)
+        L = torch.where((info != 0)[:, None, None], math.sqrt(N - 1) * eye, L)  # (it has lost the truth anyway)
+    dw = torch.cholesky_solve(Yw @ delta - (N - 1) * w, L)
     return dw, T, T_inv
