@@ -15,6 +15,12 @@ p-values (PIT) of every method.
 3. Calibration. 2000 steps simulated from SV (d = 1 and 5) and ``lds``, the default method: the Kolmogorov–Smirnov
    p-value of the pit values against U(0, 1) and the fraction flagged at a 1 % two-sided level (expected 1 %).
 
+4. Bias (``--only bias``, not in the default run). The real-data run's per-step error averaged over ``--seeds``
+   seeds (32 by default) of plain ``mpf``, ``mpf`` ``marginal`` and ``smc`` (SQMC) at N = 256: the bias b_t =
+   mean_s (log Ẑ_t,s − log Z_t) with its standard error, the largest |b_t|, the steps where |b_t| > 0.1 (issue 39's
+   bound on a flow's bias at N = 256) and by more than two standard errors, and, per seed, whether the total is within
+   0.2 and every step within 0.1 — which separates an estimator's bias from the spread of a 256-point cloud.
+
 Writes ``benchmarks/results/evidence.json`` and ``evidence.png`` (the GBP/USD run: returns, the filtered
 volatility band, flagged days). ``--quick`` runs fewer seeds and steps; ``--seeds`` sets the real data's seeds per
 method row (default 4), run as one batch of streams (stream b seeded 1000 b, as it would be alone).
@@ -367,6 +373,65 @@ def calibration(quick: bool) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------- report
+#: the rows of :func:`bias`: (label, method, options) at :data:`BIAS_PARTICLES`
+BIAS_ROWS = (("mpf", "mpf", {}), ("mpf marginal", "mpf", {"marginal": True}), ("smc (SQMC)", "smc", {}))
+BIAS_PARTICLES = 256
+#: issue 39's bounds: a flow's bias at every step, a run's total and its every step
+BIAS_BOUND, TOTAL_BOUND = 0.1, 0.2
+
+
+def bias_row(err: np.ndarray) -> dict:
+    """The bias statistics of one row's errors ``err`` [S seeds, T steps] (module docstring, 4)."""
+    seeds = err.shape[0]
+    b = err.mean(0)
+    se = err.std(0, ddof=1) / math.sqrt(seeds)
+    worst = int(np.argmax(np.abs(b)))
+    total = err.sum(1)
+    return {
+        "seeds": seeds,
+        "max_abs_bias": float(np.abs(b[worst])),
+        "max_abs_bias_day": worst + 1,
+        "max_abs_bias_se": float(se[worst]),
+        "bias_day_144": float(b[OUTLIER]),
+        "bias_day_144_se": float(se[OUTLIER]),
+        "steps_bias_over_bound": int((np.abs(b) > BIAS_BOUND).sum()),
+        "steps_bias_over_bound_by_2se": int((np.abs(b) - 2 * se > BIAS_BOUND).sum()),
+        "total_mean": float(total.mean()),
+        "total_sd": float(total.std(ddof=1)),
+        "seeds_total_within": int((np.abs(total) <= TOTAL_BOUND).sum()),
+        "seeds_every_step_within": int((np.abs(err).max(1) <= BIAS_BOUND).sum()),
+        "worst_step_any_seed": float(np.abs(err).max()),
+    }
+
+
+def bias(seeds: int) -> list[dict]:
+    """Module docstring, 4: each of :data:`BIAS_ROWS` over ``seeds`` seeds (one batch of streams) on GBP/USD against
+    the 1000-point grid."""
+    y = torch.tensor(evidence_reference.returns())
+    p = evidence_reference.PARAMS
+    prior = stationary_prior(1, p["mu"], p["phi"], p["sigma"])
+    obs = y.reshape(1, -1, 1).float()
+    _, _, lz = diagonal_grid_evidence(
+        sv_model(dtype=F64), prior.means[0, 0], prior.covs[0, 0].diagonal(), y.reshape(1, -1, 1), 1000, 10.0
+    )
+    ref = lz[0].numpy()
+    out = []
+    for label, method, options in BIAS_ROWS:
+        batch = run(method, options, BIAS_PARTICLES, 0, sv_model(), prior, obs.expand(seeds, -1, -1))
+        row = {"label": label, "method": method, "options": options, "particles": BIAS_PARTICLES}
+        row.update(bias_row(batch["inc"] - ref[None]))
+        row["wall_s"] = round(batch["wall_s"], 1)
+        out.append(row)
+        print(
+            f"  {label:14s} max |bias| {row['max_abs_bias']:.3f} ± {row['max_abs_bias_se']:.3f} (day "
+            f"{row['max_abs_bias_day']}), steps over {BIAS_BOUND}: {row['steps_bias_over_bound']}; total "
+            f"{row['total_mean']:+.3f} ± {row['total_sd']:.3f} sd, within {TOTAL_BOUND}: {row['seeds_total_within']}"
+            f"/{seeds}, every step within {BIAS_BOUND}: {row['seeds_every_step_within']}/{seeds}",
+            flush=True,
+        )
+    return out
+
+
 def plot(real: dict, path: Path) -> None:
     import matplotlib
 
@@ -400,8 +465,10 @@ def plot(real: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("real", "families", "calibration"), default=None)
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per method row on the real data (4; --quick 2)")
+    parser.add_argument("--only", choices=("real", "families", "calibration", "bias"), default=None)
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds per method row on the real data (4; --quick 2; bias 32)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -416,6 +483,9 @@ def main() -> None:
     if args.only in (None, "calibration"):
         print("calibration: pit of the default method on simulated data")
         result["calibration"] = calibration(args.quick)
+    if args.only == "bias":
+        print(f"bias: the real data's per-step error over seeds at N = {BIAS_PARTICLES}")
+        result["bias"] = bias(args.seeds or 32)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     name = "evidence" if args.only is None else f"evidence-{args.only}"
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
