@@ -22,8 +22,9 @@ p-values (PIT) of every method.
    0.2 and every step within 0.1 — which separates an estimator's bias from the spread of a 256-point cloud.
 
 Writes ``benchmarks/results/evidence.json`` and ``evidence.png`` (the GBP/USD run: returns, the filtered
-volatility band, flagged days). ``--quick`` runs fewer seeds and steps; ``--seeds`` sets the real data's seeds per
-method row (default 4), run as one batch of streams (stream b seeded 1000 b, as it would be alone).
+volatility band, flagged days; ``--out``: the JSON elsewhere). ``--quick`` runs fewer seeds and steps; ``--seeds``
+sets the real data's seeds per method row (default 4), run as one batch of streams (stream b seeded 1000 b, as it
+would be alone).
 """
 
 from __future__ import annotations
@@ -469,6 +470,7 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds per method row on the real data (4; --quick 2; bias 32)"
     )
+    parser.add_argument("--out", type=Path, default=None, help="the JSON (benchmarks/results/evidence[-ONLY].json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -488,8 +490,9 @@ def main() -> None:
         result["bias"] = bias(args.seeds or 32)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     name = "evidence" if args.only is None else f"evidence-{args.only}"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote benchmarks/results/{name}.json")
+    out = args.out or RESULTS / f"{name}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
