@@ -101,6 +101,11 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _number(value: object) -> bool:
+    """An int or a float from JSON (not a bool)."""
+    return isinstance(value, float | int) and not isinstance(value, bool)
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union")))
@@ -121,7 +126,7 @@ def check_numbers(settings: Settings, stream: dict[str, Any]) -> None:
     if not (_whole(stream["step"]) and 0 <= stream["step"] <= MAX_STEP):
         raise refuse(f"stream.step: an integer from 0 to {MAX_STEP}")
     evidence = stream["log_evidence"]
-    if not (isinstance(evidence, float | int) and not isinstance(evidence, bool) and math.isfinite(evidence)):
+    if not (_number(evidence) and math.isfinite(evidence)):
         raise refuse("stream.log_evidence: a finite number")
     try:
         check_state_names(stream["state_names"], d)
@@ -133,15 +138,14 @@ def check_numbers(settings: Settings, stream: dict[str, Any]) -> None:
 def _probability(value: object) -> bool:
     """A number in [0, 1] (up to e^:data:`LOG_WEIGHT_TOLERANCE` above 1: a weighted sum of CDF values whose
     weights sum to 1 within that tolerance)."""
-    number = isinstance(value, float | int) and not isinstance(value, bool)
-    return number and 0.0 <= value <= math.exp(LOG_WEIGHT_TOLERANCE)
+    return _number(value) and 0.0 <= value <= math.exp(LOG_WEIGHT_TOLERANCE)
 
 
 def check_pit(stream: dict[str, Any], model: ModelFamily) -> None:
     """``pit_alert``, ``pit`` and ``pit_step`` as a stream of ``model`` at the description's step holds them
     (module docstring)."""
     alert = stream["pit_alert"]
-    if alert is not None and not (isinstance(alert, float | int) and not isinstance(alert, bool) and 0 < alert < 1):
+    if alert is not None and not (_number(alert) and 0 < alert < 1):
         raise refuse("stream.pit_alert: null or a number in (0, 1)")
     pit, at = stream["pit"], stream["pit_step"]
     if pit is None and at is None:
