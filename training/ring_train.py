@@ -320,25 +320,35 @@ def restart_lost(pool: Pool, rmse: torch.Tensor, stride: int, N: int, gen: torch
     return len(idx)
 
 
+def rollout(
+    pool: Pool, flow, base: EnKFUpdater | IEnKFUpdater, gen: torch.Generator, cycles: int
+) -> tuple[float, torch.Tensor, float]:
+    """``cycles`` cycles of a copy of ``pool`` (the pool itself untouched) → (the mean energy score, each twin's mean
+    analysis RMSE [twins] — a lost or blown twin's counted at ``LOST_RMSE``, a blown IEnKF twin's being infinite —,
+    the mean ensemble spread)."""
+    p = copy.deepcopy(pool)
+    score, spread = 0.0, 0.0
+    rmse = torch.zeros(p.truth.shape[0], dtype=torch.float64)
+    for _ in range(cycles):
+        s, r = cycle(p, flow, base, gen, grad=False)
+        score += float(s.mean())
+        rmse += r.detach().cpu().double().nan_to_num(LOST_RMSE, LOST_RMSE).clamp_max(LOST_RMSE)
+        spread += float(p.members.std(1).square().mean(-1).sqrt().mean())
+    return score / cycles, rmse / cycles, spread / cycles
+
+
 def validate(
     flow: RingFlow, letkf: EnKFUpdater, pools: dict[str, Pool], cycles: int | dict[str, int], seed: int
 ) -> dict[str, float]:
     """Mean energy score and RMSE over ``cycles`` cycles (one number, or one per pool) of copies of the validation
-    pools (same start every time); a twin's RMSE counts at most ``LOST_RMSE`` (a blown IEnKF twin's is infinite)."""
+    pools (same start every time; :func:`rollout`)."""
     out = {}
     gen = torch.Generator().manual_seed(seed)
     for name, pool in pools.items():
-        p = copy.deepcopy(pool)
-        scores, rmses, spreads = [], [], []
-        n = cycles[name] if isinstance(cycles, dict) else cycles
-        for _ in range(n):
-            s, r = cycle(p, flow, letkf, gen, grad=False)
-            scores.append(float(s.mean()))
-            rmses.append(float(r.nan_to_num(LOST_RMSE, LOST_RMSE).clamp_max(LOST_RMSE).mean()))  # a blown twin: lost
-            spreads.append(float(p.members.std(1).square().mean(-1).sqrt().mean()))
-        out[f"{name}_score"] = sum(scores) / n
-        out[f"{name}_rmse"] = sum(rmses) / n
-        out[f"{name}_spread"] = sum(spreads) / n
+        score, rmse, spread = rollout(pool, flow, letkf, gen, cycles[name] if isinstance(cycles, dict) else cycles)
+        out[f"{name}_score"] = score
+        out[f"{name}_rmse"] = float(rmse.mean())
+        out[f"{name}_spread"] = spread
     return out
 
 
@@ -371,14 +381,8 @@ def paired_validate(
         for who, net in (("base", None), ("theta", flow)):
             if (who == "base" and name in reference) or (who == "theta" and flow is None):
                 continue
-            p, gen = copy.deepcopy(pool), torch.Generator().manual_seed(seed)
-            rmse = torch.zeros(p.truth.shape[0], dtype=torch.float64)
-            spread = 0.0
-            for _ in range(cycles[name]):
-                _, r = cycle(p, net, base, gen, grad=False)
-                rmse += r.detach().cpu().nan_to_num(LOST_RMSE, LOST_RMSE).clamp_max(LOST_RMSE)
-                spread += float(p.members.std(1).square().mean(-1).sqrt().mean())
-            row = {"rmse": rmse / cycles[name], "spread": spread / cycles[name]}
+            _, rmse, spread = rollout(pool, net, base, torch.Generator().manual_seed(seed), cycles[name])
+            row = {"rmse": rmse, "spread": spread}
             if who == "base":
                 reference[name] = row
             runs[name] = row
