@@ -65,7 +65,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import marginal
 from mpflow.operators.rng import generator
-from mpflow.operators.updaters import Updater, base, enkf, get_updater, gpf, kalman, nvgd, smc2, svgd
+from mpflow.operators.updaters import Updater, base, enkf, get_updater, gpf, kalman, nvgd, svgd
 from mpflow.service.engine.summary import summary
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -237,13 +237,6 @@ FITS = (
     ),
     Fit("base.CDF_FLOPS", lambda: base.CDF_FLOPS, "enkf lds d=64", "pit", lambda m: m.n * m.stream.k),
     Fit(
-        "smc2.PAIR_FORECAST_FLOPS",
-        lambda: smc2.PAIR_FORECAST_FLOPS,
-        "smc2 lds d=1 (R learned)",
-        "forecast",
-        lambda m: m.n * m.steps,
-    ),
-    Fit(
         "mixture_evidence.KERNEL_TERM_FLOPS (backward_simulation's)",
         lambda: mixture_evidence.KERNEL_TERM_FLOPS,
         "mpf lds d=8 evidence mixture N=1024",
@@ -292,7 +285,6 @@ BEFORE = (
     (enkf, "LOCAL_ANALYSIS_FLOPS", 0.0),
     (kalman, "CDF_FLOPS", 0.0),
     (kalman, "DRAW_FLOPS", base.RANDN_FLOPS),
-    (smc2, "PAIR_FORECAST_FLOPS", 0.0),
     (marginal, "PAIR_FLOPS", 24.0),
     (mixture_evidence, "KERNEL_TERM_FLOPS", 2.0 * 8 + 20.0),
     # the iterative solvers' fixed costs, added after the audit (the small-N rows)
@@ -528,15 +520,17 @@ def audit(args: argparse.Namespace) -> int:
 
 def merged(path, new: dict[str, Any]) -> dict[str, Any]:
     """The audit's JSON at ``path`` with ``new``'s rows and fits in place of those of the same row (and work) or
-    constant, the others kept as they were measured (each row is read against its own reference step); the runs'
-    reference rates and load are kept side by side under ``merges``."""
+    constant, the others kept as they were measured (each row is read against its own reference step) but the fit
+    of a constant that a row measured again no longer fits (``smc2``'s pairs, since priced as a particle filter's
+    forecast); the runs' reference rates and load are kept side by side under ``merges``."""
     if not path.exists():
         return new
     old = json.loads(path.read_text())
     rows = {(r["label"], r["work"]): r for r in new["rows"]}
     kept = [rows.pop((r["label"], r["work"]), r) for r in old["rows"]]
     fitted = {f["constant"]: f for f in new["fits"]}
-    fits = [fitted.pop(f["constant"], f) for f in old["fits"]]
+    again = {r["label"] for r in new["rows"]}  # a row measured again that fits a constant no more drops its fit
+    fits = [fitted.pop(f["constant"], f) for f in old["fits"] if f["constant"] in fitted or f["row"] not in again]
     merges = [
         *old.get("merges", []),
         {"reference": new["reference"], "meta": new["meta"], "rows": sorted({r["label"] for r in new["rows"]})},

@@ -427,14 +427,27 @@ class ModelFamily:
         return _affine_draw(x, gens, *self.transition_affine())
 
     def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
-        """fx [B, N, d] plus a draw of the transition noise N(0, Q)."""
-        return _with_noise(fx, gens, self.transition_noise())
+        """fx [B, N, d] plus a draw of the transition noise N(0, Q) (:meth:`noise_added` of a standard-normal
+        draw)."""
+        return self.noise_added(fx, randn(gens, fx.shape[1:], fx.dtype))
+
+    def noise_added(self, fx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """fx [B, N, d] plus the transition noise made of the standard-normal draws z [B, N, d]: L z with LLᵀ = Q
+        (needs Q positive definite; a family whose Q may be singular overrides it: ``lorenz96``'s √Q z)."""
+        return _noise_added(fx, z, self.transition_noise())
 
     def transition_from_noise(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The transition of x [B, N, d] driven by the given standard-normal noise z [B, N, d]: f(x) + L z with
-        LLᵀ = Q — what :meth:`transition` draws, with the draw made by the caller (sequential quasi-Monte Carlo,
-        :mod:`mpflow.operators.sqmc`, passes Φ⁻¹ of quasi-random points). Needs Q positive definite."""
-        return _noise_added(self.transition_mean(x), z, self.transition_noise())
+        LLᵀ = Q — what :meth:`transition` draws, with the draw made by the caller: sequential quasi-Monte Carlo
+        (:mod:`mpflow.operators.sqmc`) passes Φ⁻¹ of quasi-random points, and ``smc2``'s forecast one stream's draw
+        for a model of a row per (θ, x) pair (each row its own parameters, one generator's call for them all).
+        Identity for static families."""
+        if not self.dynamic:
+            return x
+        if not self.affine_transition:
+            return self.noise_added(self.transition_mean(x), z)
+        F, c, Q = self.transition_affine()
+        return _noise_added(x @ F.transpose(-1, -2) + c[:, None], z, Q)
 
     # ----------------------------------------------------------------- simulation
     def simulate(self, T: int, x0: torch.Tensor, gens: Generators) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,6 @@ from mpflow.operators import validation
 from mpflow.operators.models.base import DEFAULT_SCALE_RANGE, ModelFamily, scaled_step, span
 from mpflow.operators.models.diagonal_observation import DiagonalGaussianObservation
 from mpflow.operators.models.spec import POSITIVE, REAL, FamilySpec, kind, parse_positive
-from mpflow.operators.rng import Generators, randn
 
 
 def _number(value: float):
@@ -169,10 +168,10 @@ class Lorenz96(DiagonalGaussianObservation):
     def transition_noise(self) -> torch.Tensor:
         return self.params["Q"][:, None, None] * torch.eye(self.state_dim, dtype=self.params["Q"].dtype)
 
-    def perturbed(self, fx: torch.Tensor, gens: Generators) -> torch.Tensor:
-        """fx + √Q ξ (ξ drawn even where Q = 0, so a stream's draws do not depend on its batch)."""
+    def noise_added(self, fx: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """fx + √Q z, defined at Q = 0 (z drawn even there, so a stream's draws do not depend on its batch)."""
         sd = torch.sqrt(self.expanded(fx.shape[0])["Q"]).to(fx.dtype)[:, None, None]
-        return fx + sd * randn(gens, list(fx.shape[1:]), fx.dtype)
+        return fx + sd * z
 
     # ----------------------------------------------------------------- observation
     def observed_mean(self, x: torch.Tensor) -> torch.Tensor:

@@ -311,15 +311,13 @@ class SMC2Updater(Updater):
         params = sum(v[0].numel() for v in model.params.values())
         return StepWork(base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params))
 
-    def forecast_work(self, model: ModelFamily, n: int, steps: int, dt: float = 1.0) -> StepWork:
-        """:meth:`Updater.forecast_work`, plus per horizon and pair its own transition under its own θ
-        (:data:`PAIR_FORECAST_FLOPS`: the pairs are moved as n one-row models, a generator's call each)."""
-        base = super().forecast_work(model, n, steps, dt)
-        return StepWork(base.flops + steps * n * PAIR_FORECAST_FLOPS, base.bytes)
-
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
-        """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring)."""
+        """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring), as one
+        model of N rows whose transition draws the noise of all N from ``gen`` in one call — priced as a particle
+        filter's forecast (:meth:`Updater.forecast_work`), which covers it: 47 horizons at N = 65536 took 0.53 to
+        0.57 s of CPU where that price buys 0.99 s at 25 Gflop/s (``benchmarks/price_audit.py``, 2026-11-28; moved
+        one pair at a time, a generator's call each, 63 horizons took 18 s and were priced 120000 flops a pair)."""
         from mpflow.operators.updaters.predictive import particle_predictive
 
         B, N, d = state.particles.shape
@@ -330,15 +328,6 @@ class SMC2Updater(Updater):
         )
         x = state.particles.reshape(N, 1, d)
         return particle_predictive(x.transpose(0, 1), state.log_weights, _PerParticle(per_pair), steps, gen)
-
-
-#: floating-point operations' worth of moving one (θ, x) pair one horizon of a forecast under its own θ
-#: (:meth:`SMC2Updater.forecast`: a one-row model and a ``randn`` call per pair, a Python loop over the pairs) —
-#: measured, not counted, as :data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS` is: ``benchmarks/
-#: price_audit.py`` fits it from ``smc2`` on ``lds`` d = 1 at N = 65536 (63 horizons took 19.4 to 19.8 s CPU,
-#: priced 2.7e9 — a hundredth of their time: the cost model accepted them), 103000 to 131000 at 25 Gflop/s in
-#: three runs on 2026-11-28
-PAIR_FORECAST_FLOPS = 120000.0
 
 
 def _rows(gens: Generators) -> list:
@@ -358,8 +347,13 @@ class _PerParticle:
         self.model = model
 
     def transition(self, x: torch.Tensor, gens) -> torch.Tensor:
-        xs = x.transpose(0, 1)  # [N, 1, d]
-        return self.model.transition(xs, [gens[0]] * xs.shape[0]).transpose(0, 1)
+        """x [1, N, d] moved a step, particle i under row i's θ: the noise of all N drawn from the stream's one
+        generator in one call ([1, N, d], as a particle filter's forecast draws it), the rows moved in one tensor
+        operation (:meth:`ModelFamily.transition_from_noise`)."""
+        if not self.model.dynamic:
+            return x
+        z = randn(gens, list(x.shape[1:]), x.dtype)
+        return self.model.transition_from_noise(x.transpose(0, 1), z.transpose(0, 1)).transpose(0, 1)
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
         return None

@@ -14,11 +14,12 @@ Redis, the default limits):
   on a loaded core (docs/benchmarks.md "What a read costs against its price"), past the 30 s worker deadline;
   priced as measured, that stream's creation is refused (413 naming ``smoothing_lag``, nothing created), and the
   largest window now accepted (at L = 10, to keep the test short) answers its read 200 within the deadline;
-* an ``smc2`` forecast priced at its real work: each (θ, x) pair is moved a horizon as a one-row model, about 80000
-  floating-point operations' worth (``benchmarks/price_audit.py``), where it was priced as a particle filter's
-  forecast — a hundredth of its time. At that price the cost model accepted 63 horizons at N = 65536 (about 20 s of
-  CPU, against the 30 s worker deadline on a core of its own); priced as measured they are refused (413 naming
-  ``steps``), and the largest forecast now accepted answers within a third of the deadline;
+* an ``smc2`` forecast within its price: its (θ, x) pairs were moved a horizon one at a time, as one-row models (63
+  horizons at N = 65536 took about 20 s of CPU, against the 30 s worker deadline on a core of its own), and were
+  priced 120000 floating-point operations a pair and horizon for it; moved together, as one model of a row per pair
+  with one generator's call a horizon, they cost a particle filter's forecast and are priced as one. The largest
+  forecast the defaults accept at N = 65536 (47 horizons, 9.7 s one pair at a time) answers within a few seconds,
+  and one horizon more is refused (413 naming ``steps``);
 * an iterative solver priced at its iterations: a ``gpf`` step was priced at its ``max_iters`` = 500 iterations'
   arithmetic only, a 25th of one iteration's fixed cost at N = 16 (Python, the tensor operations' launches: about
   0.6 ms), so a request of 1000 steps was accepted (about 14 s as it runs, and up to 500 iterations a step where the
@@ -40,7 +41,7 @@ import httpx
 import pytest
 from mpflow.operators.models import make_model
 from mpflow.operators.smoothing import backward_simulation
-from mpflow.operators.updaters import base, get_updater, gpf, smc2
+from mpflow.operators.updaters import get_updater, gpf
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from websockets.sync.client import connect
@@ -265,12 +266,15 @@ def smc2_forecast_steps() -> int:
     )
 
 
-def test_an_smc2_forecast_is_priced_at_its_work(monkeypatch, client):
-    with monkeypatch.context() as m:  # the forecast the earlier price (a particle filter's) accepted
-        m.setattr(smc2, "PAIR_FORECAST_FLOPS", 0.0)
-        m.setattr(base, "QUANTILE_FLOPS", 20.0)
-        old = smc2_forecast_steps()
-    assert old == 63
+#: "within a few seconds": the largest ``smc2`` forecast now accepted (47 horizons at N = 65536, priced 1.0 s at 25
+#: Gflop/s) answered in 1.2 s on an idle core; moved one pair at a time, the same request took 9.7 s — under a third
+#: of the deadline, so this bound, not the deadline's, is what tells the two apart
+SMC2_FORECAST_SECONDS = 5.0
+
+
+def test_the_largest_smc2_forecast_answers_within_a_few_seconds(client):
+    now = smc2_forecast_steps()
+    assert now >= 40  # priced as a particle filter's forecast (it was 2 horizons at 120000 flops a pair and horizon)
     body = {
         "model": {"family": "lds", "params": SMC2_PARAMS},
         "prior": {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]},
@@ -281,14 +285,13 @@ def test_an_smc2_forecast_is_priced_at_its_work(monkeypatch, client):
     sid = create(client, body)
     r = client.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.3], [-0.1]]})
     assert r.status_code == 200, r.text
-    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": old})
+    r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": now + 1})
     message = refused(r, seconds, "steps", "MPFLOW_MAX_REQUEST_FLOPS")
-    now = smc2_forecast_steps()
-    assert 1 <= now < old and f"at most {now} here" in message, message
+    assert f"at most {now} here" in message, message
     r, seconds = timed(client.get, f"/v1/streams/{sid}/forecast", params={"steps": now})
     assert r.status_code == 200, r.text
     assert len(r.json()["forecast"]) == now
-    assert seconds < DEFAULTS.worker_deadline_seconds / 3, f"the largest forecast took {seconds:.1f} s"
+    assert seconds < SMC2_FORECAST_SECONDS, f"the largest forecast took {seconds:.1f} s"
     assert client.delete(f"/v1/streams/{sid}").status_code == 204
     other_stream_updates(client)
 

@@ -6,6 +6,9 @@
 * Streams batched together get what each gets alone (θ-particles, inner filters, rejuvenation draws; up to float64
   rounding), and the state
   keeps its size as it steps.
+* The forecast moves each (θ, x) pair under its own θ: on ``lds`` d = 1 with Q learned and two known values of θ,
+  each θ's pairs have the closed-form mean and variance at every horizon, and so has the whole predictive, within
+  Monte Carlo error; the same generator gives the same forecast, and it draws once a horizon whatever N.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.priors import GaussianMixture
+from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater
 
@@ -152,3 +156,65 @@ def test_the_catalogue_says_which_parameters_may_be_priors():
     assert fams["stochastic_volatility"] == {"mu": True, "phi": True, "sigma": True}
     assert fams["lorenz96"]["F"] and not fams["lorenz96"]["delta"] and not fams["lorenz96"]["obs_every"]
     assert "smc2" not in {m for f in catalogue.models(8) for m in f["methods"]}
+
+
+#: the forecast's test: two θ-particles, Q = 0.5 and 3 (the unit Q is 1), of N_x = 8192 pairs each, x₀ ~ N(1.5, 0.4)
+FORECAST_Q, FORECAST_NX, X0_MEAN, X0_VAR, HORIZONS = (0.5, 3.0), 8192, 1.5, 0.4, 6
+
+
+def forecast_state() -> tuple:
+    """An ``smc2`` state of ``lds`` d = 1 (A = 0.9, Q learned) at known θ: θ-particle j holds Q_j and its N_x pairs'
+    states x₀ ~ N(1.5, 0.4), drawn here; all weights equal."""
+    model = make_model("lds", {"A": [[A]], "B": [[1.0]], "Q": LOGNORMAL}, 1)
+    updater = get_updater("smc2", theta_particles=len(FORECAST_Q))
+    n = len(FORECAST_Q) * FORECAST_NX
+    state = updater.init(GAUSS1, model, n, 0)
+    x0 = X0_MEAN + math.sqrt(X0_VAR) * torch.randn(1, n, 1, generator=generator(2026))
+    extras = {**state.extras, "param.Q": torch.tensor([FORECAST_Q], dtype=torch.float64)}
+    state = state.replace(particles=x0.to(state.particles.dtype), log_weights=torch.zeros(1, n), extras=extras)
+    return updater, model, state
+
+
+def closed_form(q: float, k: int) -> tuple[float, float]:
+    """Mean and variance of x_k of x_m = A x_{m−1} + N(0, q) from x₀ ~ N(1.5, 0.4)."""
+    return A**k * X0_MEAN, A ** (2 * k) * X0_VAR + q * sum(A ** (2 * i) for i in range(k))
+
+
+def test_the_forecast_moves_each_pair_under_its_own_theta():
+    updater, model, state = forecast_state()
+    p = updater.forecast(state, model, HORIZONS, generator(3))
+    cloud = p.state_cloud[..., 0].reshape(HORIZONS, len(FORECAST_Q), FORECAST_NX)  # [k, θ, pairs]
+    for k in range(1, HORIZONS + 1):
+        for j, q in enumerate(FORECAST_Q):
+            mean, var = closed_form(q, k)
+            x = cloud[k - 1, j]
+            # 4 standard errors: of the mean √(var / N_x), of the variance var √(2 / N_x) (Gaussian)
+            assert abs(float(x.mean()) - mean) < 4 * math.sqrt(var / FORECAST_NX), (k, q, float(x.mean()), mean)
+            assert abs(float(x.var()) - var) < 4 * var * math.sqrt(2 / FORECAST_NX), (k, q, float(x.var()), var)
+        # the whole predictive: the equal mixture of the two θ's Gaussians (same mean, the mean of the variances)
+        # (a scale mixture: the variance's standard error from its fourth moment, 3 × the mean of var_j²)
+        v = [closed_form(q, k)[1] for q in FORECAST_Q]
+        n, mixture_var = len(FORECAST_Q) * FORECAST_NX, sum(v) / len(v)
+        se_var = math.sqrt((3 * sum(u * u for u in v) / len(v) - mixture_var**2) / n)
+        assert abs(float(p.state_mean[k - 1, 0]) - closed_form(0.0, k)[0]) < 4 * math.sqrt(mixture_var / n)
+        assert abs(float(p.state_cov[k - 1, 0, 0]) - mixture_var) < 4 * se_var
+
+
+def test_the_forecast_is_reproducible_and_draws_once_a_horizon(monkeypatch):
+    from mpflow.operators import rng
+
+    updater, model, state = forecast_state()
+    first = updater.forecast(state, model, 3, generator(3))
+    assert torch.equal(first.state_cloud, updater.forecast(state, model, 3, generator(3)).state_cloud)
+    assert not torch.equal(first.state_cloud, updater.forecast(state, model, 3, generator(4)).state_cloud)
+    calls = []
+    original = rng._draw_generators
+
+    def counted(gens):
+        out = original(gens)
+        calls.append(len(out))
+        return out
+
+    monkeypatch.setattr(rng, "_draw_generators", counted)
+    updater.forecast(state, model, 3, generator(3))
+    assert calls == [1, 1, 1]  # one generator's call a horizon for all 16384 pairs (it was one per pair)
