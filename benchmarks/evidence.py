@@ -20,6 +20,9 @@ p-values (PIT) of every method.
    mean_s (log Ẑ_t,s − log Z_t) with its standard error, the largest |b_t|, the steps where |b_t| > 0.1 (issue 39's
    bound on a flow's bias at N = 256) and by more than two standard errors, and, per seed, whether the total is within
    0.2 and every step within 0.1 — which separates an estimator's bias from the spread of a 256-point cloud.
+   Each row also gives the filtered posterior's error against the grid's (the mean's error in the grid's posterior
+   sd, and the ratio of the sds, averaged over seeds and days) and its wall time; ``--operator NAME`` (repeatable)
+   adds ``mpf`` with that trained operator (found on ``MPFLOW_OPERATOR_DIRS`` like any other).
 
 Writes ``benchmarks/results/evidence.json`` and ``evidence.png`` (the GBP/USD run: returns, the filtered
 volatility band, flagged days; ``--out``: the JSON elsewhere). ``--quick`` runs fewer seeds and steps; ``--seeds``
@@ -405,29 +408,34 @@ def bias_row(err: np.ndarray) -> dict:
     }
 
 
-def bias(seeds: int) -> list[dict]:
-    """Module docstring, 4: each of :data:`BIAS_ROWS` over ``seeds`` seeds (one batch of streams) on GBP/USD against
-    the 1000-point grid."""
+def bias(seeds: int, operators: tuple[str, ...] = ()) -> list[dict]:
+    """Module docstring, 4: each of :data:`BIAS_ROWS` (and ``mpf`` with each trained operator of ``operators``) over
+    ``seeds`` seeds (one batch of streams) on GBP/USD against the 1000-point grid."""
     y = torch.tensor(evidence_reference.returns())
     p = evidence_reference.PARAMS
     prior = stationary_prior(1, p["mu"], p["phi"], p["sigma"])
     obs = y.reshape(1, -1, 1).float()
-    _, _, lz = diagonal_grid_evidence(
+    grid_mean, grid_cov, lz = diagonal_grid_evidence(
         sv_model(dtype=F64), prior.means[0, 0], prior.covs[0, 0].diagonal(), y.reshape(1, -1, 1), 1000, 10.0
     )
     ref = lz[0].numpy()
+    grid_sd = grid_cov[0].diagonal(dim1=-2, dim2=-1).sqrt().numpy()
     out = []
-    for label, method, options in BIAS_ROWS:
+    rows = (*BIAS_ROWS, *((f"mpf {name}", "mpf", {"operator": name}) for name in operators))
+    for label, method, options in rows:
         batch = run(method, options, BIAS_PARTICLES, 0, sv_model(), prior, obs.expand(seeds, -1, -1))
         row = {"label": label, "method": method, "options": options, "particles": BIAS_PARTICLES}
         row.update(bias_row(batch["inc"] - ref[None]))
+        row["mean_error_sd"] = float((np.abs(batch["mean"] - grid_mean[0].numpy()[None]) / grid_sd[None]).mean())
+        row["sd_ratio"] = float((batch["sd"] / grid_sd[None]).mean())
         row["wall_s"] = round(batch["wall_s"], 1)
         out.append(row)
         print(
             f"  {label:14s} max |bias| {row['max_abs_bias']:.3f} ± {row['max_abs_bias_se']:.3f} (day "
             f"{row['max_abs_bias_day']}), steps over {BIAS_BOUND}: {row['steps_bias_over_bound']}; total "
             f"{row['total_mean']:+.3f} ± {row['total_sd']:.3f} sd, within {TOTAL_BOUND}: {row['seeds_total_within']}"
-            f"/{seeds}, every step within {BIAS_BOUND}: {row['seeds_every_step_within']}/{seeds}",
+            f"/{seeds}, every step within {BIAS_BOUND}: {row['seeds_every_step_within']}/{seeds}; mean error "
+            f"{row['mean_error_sd']:.3f} sd, sd ratio {row['sd_ratio']:.3f}, {row['wall_s']} s",
             flush=True,
         )
     return out
@@ -471,6 +479,9 @@ def main() -> None:
         "--seeds", type=int, default=None, help="seeds per method row on the real data (4; --quick 2; bias 32)"
     )
     parser.add_argument("--out", type=Path, default=None, help="the JSON (benchmarks/results/evidence[-ONLY].json)")
+    parser.add_argument(
+        "--operator", action="append", default=[], help="--only bias: add mpf with this trained operator (repeatable)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -487,7 +498,7 @@ def main() -> None:
         result["calibration"] = calibration(args.quick)
     if args.only == "bias":
         print(f"bias: the real data's per-step error over seeds at N = {BIAS_PARTICLES}")
-        result["bias"] = bias(args.seeds or 32)
+        result["bias"] = bias(args.seeds or 32, tuple(args.operator))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     name = "evidence" if args.only is None else f"evidence-{args.only}"
     out = args.out or RESULTS / f"{name}.json"

@@ -50,7 +50,7 @@ from mpflow.operators.mpf.divergence import EXACT_MAX_DIM, rademacher_probes
 from mpflow.operators.mpf.network import MPFVelocity
 from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import generator
-from mpflow.training.scores import SCORES, score
+from mpflow.training.scores import PREDICTIVE, SCORES, predictive_log_score, score
 from mpflow.training.task_distribution import task_distribution
 from mpflow.training.tasks import Tasks, sample_tasks
 from torch import nn
@@ -184,7 +184,7 @@ def _initial_cloud(tasks: Tasks, N: int, device) -> tuple[torch.Tensor, Tasks, t
     return x, tasks, device
 
 
-LOSSES = ("kl", *SCORES)
+LOSSES = ("kl", *SCORES, PREDICTIVE)
 
 
 def score_loss(
@@ -200,27 +200,38 @@ def score_loss(
     tbptt: int | None = None,
 ) -> torch.Tensor:
     """The mean over the T steps of a strictly proper score of the step's posterior cloud against the simulated true
-    state, per task [B] (:mod:`mpflow.training.scores`: ``"energy"`` or per-dimension ``"crps"``).
+    state, per task [B] (:mod:`mpflow.training.scores`: ``"energy"`` or per-dimension ``"crps"``), or
+    (``"predictive"``) of the predictive log score of each step's observation under the cloud carried to it,
+    −log (1/N) Σ_j p(o_m | x̃_j) with x̃ the predicted cloud (:func:`~mpflow.training.scores.predictive_log_score`:
+    the flows of the steps before m are rated by how much of the next observation's probability their cloud keeps;
+    step 1's term rates the prior alone, a constant).
 
     The cloud is carried from step to step as at serving time (dynamic families predict first,
     :func:`mpflow.operators.mpf.step.predict`), with its graph: the gradient of step m's score reaches the flows of
     the earlier steps, truncated every ``tbptt`` steps (the cloud is detached there: truncated back-propagation
     through time, memory O(tbptt)); None keeps the whole sequence. No log-density is tracked (the score needs
     none), so a step costs one velocity evaluation per RK4 stage and no divergence."""
-    if loss not in SCORES:
+    if loss not in (*SCORES, PREDICTIVE):
         raise ValueError(f"loss: expected one of {list(LOSSES)}, got {loss!r}")
-    if tasks.states is None:
+    if tasks.states is None and loss != PREDICTIVE:
         raise ValueError("a scoring-rule loss needs the tasks' true states (sample_tasks gives them)")
     x, tasks, device = _initial_cloud(tasks, N, device)
     model = tasks.model
     with torch.device(device):
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
         for m in range(tasks.length):
-            if tbptt and m > 0 and m % tbptt == 0:
-                x = x.detach()
             white = None
             if model.dynamic:
-                x, _, white = predict(model, x, tasks.gens, density=False)
+                propagated = None
+                if loss == PREDICTIVE:  # the predictive's moments as functions of the cloud (propagate detaches them)
+                    propagated = (model.propagate(x, tasks.gens)[0], *model.predicted_moments(x))
+                x, _, white = predict(model, x, tasks.gens, density=False, propagated=propagated)
+            if loss == PREDICTIVE:  # rates the flows before step m (cut below at a truncation, after it is taken)
+                total = total + predictive_log_score(model.log_likelihood(tasks.obs[:, m], x))
+            if tbptt and m > 0 and m % tbptt == 0:
+                x = x.detach()
+                if white is not None:
+                    white = gaussian.Whitened(white.mean.detach(), white.chol.detach(), white.z.detach())
             x, _ = flow_step(
                 net,
                 model,
@@ -233,7 +244,8 @@ def score_loss(
                 adjoint=adjoint,
                 whitened=white,
             )
-            total = total + score(loss, x, tasks.states[:, m].to(x.dtype))
+            if loss != PREDICTIVE:
+                total = total + score(loss, x, tasks.states[:, m].to(x.dtype))
     return total / tasks.length
 
 

@@ -16,13 +16,29 @@ draws from Q, so the expected score equals that of Q itself and is proper for ev
 
 The norm is made smooth at 0 (√(s + ε²)), so that the coinciding members of a collapsed cloud still give a finite
 gradient.
+
+The *predictive* log score rates the cloud by the next observation instead of the true state: with x̃_j the cloud
+carried to the next step (the transition draw of a dynamic family, the cloud itself for a static one), its predictive
+is the mixture Q̂(o) = (1/N) Σ_j p(o | x̃_j), and
+
+    LS(Q̂, o) = −log (1/N) Σ_j p(o | x̃_j),
+
+the logarithmic score (Good 1952; strictly proper: E_{o~P} LS(Q, o) − E LS(P, o) = KL(P ‖ Q), Gneiting & Raftery
+2007 §4.1) of the observation's predictive — the negative of the step's log-evidence increment log p̂(o_m | o_<m)
+estimated from the cloud. Its expectation over the simulated observations is minimised by a cloud whose predictive
+is the true p(o_m | o_<m): the inclusive KL(P ‖ Q̂) charges a predictive too light in its tails, which the
+exclusive KL(q ‖ p) of MPF eq. 19 does not. It needs the observations alone (no truth, no density of the cloud).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 SCORES = ("energy", "crps")
+#: the loss name of :func:`predictive_log_score` (it rates a cloud by the next observation, not by the truth)
+PREDICTIVE = "predictive"
 #: the smoothing ε of ‖·‖ = √(Σ (·)² + ε²), far below any cloud's spread
 _EPS2 = 1e-12
 
@@ -45,6 +61,12 @@ def crps(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (to_truth - 0.5 * spread).sum(-1)
 
 
+def predictive_log_score(log_lik: torch.Tensor) -> torch.Tensor:
+    """LS = −log (1/N) Σ_j p(o | x̃_j) [B] from the log-likelihoods log p(o | x̃_j) [B, N] of the observation under
+    the carried cloud's members (module docstring)."""
+    return math.log(log_lik.shape[-1]) - torch.logsumexp(log_lik, -1)
+
+
 def score(name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``energy`` or ``crps`` of x [B, N, d] against y [B, d] → [B]."""
     if name == "energy":
@@ -54,4 +76,4 @@ def score(name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"loss: expected one of {list(SCORES)}, got {name!r}")
 
 
-__all__ = ["SCORES", "crps", "energy_score", "score"]
+__all__ = ["PREDICTIVE", "SCORES", "crps", "energy_score", "predictive_log_score", "score"]

@@ -497,6 +497,7 @@ LOSS_DESCRIPTIONS = {
     "kl": "MPF eq. 19 (cumulative; eq. 21 segments; dynamic families: per-step loss vs the predicted density)",
     "energy": "fair energy score of each step's cloud against the simulated truth, mean over the steps",
     "crps": "fair CRPS summed over the dimensions, of each step's cloud against the simulated truth, mean over steps",
+    "predictive": "log score −log (1/N) Σ_j p(o_m | x̃_j) of each step's observation under the carried cloud, mean",
 }
 
 
@@ -559,10 +560,11 @@ def _add_train(sub: Any) -> argparse.ArgumentParser:
         default="kl",
         choices=list(LOSS_DESCRIPTIONS),
         help="kl: MPF eq. 19 (the paper's); energy: the energy score of each step's cloud against the simulated "
-        "truth; crps: the CRPS summed over the dimensions (strictly proper scores: no divergence is computed)",
+        "truth; crps: the CRPS summed over the dimensions; predictive: the log score of each observation under the "
+        "cloud carried to it, minus the step's log-evidence estimate (strictly proper scores: no divergence)",
     )
     t.add_argument(
-        "--tbptt", type=int, default=None, help="energy/crps: detach the cloud every K steps (default: never)"
+        "--tbptt", type=int, default=None, help="a score loss: detach the cloud every K steps (default: never)"
     )
     t.add_argument("--curriculum", type=float, default=0.0, help="fraction of the run over which T grows from 1")
     t.add_argument(

@@ -1,7 +1,8 @@
 """Smoke test of ``benchmarks/evidence.py --only bias``, run as a user runs it (tests do not import ``benchmarks``):
 three seeds of the GBP/USD run at N = 256; the plain flow's total is biased low (its Gaussian belief: −0.42 ± 0.04
-over 32 seeds), ``marginal``'s and ``smc``'s are not (−0.02 ± 0.11 and −0.01 ± 0.09), and the per-seed counts agree
-with the per-seed totals."""
+over 32 seeds), ``marginal``'s and ``smc``'s are not (−0.02 ± 0.11 and −0.01 ± 0.09), the per-seed counts agree
+with the per-seed totals, every row's filtered posterior is close to the grid's (0.010–0.016 sd in the mean, sd
+ratio 1.000–1.006 over 32 seeds), and ``--operator`` adds the shipped SV operator's row."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_evidence_bias_separates_the_gaussian_belief_from_the_spread(tmp_path):
     out = tmp_path / "bias.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.evidence", "--only", "bias", "--seeds", "3", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.evidence", "--only", "bias", "--seeds", "3", "--out", str(out),
+         "--operator", "stochastic_volatility-d1-v1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "max |bias|" in done.stdout
     rows = {r["label"]: r for r in json.loads(out.read_text())["bias"]}
-    assert set(rows) == {"mpf", "mpf marginal", "smc (SQMC)"}
+    assert set(rows) == {"mpf", "mpf marginal", "smc (SQMC)", "mpf stochastic_volatility-d1-v1"}
+    assert rows["mpf stochastic_volatility-d1-v1"]["options"] == {"operator": "stochastic_volatility-d1-v1"}
     plain, marginal, smc = rows["mpf"], rows["mpf marginal"], rows["smc (SQMC)"]
     assert all(r["seeds"] == 3 and r["particles"] == 256 for r in rows.values())
     assert plain["total_mean"] < -0.3 and plain["seeds_total_within"] == 0
@@ -34,3 +37,4 @@ def test_evidence_bias_separates_the_gaussian_belief_from_the_spread(tmp_path):
     for r in rows.values():
         assert r["worst_step_any_seed"] >= r["max_abs_bias"]
         assert 0 <= r["seeds_every_step_within"] <= 3
+        assert r["mean_error_sd"] < 0.1 and 0.9 < r["sd_ratio"] < 1.1, r
