@@ -270,9 +270,12 @@ class ModelFamily:
         return self
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
-        """One draw o_i ~ p(o | x_i) for each of the states x [N, d] of one stream (a B = 1 model) → [N, *obs_shape],
-        all from ``gen`` (forecasts); None for a family whose observation has no predictive of its own (the
-        default: ``logistic``, whose features are the caller's)."""
+        """One draw o_{b,i} ~ p(o | x_{b,i}) under row b's parameters for each of the states x [B, N, d] →
+        [B, N, *obs_shape], all from the one generator ``gen``, each kind of draw one call for all B·N states
+        (forecasts: one stream's cloud is B = 1; ``smc2``'s forecast, a row per (θ, x) pair, N = 1 — the same
+        numbers for the same states);
+        None for a family whose observation has no predictive of its own (the default: ``logistic``, whose
+        features are the caller's)."""
         return None
 
     # ----------------------------------------------------------------- dynamics

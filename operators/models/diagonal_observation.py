@@ -114,7 +114,7 @@ class DiagonalGaussianObservation(ModelFamily):
         return self._wrapped(o)
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """o_i = h(x_i) + s ⊙ ξ_i for the states x [N, d] of one stream, the angles wrapped."""
-        s = self.observation_sd()[0].to(x.dtype)
-        h = self.observed_mean(x[None])[0]
+        """o_{b,i} = h(x_{b,i}) + s_b ⊙ ξ_{b,i} for the states x [B, N, d], the angles wrapped."""
+        s = self.observation_sd().to(x.dtype)[:, None]
+        h = self.observed_mean(x)
         return self._wrapped(h + s * torch.randn(h.shape, generator=gen, dtype=x.dtype))

@@ -85,12 +85,11 @@ class GMM(ModelFamily):
         return torch.stack([torch.addcmul(d1, w2, x2, value=-1.0), w2 * d2], -1) * inv_s2
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """o_i = x_i1 (+ x_i2 with probability ½) + s ξ_i."""
-        pick = torch.rand(x.shape[0], generator=gen, dtype=x.dtype) < 0.5
-        centre = torch.where(pick, x[:, 0], x[:, 0] + x[:, 1])
-        return (centre + self.params["s"][0].to(x.dtype) * torch.randn(x.shape[0], generator=gen, dtype=x.dtype))[
-            :, None
-        ]
+        """o_{b,i} = x_{b,i,1} (+ x_{b,i,2} with probability ½) + s_b ξ_{b,i}."""
+        pick = torch.rand(x.shape[:2], generator=gen, dtype=x.dtype) < 0.5
+        centre = torch.where(pick, x[..., 0], x[..., 0] + x[..., 1])
+        s = self.params["s"].to(x.dtype)[:, None]
+        return (centre + s * torch.randn(x.shape[:2], generator=gen, dtype=x.dtype))[..., None]
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         pick = rand(gens, [1], x.dtype)[:, 0] < 0.5

@@ -117,9 +117,10 @@ class LinearObservationFamily(ModelFamily):
         return gaussian.precision_times(resid, self.R_chol) @ self.H
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """o_i = H x_i + L ξ_i, L Lᵀ = R."""
-        H, L = self.H[0].to(x.dtype), self.R_chol[0].to(x.dtype)
-        return x @ H.T + torch.randn(x.shape[0], H.shape[0], generator=gen, dtype=x.dtype) @ L.T
+        """o_{b,i} = H_b x_{b,i} + L_b ξ_{b,i}, L_b L_bᵀ = R_b."""
+        H, L = self.H.to(x.dtype), self.R_chol.to(x.dtype)
+        xi = torch.randn(*x.shape[:2], H.shape[-2], generator=gen, dtype=x.dtype)
+        return x @ H.transpose(-1, -2) + xi @ L.transpose(-1, -2)
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:
         L = torch.linalg.cholesky(self.R)

@@ -162,7 +162,7 @@ class StochasticVolatility(ModelFamily):
         return torch.special.ndtr(obs.to(torch.float64)[:, None, :] * torch.exp(-0.5 * x.to(torch.float64)))
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """o_i = e^{x_i / 2} ⊙ ξ_i."""
+        """o_{b,i} = e^{x_{b,i} / 2} ⊙ ξ_{b,i} (no parameter enters it)."""
         return torch.exp(0.5 * x) * torch.randn(x.shape, generator=gen, dtype=x.dtype)
 
     def sample_observation(self, x: torch.Tensor, gens: Generators) -> torch.Tensor:

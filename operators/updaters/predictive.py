@@ -68,9 +68,9 @@ def particle_predictive(
     for _ in range(steps):
         x = model.transition(x, [gen])
         clouds.append(x[0].to(torch.float64))
-        o = model.observation_draws(x[0], gen)
+        o = model.observation_draws(x, gen)
         if o is not None:
-            obs_clouds.append(o.flatten(1).to(torch.float64))
+            obs_clouds.append(o[0].flatten(1).to(torch.float64))
     cloud = torch.stack(clouds)  # [k, N, d]
     k = cloud.shape[0]
     mean, cov = gaussian.moments(cloud, lw.expand(k, -1))

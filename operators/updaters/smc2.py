@@ -314,10 +314,13 @@ class SMC2Updater(Updater):
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
         """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring), as one
-        model of N rows whose transition draws the noise of all N from ``gen`` in one call — priced as a particle
-        filter's forecast (:meth:`Updater.forecast_work`), which covers it: 47 horizons at N = 65536 took 0.53 to
-        0.57 s of CPU where that price buys 0.99 s at 25 Gflop/s (``benchmarks/price_audit.py``, 2026-11-28; moved
-        one pair at a time, a generator's call each, 63 horizons took 18 s and were priced 120000 flops a pair)."""
+        model of N rows whose transition, and then observation, draws the noise of all N from ``gen`` in one call
+        each — the observation predictive's pairs each observed under their own θ — priced as a particle
+        filter's forecast (:meth:`Updater.forecast_work`, its observation's draw, moments and quantiles
+        included), which covers it: 47 horizons at N = 65536 took 0.93 to 0.95 s of CPU, their answer included,
+        where that price buys 0.99 s at 25 Gflop/s (``benchmarks/price_audit.py``, 2026-11-28; without the
+        observation 0.53 to 0.57 s; moved one pair at a time, a generator's call each, 63 horizons took 18 s and
+        were priced 120000 flops a pair)."""
         from mpflow.operators.updaters.predictive import particle_predictive
 
         B, N, d = state.particles.shape
@@ -356,7 +359,11 @@ class _PerParticle:
         return self.model.transition_from_noise(x.transpose(0, 1), z.transpose(0, 1)).transpose(0, 1)
 
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
-        return None
+        """One observation of each state x [1, N, d], particle i's under row i's θ (the observation noise may be
+        learned: ``lds``'s R), all N from ``gen`` in one call (:meth:`ModelFamily.observation_draws` of the N-row
+        model, a state a row: the numbers a particle filter's forecast draws for the same states)."""
+        o = self.model.observation_draws(x.transpose(0, 1), gen)
+        return None if o is None else o.transpose(0, 1)
 
 
 __all__ = ["PARAM", "PARAM_LOG_WEIGHTS", "SMC2Updater", "param_names", "theta_count"]

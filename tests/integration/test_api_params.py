@@ -2,7 +2,8 @@
 as a prior makes a ``smc2`` stream whose every answer carries ``summary.params``; the stream survives export and
 import byte for byte; bad priors, methods that cannot learn and steps of another duration are refused with the field
 named and nothing created; the particle count θ × x is bounded by the cost model (413 naming the limit); the client
-reads the parameters as numpy arrays and pandas tables."""
+reads the parameters as numpy arrays and pandas tables; the forecast carries the observation predictive, each
+(θ, x) pair observed under its own R."""
 
 from __future__ import annotations
 
@@ -50,6 +51,34 @@ def test_a_prior_makes_a_learning_stream_with_params_in_every_answer(redis_url):
     assert got.json()["summary"]["params"] == ans["summary"]["params"]
     assert got.json()["state_bytes"] == doc["state_bytes"]  # the state does not grow with its steps
     assert forecast.status_code == 200 and len(forecast.json()["forecast"]) == 2
+
+
+def test_the_forecast_observes_each_pair_under_its_own_r(redis_url):
+    """o = x + N(0, R_j): at every horizon the observation predictive's mean is the state's and its variance the
+    state's plus the posterior mean of R (the answer's ``summary.params.R.mean``), within Monte Carlo error; the same
+    request gives the same answer, samples included."""
+    n, query = 4096, {"steps": 3, "samples": 20}
+
+    async def body(app, c):
+        await c.post("/v1/streams", json=lds_request(stream_id="fc", num_particles=n))
+        answer = (await c.post("/v1/streams/fc/observations", json={"observations": OBS})).json()
+        forecast = await c.get("/v1/streams/fc/forecast", params=query)
+        again = await c.get("/v1/streams/fc/forecast", params=query)
+        return answer, forecast, again
+
+    answer, forecast, again = run(redis_url, body)
+    assert forecast.status_code == 200, forecast.text
+    doc = forecast.json()
+    assert doc == again.json() and len(doc["forecast"]) == 3
+    r_mean = answer["summary"]["params"]["R"]["mean"]
+    for h in doc["forecast"]:
+        state, obs = h["state"], h["observation"]
+        assert obs is not None and len(obs["samples"]) == 20 and len(obs["samples"][0]) == 1
+        assert set(obs["quantiles"]) == {"0.05", "0.5", "0.95"}
+        var, expected = obs["cov"][0][0], state["cov"][0][0] + r_mean
+        # a weighted cloud of effective size ≥ N/4 (the θ-ESS is kept above M/2): a few sd/√(N/4) and var √(2/(N/4))
+        assert abs(obs["mean"][0] - state["mean"][0]) < 6 * math.sqrt(var / (n / 4))
+        assert abs(var - expected) < 6 * expected * math.sqrt(2 / (n / 4)), (h["step"], var, expected)
 
 
 def test_export_import_continues_byte_identically(redis_url):

@@ -300,10 +300,10 @@ def test_p_values_price_each_entrys_cdf():
 
 
 def test_an_smc2_forecast_is_priced_as_a_particle_filters():
-    """Its (θ, x) pairs move as one model of a row per pair, the noise of all drawn in one call: a particle filter's
-    forecast's price covers it (47 horizons at N = 65536 took 0.53 s of CPU, priced 1.0 s at 25 Gflop/s;
-    benchmarks/price_audit.py). Moved one pair at a time they took 18 s for 63 horizons, and were priced 120000
-    flops a pair and horizon: the budget took 2."""
+    """Its (θ, x) pairs move as one model of a row per pair, the noise of all drawn in one call, and each draws its
+    observation under its own θ: a particle filter's forecast's price covers it (47 horizons at N = 65536 took 0.93
+    to 0.95 s of CPU, priced 0.99 s at 25 Gflop/s; benchmarks/price_audit.py). Moved one pair at a time they took
+    18 s for 63 horizons, and were priced 120000 flops a pair and horizon: the budget took 2."""
     learned = {"A": [[0.9]], "B": [[1.0]], "R": {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}}
     model, n = make_model("lds", learned, 1), 65536
     assert get_updater("smc2").forecast_work(model, n, 4) == get_updater("smc").forecast_work(model, n, 4)

@@ -6,9 +6,13 @@
 * Streams batched together get what each gets alone (θ-particles, inner filters, rejuvenation draws; up to float64
   rounding), and the state
   keeps its size as it steps.
-* The forecast moves each (θ, x) pair under its own θ: on ``lds`` d = 1 with Q learned and two known values of θ,
+* The forecast moves each (θ, x) pair under its own θ: on ``lds`` d = 1 with Q and R learned and two known θ,
   each θ's pairs have the closed-form mean and variance at every horizon, and so has the whole predictive, within
   Monte Carlo error; the same generator gives the same forecast, and it draws once a horizon whatever N.
+* The forecast's observation predictive observes each pair under its own θ: each θ's observations have x's mean
+  and x's variance + R_j at horizons 1–3 (and the whole predictive the mixture's), within Monte Carlo error, drawn in
+  one call a horizon; the same generator gives the same; every family's N-row model draws the numbers its one-row
+  model draws for the same N states.
 """
 
 from __future__ import annotations
@@ -158,19 +162,24 @@ def test_the_catalogue_says_which_parameters_may_be_priors():
     assert "smc2" not in {m for f in catalogue.models(8) for m in f["methods"]}
 
 
-#: the forecast's test: two θ-particles, Q = 0.5 and 3 (the unit Q is 1), of N_x = 8192 pairs each, x₀ ~ N(1.5, 0.4)
-FORECAST_Q, FORECAST_NX, X0_MEAN, X0_VAR, HORIZONS = (0.5, 3.0), 8192, 1.5, 0.4, 6
+#: the forecast's test: two θ-particles, (Q, R) = (0.5, 0.3) and (3, 2) (the unit Q and R are 1), of N_x = 8192
+#: pairs each, x₀ ~ N(1.5, 0.4)
+FORECAST_Q, FORECAST_R, FORECAST_NX, X0_MEAN, X0_VAR, HORIZONS = (0.5, 3.0), (0.3, 2.0), 8192, 1.5, 0.4, 6
 
 
 def forecast_state() -> tuple:
-    """An ``smc2`` state of ``lds`` d = 1 (A = 0.9, Q learned) at known θ: θ-particle j holds Q_j and its N_x pairs'
-    states x₀ ~ N(1.5, 0.4), drawn here; all weights equal."""
-    model = make_model("lds", {"A": [[A]], "B": [[1.0]], "Q": LOGNORMAL}, 1)
+    """An ``smc2`` state of ``lds`` d = 1 (A = 0.9, H = 1, Q and R learned) at known θ: θ-particle j holds (Q_j, R_j)
+    and its N_x pairs' states x₀ ~ N(1.5, 0.4), drawn here; all weights equal."""
+    model = make_model("lds", {"A": [[A]], "B": [[1.0]], "Q": LOGNORMAL, "R": LOGNORMAL}, 1)
     updater = get_updater("smc2", theta_particles=len(FORECAST_Q))
     n = len(FORECAST_Q) * FORECAST_NX
     state = updater.init(GAUSS1, model, n, 0)
     x0 = X0_MEAN + math.sqrt(X0_VAR) * torch.randn(1, n, 1, generator=generator(2026))
-    extras = {**state.extras, "param.Q": torch.tensor([FORECAST_Q], dtype=torch.float64)}
+    extras = {
+        **state.extras,
+        "param.Q": torch.tensor([FORECAST_Q], dtype=torch.float64),
+        "param.R": torch.tensor([FORECAST_R], dtype=torch.float64),
+    }
     state = state.replace(particles=x0.to(state.particles.dtype), log_weights=torch.zeros(1, n), extras=extras)
     return updater, model, state
 
@@ -180,24 +189,33 @@ def closed_form(q: float, k: int) -> tuple[float, float]:
     return A**k * X0_MEAN, A ** (2 * k) * X0_VAR + q * sum(A ** (2 * i) for i in range(k))
 
 
+def assert_closed_form(cloud, mean, cov, noise: tuple[float, ...]) -> None:
+    """Each θ's draws at horizon k (cloud [k, N], θ-particle j's N_x consecutive) have the closed form's mean and
+    variance plus noise[j] (0: the state; R_j: its observation), and the whole predictive's mean [k] and variance
+    [k] are the equal mixture's, within 4 standard errors."""
+    cloud = cloud.reshape(cloud.shape[0], len(FORECAST_Q), FORECAST_NX)  # [k, θ, pairs]
+    for k in range(1, cloud.shape[0] + 1):
+        v = []
+        for j, (q, r) in enumerate(zip(FORECAST_Q, noise, strict=True)):
+            m, var = closed_form(q, k)
+            var += r
+            v.append(var)
+            x = cloud[k - 1, j]
+            # 4 standard errors: of the mean √(var / N_x), of the variance var √(2 / N_x) (Gaussian)
+            assert abs(float(x.mean()) - m) < 4 * math.sqrt(var / FORECAST_NX), (k, q, r, float(x.mean()), m)
+            assert abs(float(x.var()) - var) < 4 * var * math.sqrt(2 / FORECAST_NX), (k, q, r, float(x.var()), var)
+        # the whole predictive: the equal mixture of the two θ's Gaussians (same mean, the mean of the variances)
+        # (a scale mixture: the variance's standard error from its fourth moment, 3 × the mean of var_j²)
+        n, mixture_var = len(v) * FORECAST_NX, sum(v) / len(v)
+        se_var = math.sqrt((3 * sum(u * u for u in v) / len(v) - mixture_var**2) / n)
+        assert abs(float(mean[k - 1]) - closed_form(0.0, k)[0]) < 4 * math.sqrt(mixture_var / n)
+        assert abs(float(cov[k - 1]) - mixture_var) < 4 * se_var
+
+
 def test_the_forecast_moves_each_pair_under_its_own_theta():
     updater, model, state = forecast_state()
     p = updater.forecast(state, model, HORIZONS, generator(3))
-    cloud = p.state_cloud[..., 0].reshape(HORIZONS, len(FORECAST_Q), FORECAST_NX)  # [k, θ, pairs]
-    for k in range(1, HORIZONS + 1):
-        for j, q in enumerate(FORECAST_Q):
-            mean, var = closed_form(q, k)
-            x = cloud[k - 1, j]
-            # 4 standard errors: of the mean √(var / N_x), of the variance var √(2 / N_x) (Gaussian)
-            assert abs(float(x.mean()) - mean) < 4 * math.sqrt(var / FORECAST_NX), (k, q, float(x.mean()), mean)
-            assert abs(float(x.var()) - var) < 4 * var * math.sqrt(2 / FORECAST_NX), (k, q, float(x.var()), var)
-        # the whole predictive: the equal mixture of the two θ's Gaussians (same mean, the mean of the variances)
-        # (a scale mixture: the variance's standard error from its fourth moment, 3 × the mean of var_j²)
-        v = [closed_form(q, k)[1] for q in FORECAST_Q]
-        n, mixture_var = len(FORECAST_Q) * FORECAST_NX, sum(v) / len(v)
-        se_var = math.sqrt((3 * sum(u * u for u in v) / len(v) - mixture_var**2) / n)
-        assert abs(float(p.state_mean[k - 1, 0]) - closed_form(0.0, k)[0]) < 4 * math.sqrt(mixture_var / n)
-        assert abs(float(p.state_cov[k - 1, 0, 0]) - mixture_var) < 4 * se_var
+    assert_closed_form(p.state_cloud[..., 0], p.state_mean[:, 0], p.state_cov[:, 0, 0], (0.0,) * len(FORECAST_Q))
 
 
 def test_the_forecast_is_reproducible_and_draws_once_a_horizon(monkeypatch):
@@ -218,3 +236,55 @@ def test_the_forecast_is_reproducible_and_draws_once_a_horizon(monkeypatch):
     monkeypatch.setattr(rng, "_draw_generators", counted)
     updater.forecast(state, model, 3, generator(3))
     assert calls == [1, 1, 1]  # one generator's call a horizon for all 16384 pairs (it was one per pair)
+
+
+def test_the_forecast_observes_each_pair_under_its_own_theta():
+    """o = x + N(0, R_j) for θ-particle j's pairs: mean and variance x's + R_j (the closed form) at horizons 1–3,
+    and the whole observation predictive the equal mixture's."""
+    updater, model, state = forecast_state()
+    p = updater.forecast(state, model, 3, generator(5))
+    assert p.observation_cloud is not None and p.observation_cloud.shape == (3, len(FORECAST_Q) * FORECAST_NX, 1)
+    obs_mean, obs_cov = p.observation_mean[:, 0], p.observation_cov[:, 0, 0]
+    assert_closed_form(p.observation_cloud[..., 0], obs_mean, obs_cov, FORECAST_R)
+
+
+def test_the_observation_predictive_is_reproducible_and_drawn_once_a_horizon(monkeypatch):
+    updater, model, state = forecast_state()
+    first = updater.forecast(state, model, 3, generator(3))
+    again = updater.forecast(state, model, 3, generator(3))
+    assert torch.equal(first.observation_cloud, again.observation_cloud)
+    assert torch.equal(first.observation_cov, again.observation_cov)
+    other = updater.forecast(state, model, 3, generator(4))
+    assert not torch.equal(first.observation_cloud, other.observation_cloud)
+    calls, original = [], torch.randn
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if kwargs.get("generator") is not None:
+            calls.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "randn", counted)
+    updater.forecast(state, model, 3, generator(3))
+    n = len(FORECAST_Q) * FORECAST_NX
+    assert calls == [n, n] * 3  # a horizon: the pairs' transition noise, then their observations' — a call each
+
+
+@pytest.mark.parametrize(
+    "family,params,d",
+    [
+        ("lds", {"A": [[0.9, 0.1], [0.0, 0.8]], "B": [[1.0, 0.5]], "R": [[0.7]]}, 2),
+        ("lorenz96", {}, 8),
+        ("range_bearing", {}, 4),
+        ("stochastic_volatility", {}, 2),
+        ("gmm", {}, 2),
+    ],
+)
+def test_a_model_of_a_row_per_state_draws_the_observations_of_one_row(family, params, d):
+    """``observation_draws`` of the N-row model (a state a row, what ``smc2``'s forecast observes) is that of the
+    one-row model of N states, number for number, from the same generator."""
+    model = make_model(family, params, d)
+    x = 3.0 + torch.randn(1, 50, d, generator=generator(1))
+    one = model.observation_draws(x, generator(7))
+    rows = model.at_values({}, 50).observation_draws(x.transpose(0, 1), generator(7))
+    assert one.shape == (1, 50, model.observation_size()) and torch.equal(rows.transpose(0, 1), one)
