@@ -221,13 +221,13 @@ def score_loss(
         total = torch.zeros(tasks.batch_size, dtype=x.dtype)
         for m in range(tasks.length):
             white = None
-            if model.dynamic:
-                propagated = None
-                if loss == PREDICTIVE:  # the predictive's moments as functions of the cloud (propagate detaches them)
-                    propagated = (model.propagate(x, tasks.gens)[0], *model.predicted_moments(x))
-                x, _, white = predict(model, x, tasks.gens, density=False, propagated=propagated)
+            if model.dynamic:  # the predictive score reads the predicted moments, so they keep their graph for it
+                moved = model.propagate(x, tasks.gens, moments_graph=loss == PREDICTIVE)
+                x, _, white = predict(model, x, tasks.gens, density=False, propagated=moved)
             if loss == PREDICTIVE:  # rates the flows before step m (cut below at a truncation, after it is taken)
                 total = total + predictive_log_score(model.log_likelihood(tasks.obs[:, m], x))
+                if m == tasks.length - 1:  # the last step's flow would be rated by no observation
+                    break
             if tbptt and m > 0 and m % tbptt == 0:
                 x = x.detach()
                 if white is not None:

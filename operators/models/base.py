@@ -300,16 +300,23 @@ class ModelFamily:
         return mean, cov + self.transition_noise().to(torch.float64)
 
     def propagate(
-        self, x: torch.Tensor, gens: Generators, log_weights: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        gens: Generators,
+        log_weights: torch.Tensor | None = None,
+        *,
+        moments_graph: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draw of the transition and the predictive's moments together → (x' [B, N, d], mean, cov): what
         :meth:`transition` and :meth:`predicted_moments` give, with a nonlinear f applied to the cloud once
-        (Lorenz-96's RK4 is most of a step's cost) instead of once for each."""
+        (Lorenz-96's RK4 is most of a step's cost) instead of once for each. The moments are constants of the
+        cloud (detached) unless ``moments_graph`` (``mpflow train --loss predictive``, whose score reads them)."""
+        keep = (lambda t: t) if moments_graph else torch.Tensor.detach
         if not self.affine_transition:
             fx = self.transition_mean(x)
-            return self.perturbed(fx, gens), *self._mapped_moments(fx.detach(), log_weights)
+            return self.perturbed(fx, gens), *self._mapped_moments(keep(fx), log_weights)
         F, c, Q = self.transition_affine()
-        return _affine_draw(x, gens, F, c, Q), *_pushed_moments(x.detach(), log_weights, F, c, Q)
+        return _affine_draw(x, gens, F, c, Q), *_pushed_moments(keep(x), log_weights, F, c, Q)
 
     def transition_mean(self, x: torch.Tensor) -> torch.Tensor:
         """f(x) of x_m = f(x_{m-1}) + N(0, Q) for x [B, N, d] → [B, N, d]: F x + c for an affine transition."""
