@@ -129,11 +129,11 @@ def test_particle_methods_answer_their_window_at_the_smoothing_default_n(redis_u
 LDS, SMC, _ = smc_stream()
 #: the most seconds a light request of another stream may take while the heavy reads run (a POST of one
 #: observation to a Kalman stream, a new stream's creation: tens of milliseconds when the server is idle; the bound
-#: leaves room for two cores shared with other jobs, and is far below one heavy read's time, which the test checks)
+#: leaves room for two cores shared with other jobs); the test also holds it to a fifth of the reads' queue
 LIGHT_BOUND_S = 2.0
-#: concurrent reads of the largest window: they queue, so the last one answers after all of them ran — over
-#: :data:`LIGHT_BOUND_S` (each about 0.3 to 0.5 s of CPU as it runs at N = 847, the largest at L = 100 since a
-#: proposal is priced 5700: docs/benchmarks.md "What each method costs against its price")
+#: concurrent reads of the largest window: they queue, so the last one answers after all of them ran (each about
+#: 0.2 to 0.5 s of CPU as it runs at N = 847, the largest at L = 100 since a proposal is priced 5700:
+#: docs/benchmarks.md "What each method costs against its price")
 CONCURRENT_READS = 10
 
 
@@ -181,8 +181,10 @@ def test_concurrent_reads_of_the_largest_window_leave_other_streams_answering(re
             t.join()
         assert [status for status, _ in reads] == [200] * CONCURRENT_READS
         slowest_read = max(seconds for _, seconds in reads)
-        assert len(light) >= 10 and slowest_read > LIGHT_BOUND_S  # the reads were heavy, and many requests ran
-        assert max(light) < LIGHT_BOUND_S, (max(light), sorted(light)[-5:], slowest_read)
+        # many requests ran while the reads queued, each within the bound and within a fifth of the queue's time (a
+        # fast machine runs the ten reads in under LIGHT_BOUND_S: measured 1.8 s, so the bound alone proves nothing)
+        assert len(light) >= 10, (len(light), slowest_read)
+        assert max(light) < min(LIGHT_BOUND_S, slowest_read / 5), (max(light), sorted(light)[-5:], slowest_read)
 
 
 def test_a_static_familys_smoothing_stream_is_priced_at_its_genealogy_walk(redis_url, prefix):
