@@ -115,6 +115,7 @@ ROWS = (
     Row("smc lds d=64", "lds", lds(64), 64, "smc"),
     Row("smc lds d=1 qmc on", "lds", lds(1), 1, "smc", {"qmc": "auto"}),
     Row("smc lds d=1 qmc off", "lds", lds(1), 1, "smc", {"qmc": False}),
+    Row("smc sv d=8 factorised", "stochastic_volatility", {}, 8, "smc"),
     Row("smc2 lds d=1 (R learned)", "lds", {**lds(1), "R": LEARNED_R}, 1, "smc2"),
     Row("mpf lds d=8", "lds", lds(8), 8, "mpf"),
     Row("mpf lds d=8 evidence mixture", "lds", lds(8), 8, "mpf", {"evidence": "mixture"}),

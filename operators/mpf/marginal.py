@@ -5,8 +5,8 @@ particle flow", IEEE TSP 65(15), Alg. 1: w ∝ p(x₁ | ·) p(o | x₁) |det ∂
 
 A one-dimensional step (a factorised family runs its d dimensions as d such steps,
 :meth:`~mpflow.operators.models.base.ModelFamily.per_dimension`), from the weighted cloud {x_j, w_j} of
-p(x_{m−1} | o_<m) that the last step left (:func:`carried`; uniform weights at the start and after another method's
-step):
+p(x_{m−1} | o_<m) that the last step left (``factorised.carried``; uniform weights at the start and after
+another method's step):
 
 1. predict  x̃ᵢ ~ p̂(x) = Σ_j w_j p(x | x_j), the exact mixture predictive, by sequential quasi-Monte Carlo
             (:func:`mpflow.operators.sqmc.resample_move`, which resamples by the weights) with two independently
@@ -30,7 +30,7 @@ step):
 4. evidence log p(o_m | o_<m) ≈ log (1/N) Σᵢ wᵢ, unbiased for ∫ p(o | x) p̂(x) dx (each point is marginally its
             component's draw, and each half's map is independent of its points); over a stream the product of the
             increments is unbiased for p(o_1:m) (Klaas et al. §3), so the total's log may only sit slightly low;
-5. carry    the weighted points {xᵢ, wᵢ} to the next step's p̂ (:func:`carry`), and give the stream N uniformly
+5. carry    the weighted points {xᵢ, wᵢ} to the next step's p̂ (``factorised.carry``), and give the stream N uniformly
             weighted particles for reads by systematic resampling of the sorted cloud
             (:func:`mpflow.operators.sqmc.sorted_systematic`). The next predict resamples the weighted cloud itself
             (step 1), so the reads' resampling adds no noise to the filter: on the GBP/USD run (N = 256, 32 seeds)
@@ -53,7 +53,6 @@ from typing import NamedTuple
 
 import torch
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.state import ParticleState
 
 F64 = torch.float64
 #: the largest relative residual of the least-squares affine fit x₁ ≈ α x̃ + β for which the map is taken as affine
@@ -197,28 +196,3 @@ def log_weights(
     ll = torch.nan_to_num(model.log_likelihood(obs, x).to(F64), nan=-math.inf)
     log_w = torch.nan_to_num(ll + log_mix - log_q, nan=-math.inf, posinf=-math.inf)
     return MarginalWeights(torch.where(affine[:, None], log_w, torch.full_like(log_w, -math.inf)), affine, x)
-
-
-#: the state's extras that carry the weighted cloud {xᵢ, wᵢ} of the last step, per dimension, to the next step's
-#: mixture predictive (the stream's particles are its resampled copy, for reads)
-POINTS, LOG_WEIGHTS = "marginal.points", "marginal.log_weights"
-
-
-def carried(state: ParticleState) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The weighted cloud the last marginal step left, per dimension: (points [B·d, N, 1], normalised log-weights
-    [B·d, N] float64), or None when the state carries none (a state another method made)."""
-    if POINTS not in state.extras or state.extras[POINTS].shape != state.particles.shape:
-        return None
-    B, N, d = state.particles.shape
-    points = state.extras[POINTS].permute(0, 2, 1).reshape(B * d, N, 1)
-    return points, state.extras[LOG_WEIGHTS].reshape(B * d, N).to(F64)
-
-
-def carry(state: ParticleState, points: torch.Tensor, log_weights: torch.Tensor | None = None) -> ParticleState:
-    """``state`` carrying the weighted cloud ``points`` [B, N, d] with per-dimension ``log_weights`` [B·d, N]
-    (None: uniform) to the next step (:func:`carried`)."""
-    B, N, d = points.shape
-    if log_weights is None:
-        log_weights = torch.full((B * d, N), -math.log(N), dtype=F64)
-    lw = torch.log_softmax(log_weights.to(F64), -1).reshape(B, d, N)
-    return state.replace(extras={**state.extras, POINTS: points, LOG_WEIGHTS: lw})

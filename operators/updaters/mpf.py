@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators import evidence, gaussian, mixture_evidence, sqmc
+from mpflow.operators import evidence, gaussian, mixture_evidence
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
@@ -55,12 +55,12 @@ from mpflow.operators.mpf.step import flow_step, predict
 from mpflow.operators.rng import Generators, rand
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.trained_operators import load_operator, serves_dimension
+from mpflow.operators.updaters import factorised
 from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import (
     check_rejuvenation,
     liu_west_moves,
-    quasi_random_prediction,
     rejuvenates,
     resample_low_ess,
     sqmc_refusal,
@@ -233,9 +233,11 @@ class MPFUpdater(Updater):
         o = self.options
         if o["network"] is not None or o["track_density"] or o["flow_fraction"] != 1:
             return "it weights the base flow's affine map (no operator, track_density or flow_fraction)"
-        if model.state_dim > 1 and model.per_dimension(1) is None:
+        if model.state_dim > 1 and model.per_dimension(model.batch_size) is None:
             return f"the {model.name} family does not factorise over the state's {model.state_dim} dimensions"
-        return sqmc_refusal(model.per_dimension(1) or model) if model.state_dim > 1 else sqmc_refusal(model)
+        return (
+            sqmc_refusal(model.per_dimension(model.batch_size) or model) if model.state_dim > 1 else sqmc_refusal(model)
+        )
 
     def uses_marginal(self, model: ModelFamily) -> bool:
         """Whether the steps of ``model`` run the marginal particle filter (option ``marginal``)."""
@@ -243,23 +245,12 @@ class MPFUpdater(Updater):
 
     def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
         """The step's predict; for the marginal particle filter by sequential quasi-Monte Carlo, per dimension, from
-        the weighted cloud the last step carried (:func:`marginal.carried`; the stream's particles where there is
+        the weighted cloud the last step carried (:func:`factorised.carried`; the stream's particles where there is
         none), its predictive moments per dimension (a factorised family's dimensions are independent)."""
         if not self.uses_marginal(model):
             return super()._prediction(state, model, gens)
         split = model if model.state_dim == 1 else model.per_dimension(state.batch_size)
-        cloud = marginal.carried(state)
-        if cloud is None:
-            return quasi_random_prediction(state, model, split, gens, replicates=2)  # marginal.crossed_maps
-        # the last step's weighted cloud, per dimension: SQMC resamples it by its weights (Gerber & Chopin Alg. 2)
-        B, N, d = state.particles.shape
-        x_prev, log_w = cloud
-        mean, var = split.predicted_moments(x_prev, log_w)
-        u = sqmc.replicated_points(gens, N, d, 2)
-        x, _ = sqmc.resample_move(x_prev, log_w, u, split.transition_from_noise)
-        uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
-        cov = torch.diag_embed(var.reshape(B, d))  # a factorised family's predictive: independent dimensions
-        return Prediction(correction.from_dimensions(x, d), mean.reshape(B, d), cov, uniform, None)
+        return factorised.prediction(state, model, split, gens, replicates=2)  # two blocks: marginal.crossed_maps
 
     @staticmethod
     def runs_operator(options: dict) -> bool:
@@ -372,7 +363,7 @@ class MPFUpdater(Updater):
             moments = prior.moments() if isinstance(prior, GaussianMixture) else gaussian.moments(x.double())
             state = Sites.start(*moments, placeholder, self.options["window"]).write(state)
         if self.uses_marginal(model):  # the first step's mixture predictive is over the prior's particles
-            state = marginal.carry(state, x)
+            state = factorised.carry(state, x)
         if not self.options["track_density"]:
             return state.replace(particles=x)
         if isinstance(prior, GaussianMixture):
@@ -385,11 +376,9 @@ class MPFUpdater(Updater):
     def from_particles(self, state: ParticleState, density: GaussianMixture | None = None) -> ParticleState:
         """A tracked log-density does not follow particles another method moved: where the state carries one it
         becomes the log-density of the Gaussian fitted to the particles. ``density`` is not used (the flow
-        starts from the particles). The marginal particle filter's carried cloud (:func:`marginal.carried`) becomes
+        starts from the particles). The marginal particle filter's carried cloud (:func:`factorised.carried`) becomes
         these particles with their weights."""
-        if marginal.POINTS in state.extras:
-            d = state.dim
-            state = marginal.carry(state, state.particles, state.log_weights.repeat_interleave(d, 0))
+        state = factorised.adopted(state)
         if state.log_density is None:
             return state
         x = state.particles.to(torch.float64)
@@ -420,8 +409,8 @@ class MPFUpdater(Updater):
         """A step without a measurement keeps the particles of a static family; its gap enters the moves' window
         (so a stream's window is always its last ``window`` steps)."""
         new, info = super()._unobserved(state, obs, model, gens)
-        if marginal.carried(state) is not None:  # the predicted particles, uniformly weighted, are the next cloud
-            new = marginal.carry(new, new.particles)
+        if factorised.carried(state) is not None:  # the predicted particles, uniformly weighted, are the next cloud
+            new = factorised.carry(new, new.particles)
         sites = Sites.read(state)
         if sites is None:
             return new, info
@@ -671,10 +660,10 @@ class MPFUpdater(Updater):
     ):
         """One step of the marginal particle filter with the flow as its proposal (:mod:`~mpflow.operators.mpf.
         marginal`), as d one-dimensional problems where the family factorises: the quasi-random predict from the
-        weighted cloud the last step carried (:meth:`_prediction`, :func:`marginal.carried`), the moment match onto
+        weighted cloud the last step carried (:meth:`_prediction`, :func:`factorised.carried`), the moment match onto
         the predictive's pushed moments (× ``inflation``²) and the base flow in ``substeps`` stages, the weights
         against the exact mixture predictive, their evidence; the weighted points are carried to the next step
-        (:func:`marginal.carry`) and the stream's particles are their sorted systematic resampling. The step's
+        (:func:`factorised.carry`) and the stream's particles are their sorted systematic resampling. The step's
         ``ess`` is the weights' (the smallest over the dimensions); a stream whose flow was not affine keeps the
         flowed cloud, uniformly weighted, and the predictive Gaussian fit's evidence."""
         B, N, d = state.particles.shape
@@ -682,7 +671,7 @@ class MPFUpdater(Updater):
             prediction = self._prediction(state, model, gens)
         split = model if d == 1 else model.per_dimension(B)
         x_pred, obs_d = (correction.to_dimensions(t) for t in (prediction.particles, obs))
-        x_prev, prev_lw = marginal.carried(state) or (correction.to_dimensions(state.particles), None)
+        x_prev, prev_lw = factorised.carried(state) or (correction.to_dimensions(state.particles), None)
         mean, cov = prediction.mean, prediction.cov * float(self.options["inflation"]) ** 2
         inc = self.step_evidence(model, obs, prediction.particles, [mean, cov])
         x1 = torch.empty_like(x_pred)
@@ -694,11 +683,10 @@ class MPFUpdater(Updater):
         log_z = evidence.log_mean_exp(found.log_weights).reshape(B, d).sum(-1)
         affine = found.affine.reshape(B, d).all(-1)
         log_w = torch.where(found.affine[:, None], found.log_weights, torch.zeros_like(found.log_weights))
-        v = rand(gens, [d], torch.float64).reshape(-1)
-        x1 = correction.from_dimensions(sqmc.sorted_systematic(found.points, log_w, v), d)
+        x1 = factorised.read_copy(found.points, log_w, gens, d)
         n_eff = ess(log_w).reshape(B, d).min(-1).values
         inc = torch.where(affine & torch.isfinite(log_z), log_z, inc.to(torch.float64))
-        new = marginal.carry(state.replace(particles=x1), correction.from_dimensions(found.points, d), log_w)
+        new = factorised.carry(state.replace(particles=x1), correction.from_dimensions(found.points, d), log_w)
         return new, StepInfo(inc, n_eff)
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:

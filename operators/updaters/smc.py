@@ -20,6 +20,17 @@ filter, at 2.1 × its wall time (docs/benchmarks.md "Anomaly scores"). ``qmc``: 
 it applies), ``true`` (refused naming ``options.qmc`` where it does not apply: a static family, d > 1, Q = 0),
 ``false`` (the bootstrap filter).
 A step without a measurement propagates by plain draws and keeps the weights.
+
+One filter per dimension (option ``factorise``; :mod:`~mpflow.operators.updaters.factorised`). Where the family's
+transition and likelihood factorise over the dimensions (``ModelFamily.per_dimension``: ``stochastic_volatility``),
+the posterior is the product of d one-dimensional ones, and steps 1–4 run per dimension j: the SQMC predict of
+dimension j's carried weighted cloud, the weights log w_ij = log p(o_j | x_ij) (1 for an unobserved entry), the
+increment Σ_j log (1/N) Σ_i p(o_j | x_ij), and the weighted points carried to the next step; the stream's particles
+are each dimension resampled on its own. Joint weights Π_j p(o_j | x_ij) degenerate as d grows; these do not.
+``factorise``: ``"auto"`` (the default: wherever it applies, with ``qmc`` not false), ``true`` (refused naming
+``options.factorise`` where it does not apply: d = 1, a family that does not factorise, Q = 0, ``qmc`` false),
+``false`` (one filter of the joint state). A step without a measurement moves the carried cloud by the
+quasi-random predict.
 """
 
 from __future__ import annotations
@@ -27,12 +38,13 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators import evidence, gaussian, sqmc
+from mpflow.operators import evidence, gaussian
 from mpflow.operators.models.base import ModelFamily
-from mpflow.operators.mpf.correction import from_dimensions, to_dimensions
+from mpflow.operators.mpf.correction import to_dimensions
 from mpflow.operators.rng import Generators, rand, randn
 from mpflow.operators.smoothing.particles import ParticleSmoother
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
+from mpflow.operators.updaters import factorised
 from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 
 
@@ -112,22 +124,16 @@ def sqmc_refusal(model: ModelFamily) -> str | None:
     return None
 
 
-def quasi_random_prediction(
-    state: ParticleState, model: ModelFamily, split: ModelFamily, gens: Generators, replicates: int = 1
-) -> Prediction:
-    """The step's predict by sequential quasi-Monte Carlo (:func:`mpflow.operators.sqmc.resample_move`) of the
-    cloud [B, N, d] run as d one-dimensional problems under ``split`` (``model`` itself for d = 1, else
-    :meth:`~mpflow.operators.models.base.ModelFamily.per_dimension`; each dimension with the cloud's weights):
-    uniformly weighted moved particles, their ancestors (d = 1) and the predictive's moments of the weighted
-    cloud they came from. ``replicates``: the points as that many independent blocks
-    (:func:`mpflow.operators.sqmc.replicated_points`)."""
-    B, N, d = state.particles.shape
-    mean, cov = model.predicted_moments(state.particles, state.log_weights)
-    u = sqmc.replicated_points(gens, N, d, replicates)
-    lw = state.log_weights.repeat_interleave(d, 0)
-    x, ancestors = sqmc.resample_move(to_dimensions(state.particles), lw, u, split.transition_from_noise)
-    uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
-    return Prediction(from_dimensions(x, d), mean, cov, uniform, ancestors if d == 1 else None)
+def factorise_refusal(model: ModelFamily) -> str | None:
+    """Why ``smc`` cannot filter ``model`` one dimension at a time (:mod:`~mpflow.operators.updaters.factorised`), or
+    None when it can: it needs d > 1, a family that factorises over the dimensions, and sequential quasi-Monte
+    Carlo on each (:func:`sqmc_refusal`)."""
+    if model.state_dim == 1:
+        return "the state is one-dimensional"
+    split = model.per_dimension(model.batch_size)
+    if split is None:
+        return f"the {model.name} family does not factorise over the state's {model.state_dim} dimensions"
+    return sqmc_refusal(split)
 
 
 class SMCUpdater(Updater):
@@ -135,8 +141,16 @@ class SMCUpdater(Updater):
     shares_prediction = True
     weighted = True
     nonlinear_transition = True
-    stream_options = frozenset({"ess_threshold", "rejuvenate", "shrinkage", "qmc"})
-    defaults = {"ess_threshold": 0.5, "rejuvenate": "auto", "shrinkage": gaussian.LIU_WEST_SHRINKAGE, "qmc": "auto"}
+    stream_options = frozenset({"ess_threshold", "rejuvenate", "shrinkage", "qmc", "factorise"})
+    defaults = {
+        "ess_threshold": 0.5,
+        "rejuvenate": "auto",
+        "shrinkage": gaussian.LIU_WEST_SHRINKAGE,
+        "qmc": "auto",
+        # one particle filter per dimension where the family factorises (module docstring): auto = wherever it
+        # applies (with qmc not false)
+        "factorise": "auto",
+    }
     #: resample at the end of every step (ESS ≤ N < 2N), so the particles come back uniformly weighted (sequential
     #: quasi-Monte Carlo resamples at the start of the next step instead: off)
     uniform_weight_options = {"ess_threshold": 2.0, "qmc": False}
@@ -160,17 +174,33 @@ class SMCUpdater(Updater):
         check_rejuvenation(o)
         if not (o["qmc"] is True or o["qmc"] is False or o["qmc"] == "auto"):
             raise ValueError(f'options.qmc: expected "auto", true or false, got {o["qmc"]!r}')
+        if not (o["factorise"] is True or o["factorise"] is False or o["factorise"] == "auto"):
+            raise ValueError(f'options.factorise: expected "auto", true or false, got {o["factorise"]!r}')
+        if o["factorise"] is True and o["qmc"] is False:
+            raise ValueError(
+                "options.factorise: the per-dimension filters run sequential quasi-Monte Carlo: not with qmc false"
+            )
 
     def check_compatible(self, model: ModelFamily, prior=None) -> None:
         """:meth:`Updater.check_compatible`, and ``qmc: true`` only where sequential quasi-Monte Carlo applies."""
         super().check_compatible(model, prior)
-        reason = sqmc_refusal(model) if self.options["qmc"] is True else None
+        reason = sqmc_refusal(model) if self.options["qmc"] is True and not self.factorises(model) else None
         if reason is not None:
             raise ValueError(f'options.qmc: sequential quasi-Monte Carlo does not apply: {reason}; use "auto"')
+        reason = factorise_refusal(model) if self.options["factorise"] is True else None
+        if reason is not None:
+            raise ValueError(f'options.factorise: one filter per dimension does not apply: {reason}; use "auto"')
 
     def uses_qmc(self, model: ModelFamily) -> bool:
-        """Whether the steps of ``model`` run sequential quasi-Monte Carlo (module docstring)."""
-        return self.options["qmc"] is not False and sqmc_refusal(model) is None
+        """Whether the steps of ``model`` run sequential quasi-Monte Carlo (module docstring): on a one-dimensional
+        state, or on each dimension of a factorised one (:meth:`factorises`)."""
+        return self.options["qmc"] is not False and (sqmc_refusal(model) is None or self.factorises(model))
+
+    def factorises(self, model: ModelFamily) -> bool:
+        """Whether the steps of ``model`` run one particle filter per dimension (option ``factorise``,
+        :mod:`~mpflow.operators.updaters.factorised`)."""
+        o = self.options
+        return o["factorise"] is not False and o["qmc"] is not False and factorise_refusal(model) is None
 
     def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
         """The step's predict; with sequential quasi-Monte Carlo (:meth:`uses_qmc`) the weighted cloud resampled and
@@ -178,7 +208,8 @@ class SMCUpdater(Updater):
         weighted, with the predictive's moments of the weighted cloud it came from."""
         if not self.uses_qmc(model):
             return super()._prediction(state, model, gens)
-        return quasi_random_prediction(state, model, model, gens)
+        split = model.per_dimension(state.batch_size) if self.factorises(model) else model
+        return factorised.prediction(state, model, split, gens)
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """:meth:`Updater.step_work`, plus, where the steps run sequential quasi-Monte Carlo (:meth:`uses_qmc`: not
@@ -187,7 +218,9 @@ class SMCUpdater(Updater):
         base = super().step_work(model, n, dt, k)
         if not self.uses_qmc(model):
             return base
-        return StepWork(base.flops + 40.0 * n * math.log2(max(n, 2)), base.bytes + 8.0 * 6 * n)
+        # per dimension where the filter factorises, with the read copy's sort and gather (factorised.read_copy)
+        d, sorts = model.state_dim, 60.0 if self.factorises(model) else 40.0
+        return StepWork(base.flops + sorts * d * n * math.log2(max(n, 2)), base.bytes + 8.0 * 6 * n * d)
 
     def _update(
         self,
@@ -200,6 +233,8 @@ class SMCUpdater(Updater):
         B, N, d = state.particles.shape
         if prediction is None and model.dynamic:
             prediction = self._prediction(state, model, gens)
+        if self.factorises(model):
+            return self._factorised_update(state, obs, model, gens, prediction)
         x = state.particles if prediction is None else prediction.particles
         qmc = prediction is not None and prediction.log_weights is not None  # resampled by the predict
         prev_lw = torch.log_softmax(prediction.log_weights if qmc else state.log_weights, -1)
@@ -218,3 +253,44 @@ class SMCUpdater(Updater):
             x, lw, ancestors = resampled(x, lw, ess_now < self.options["ess_threshold"] * N, gens, a)
         info = StepInfo(log_pred, ess_now.to(torch.float64), ancestors=ancestors)
         return state.replace(particles=x, log_weights=lw), info
+
+    def _factorised_update(
+        self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators, prediction: Prediction
+    ):
+        """Steps 2–3 as d one-dimensional filters (:mod:`~mpflow.operators.updaters.factorised`): each dimension's
+        predicted points weighted by its own entry's likelihood p(o_j | x_ij) (an unobserved entry's is 1), the
+        increment the sum of the d one-dimensional ones, log p(o | o_<m) = Σ_j log (1/N) Σ_i p(o_j | x_ij); the
+        weighted points carried to the next step's predict, the stream's particles their per-dimension resampled
+        copy. The step's ``ess`` is the smallest over the dimensions."""
+        B, N, d = state.particles.shape
+        x = to_dimensions(prediction.particles)
+        prev_lw = torch.log_softmax(prediction.log_weights.repeat_interleave(d, 0), -1)
+        ll = model.per_dimension(B).log_likelihood(to_dimensions(obs), x)
+        ll = torch.nan_to_num(ll, nan=-math.inf)
+        log_pred = evidence.predictive(ll, prev_lw)
+        lw = torch.log_softmax(prev_lw + ll, -1)
+        # a dimension whose every particle is impossible (−inf likelihood everywhere) keeps the previous weights
+        lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_lw)
+        log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
+        reads = factorised.read_copy(x, lw, gens, d)
+        uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
+        new = factorised.carry(state.replace(particles=reads, log_weights=uniform), prediction.particles, lw)
+        info = StepInfo(log_pred.reshape(B, d).sum(-1), ess(lw).reshape(B, d).min(-1).values.to(torch.float64))
+        return new, info
+
+    def _init(self, state: ParticleState, prior, model: ModelFamily, gens: Generators) -> ParticleState:
+        """One filter per dimension (:meth:`factorises`) carries the prior's particles, uniformly weighted, from the
+        start, so that a stream's state has the same tensors at every step (its snapshot's check reads them)."""
+        return factorised.carry(state, state.particles) if self.factorises(model) else state
+
+    def _unobserved(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """A step without a measurement; one filter per dimension (:meth:`factorises`) predicts from the carried
+        weighted cloud by its quasi-random predict, and carries the moved points, uniformly weighted."""
+        if not self.factorises(model):
+            return super()._unobserved(state, obs, model, gens)
+        new, info = self._predict(state, model, gens, self._prediction(state, model, gens))
+        return factorised.carry(new, new.particles), info
+
+    def from_particles(self, state: ParticleState, density=None) -> ParticleState:
+        """A carried per-dimension cloud (:func:`factorised.adopted`) becomes the particles another method set."""
+        return factorised.adopted(state)

@@ -24,7 +24,7 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import marginal
 from mpflow.operators.references import kalman_filter
 from mpflow.operators.rng import StreamRNG
-from mpflow.operators.updaters import get_updater
+from mpflow.operators.updaters import factorised, get_updater
 
 F64 = torch.float64
 PARAMS = {"A": [[0.9]], "Q": [[0.5]], "B": [[1.0]], "R": [[1.0]]}
@@ -96,7 +96,7 @@ def test_marginal_mpf_evidence_is_its_cloud_mixture_evidence_at_an_outlier():
     state = up.init(prior, model, N, list(range(B)))
     for o in (0.3, -0.5, 8.0):
         obs = torch.full((B, 1), o)
-        before = marginal.carried(state)  # the weighted cloud the step's mixture predictive is over
+        before = factorised.carried(state)  # the weighted cloud the step's mixture predictive is over
         state, info = up.update(state, obs, model)
     grid = torch.linspace(-20, 20, 4001, dtype=F64)[None, :, None]
     m64 = model.to(F64)
@@ -152,3 +152,17 @@ def test_one_per_cell_inversion_is_the_binary_search(n):
         assert (sqmc.one_per_cell(u1, n) is not None) == net
         expected = torch.gather(order, 1, torch.searchsorted(cdf, u1.contiguous(), right=True).clamp_max(n - 1))
         assert torch.equal(sqmc.resample(x, log_w, u1), expected)
+
+
+def test_marginal_mpf_takes_a_partial_observation_of_a_batch():
+    """A batch of SV d = 3 streams, one of them missing an entry: the step conditions each stream on what it observed
+    (the masked model is of the batch's size; its per-dimension split once failed to broadcast)."""
+    model = make_model("stochastic_volatility", {}, 3)
+    prior = GaussianMixture.gaussian(torch.full((1, 3), -1.0, dtype=F64), torch.eye(3, dtype=F64)[None])
+    batch = GaussianMixture(*(t.expand(2, *t.shape[1:]) for t in (prior.weights, prior.means, prior.covs)))
+    up = get_updater("mpf", marginal=True)
+    state = up.init(batch, model, 64, [0, 1])
+    state, info = up.update(state, torch.tensor([[0.5, math.nan, -0.3], [0.2, 0.1, 1.5]]), model)
+    assert bool(torch.isfinite(info.log_evidence_increment).all())
+    _, log_w = factorised.carried(state)
+    assert bool(torch.isfinite(torch.logsumexp(log_w, -1)).all())
