@@ -9,8 +9,9 @@ p-values (PIT) of every method.
    (the default — no method, no N —, every ``mpf`` variant that serves as a default somewhere at N = 256, ``smc`` at
    4096, the others beside): the total log-evidence error, the worst step's error, the error on day 144 (return
    +2.17) and the worst error at the 1 % most surprising steps (lowest reference increment).
-2. Families. Simulated streams of ``lds``, ``linear_gaussian`` (Kalman exact), ``stochastic_volatility`` d = 1
-   (grid) and ``gmm`` (static grid): per method the mean and worst |increment error| and the worst at the 1 % most
+2. Families. Simulated streams of ``lds``, ``linear_gaussian`` (Kalman exact), ``stochastic_volatility`` d = 1 and
+   d = 5 (the grid per dimension; at d = 5 ``smc`` one filter per dimension, its default, against joint weights)
+   and ``gmm`` (static grid): per method the mean and worst |increment error| and the worst at the 1 % most
    surprising steps.
 3. Calibration. 2000 steps simulated from SV (d = 1 and 5) and ``lds``, the default method: the Kolmogorov–Smirnov
    p-value of the pit values against U(0, 1) and the fraction flagged at a 1 % two-sided level (expected 1 %).
@@ -276,31 +277,35 @@ def family_cases(steps: int, streams: int) -> list[dict]:
         cases.append(
             {"family": name, "model": model, "prior": gauss2, "obs": obs, "ref": lz.numpy(), "methods": methods}
         )
-    model = sv_model(1, SV1)
-    prior = stationary_prior(1, **SV1)
-    x0 = SV1["mu"] + math.sqrt(0.09 / (1 - 0.95**2)) * torch.randn(streams, 1, generator=g[1])
-    _, obs = model.simulate(steps, x0, g)
-    _, _, lz = diagonal_grid_evidence(
-        sv_model(1, SV1, F64), prior.means[0, 0], prior.covs[0, 0].diagonal(), obs.double(), 1000, 10.0
-    )
-    methods = [
-        ("smc", {}, 4096),
-        ("mpf", {}, 256),
-        ("mpf correct", {"correct": True}, 256),
-        ("mpf mixture", {"evidence": "mixture"}, 256),
-        ("gpf", {}, 256),
-        ("svgd", {}, 256),
-    ]
-    cases.append(
-        {
-            "family": "stochastic_volatility",
-            "model": model,
-            "prior": prior,
-            "obs": obs,
-            "ref": lz.numpy(),
-            "methods": methods,
-        }
-    )
+    sv_methods = {
+        1: [
+            ("smc", {}, 4096),
+            ("mpf", {}, 256),
+            ("mpf correct", {"correct": True}, 256),
+            ("mpf mixture", {"evidence": "mixture"}, 256),
+            ("gpf", {}, 256),
+            ("svgd", {}, 256),
+        ],
+        # one filter per dimension (smc's factorise, the default) against joint weights, and the flows
+        5: [
+            ("smc", {}, 4096),
+            ("smc joint", {"factorise": False}, 4096),
+            ("mpf", {}, 256),
+            ("mpf marginal", {"marginal": True}, 256),
+        ],
+    }
+    for d, methods in sv_methods.items():
+        model = sv_model(d, SV1)
+        prior = stationary_prior(d, **SV1)
+        x0 = SV1["mu"] + math.sqrt(0.09 / (1 - 0.95**2)) * torch.randn(streams, d, generator=g[1])
+        _, obs = model.simulate(steps, x0, g)
+        _, _, lz = diagonal_grid_evidence(
+            sv_model(d, SV1, F64), prior.means[0, 0], prior.covs[0, 0].diagonal(), obs.double(), 1000, 10.0
+        )
+        family = "stochastic_volatility" if d == 1 else f"stochastic_volatility d={d}"
+        cases.append(
+            {"family": family, "model": model, "prior": prior, "obs": obs, "ref": lz.numpy(), "methods": methods}
+        )
     model = make_model("gmm", {"s": 1.0}, 2)
     x = torch.tensor([[1.0, -2.0]]).expand(streams, -1)
     _, obs = model.simulate(30, x, g)
