@@ -52,10 +52,11 @@ def carry(state: ParticleState, points: torch.Tensor, log_weights: torch.Tensor 
     return state.replace(extras={**state.extras, POINTS: points, LOG_WEIGHTS: lw})
 
 
-def adopted(state: ParticleState) -> ParticleState:
-    """``state`` whose particles and weights another method set (a fall-back's step): a carried cloud, where the
-    state holds one, becomes these particles with their weights."""
-    if POINTS not in state.extras:
+def adopted(state: ParticleState, carries: bool = False) -> ParticleState:
+    """``state`` whose particles and weights another method set (a fall-back's step): its carried cloud, where it
+    holds one or where the stream's method ``carries`` one (a fall-back's shared-form result holds none), becomes
+    these particles with their weights — so the state has the form a step of the stream's own method leaves."""
+    if POINTS not in state.extras and not carries:
         return state
     return carry(state, state.particles, state.log_weights.repeat_interleave(state.dim, 0))
 

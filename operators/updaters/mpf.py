@@ -417,8 +417,9 @@ class MPFUpdater(Updater):
         return sites.advance(model, obs, new.particles).write(new), info
 
     def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily):
-        """After another method's step (a fall-back) the sites advance by its observation at its cloud."""
-        new = self.from_particles(new)
+        """After another method's step (a fall-back) the sites advance by its observation at its cloud, and the
+        marginal filter carries its particles as its weighted cloud."""
+        new = factorised.adopted(self.from_particles(new), self.uses_marginal(model))
         sites = Sites.read(before)
         return new if sites is None else sites.advance(model, obs, new.particles).write(new)
 

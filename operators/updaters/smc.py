@@ -294,3 +294,8 @@ class SMCUpdater(Updater):
     def from_particles(self, state: ParticleState, density=None) -> ParticleState:
         """A carried per-dimension cloud (:func:`factorised.adopted`) becomes the particles another method set."""
         return factorised.adopted(state)
+
+    def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily) -> ParticleState:
+        """A fall-back's result: one filter per dimension (:meth:`factorises`) carries its particles, with their
+        weights, as its weighted cloud (the form its own step leaves)."""
+        return factorised.adopted(new, self.factorises(model))

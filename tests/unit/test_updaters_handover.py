@@ -28,10 +28,11 @@ from tests.unit.test_updaters_common import (
     prior_for,
 )
 
-# a stream of each method (mpf also tracking its density), at step 0 and after one step of its own
-STREAMS = [(m, {}) for m in sorted(UPDATERS)] + [("mpf", {"track_density": True})]
+# a stream of each method (mpf also tracking its density, and as the marginal filter where it applies), at step 0
+# and after one step of its own
+STREAMS = [(m, {}) for m in sorted(UPDATERS)] + [("mpf", {"track_density": True}), ("mpf", {"marginal": "auto"})]
 CASES = [(m, o, f) for m, o in STREAMS for f in sorted(FAMILIES)]
-IDS = [f"{m}{'-density' if o else ''}-{f}" for m, o, f in CASES]
+IDS = [f"{m}{''.join('-' + k for k in o)}-{f}" for m, o, f in CASES]
 
 
 def make(name: str, **extra) -> Updater:
