@@ -107,3 +107,18 @@ def test_factorise_values_and_where_it_applies():
     with pytest.raises(ValueError, match=r"options\.factorise: .*does not factorise"):
         get_updater("smc", factorise=True).check_compatible(lds)
     get_updater("smc", factorise=True, qmc=True).check_compatible(sv3)  # qmc true applies per dimension here
+
+
+def test_a_batch_mixing_observed_and_unobserved_steps_matches_the_streams_alone():
+    """The service batches streams: a step where one stream observed and another did not runs each group its own
+    way and rejoins them, and each stream's result is what it gets alone (the same generator draws)."""
+    model = make_model("stochastic_volatility", SV, 3)
+    up = get_updater("smc")
+    obs = torch.tensor([[0.4, -0.2, 1.1], [math.nan, math.nan, math.nan]])
+    state = up.init(prior(3, 2), model, 128, [5, 6])
+    batched, info = up.update(state, obs, model)
+    for b in range(2):
+        alone, alone_info = up.update(up.init(prior(3, 1), model, 128, [5 + b]), obs[b : b + 1], model)
+        torch.testing.assert_close(batched.particles[b], alone.particles[0])
+        torch.testing.assert_close(factorised.carried(batched)[1][3 * b : 3 * b + 3], factorised.carried(alone)[1])
+        torch.testing.assert_close(info.log_evidence_increment[b], alone_info.log_evidence_increment[0])
