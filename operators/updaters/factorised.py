@@ -61,11 +61,9 @@ def adopted(state: ParticleState, carries: bool = False) -> ParticleState:
     return carry(state, state.particles, state.log_weights.repeat_interleave(state.dim, 0))
 
 
-def prediction(
-    state: ParticleState, model: ModelFamily, split: ModelFamily, gens: Generators, replicates: int = 1
-) -> Prediction:
+def prediction(state: ParticleState, split: ModelFamily, gens: Generators, replicates: int = 1) -> Prediction:
     """The step's predict by sequential quasi-Monte Carlo (:func:`mpflow.operators.sqmc.resample_move`), one
-    dimension at a time under ``split`` (``model`` itself for d = 1, else its
+    dimension at a time under ``split`` (the model itself for d = 1, else its
     :meth:`~mpflow.operators.models.base.ModelFamily.per_dimension`): from the weighted cloud the last step carried
     (:func:`carried`), else from the stream's particles with their weights. Uniformly weighted moved particles
     [B, N, d], their ancestors (d = 1) and the predictive's moments per dimension (the dimensions are independent:

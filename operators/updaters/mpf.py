@@ -250,7 +250,7 @@ class MPFUpdater(Updater):
         if not self.uses_marginal(model):
             return super()._prediction(state, model, gens)
         split = model if model.state_dim == 1 else model.per_dimension(state.batch_size)
-        return factorised.prediction(state, model, split, gens, replicates=2)  # two blocks: marginal.crossed_maps
+        return factorised.prediction(state, split, gens, replicates=2)  # two blocks: marginal.crossed_maps
 
     @staticmethod
     def runs_operator(options: dict) -> bool:

@@ -209,16 +209,16 @@ class SMCUpdater(Updater):
         if not self.uses_qmc(model):
             return super()._prediction(state, model, gens)
         split = model.per_dimension(state.batch_size) if self.factorises(model) else model
-        return factorised.prediction(state, model, split, gens)
+        return factorised.prediction(state, split, gens)
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """:meth:`Updater.step_work`, plus, where the steps run sequential quasi-Monte Carlo (:meth:`uses_qmc`: not
-        with ``qmc: false``, a static family, d > 1 or Q = 0), its sorts of the cloud and the points (about
-        20 n log₂ n each) and its n × 2 points."""
+        with ``qmc: false``, a static family or Q = 0, nor d > 1 unless the filter :meth:`factorises`), its sorts of
+        the cloud and the points (about 20 n log₂ n each) and its n × 2 points, per dimension; one filter per
+        dimension also sorts and gathers for the read copy (:func:`factorised.read_copy`)."""
         base = super().step_work(model, n, dt, k)
         if not self.uses_qmc(model):
             return base
-        # per dimension where the filter factorises, with the read copy's sort and gather (factorised.read_copy)
         d, sorts = model.state_dim, 60.0 if self.factorises(model) else 40.0
         return StepWork(base.flops + sorts * d * n * math.log2(max(n, 2)), base.bytes + 8.0 * 6 * n * d)
 
