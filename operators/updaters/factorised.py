@@ -75,7 +75,7 @@ def prediction(state: ParticleState, split: ModelFamily, gens: Generators, repli
     u = sqmc.replicated_points(gens, N, d, replicates)
     x, ancestors = sqmc.resample_move(x_prev, log_w, u, split.transition_from_noise)
     uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
-    cov = var.reshape(B, 1, 1) if d == 1 else torch.diag_embed(var.reshape(B, d))
+    cov = torch.diag_embed(var.reshape(B, d))
     return Prediction(from_dimensions(x, d), mean.reshape(B, d), cov, uniform, ancestors if d == 1 else None)
 
 

@@ -60,6 +60,7 @@ from mpflow.operators.updaters.base import Prediction, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation
 from mpflow.operators.updaters.smc import (
     check_rejuvenation,
+    factorise_refusal,
     liu_west_moves,
     rejuvenates,
     resample_low_ess,
@@ -233,11 +234,7 @@ class MPFUpdater(Updater):
         o = self.options
         if o["network"] is not None or o["track_density"] or o["flow_fraction"] != 1:
             return "it weights the base flow's affine map (no operator, track_density or flow_fraction)"
-        if model.state_dim > 1 and model.per_dimension(model.batch_size) is None:
-            return f"the {model.name} family does not factorise over the state's {model.state_dim} dimensions"
-        return (
-            sqmc_refusal(model.per_dimension(model.batch_size) or model) if model.state_dim > 1 else sqmc_refusal(model)
-        )
+        return sqmc_refusal(model) if model.state_dim == 1 else factorise_refusal(model)
 
     def uses_marginal(self, model: ModelFamily) -> bool:
         """Whether the steps of ``model`` run the marginal particle filter (option ``marginal``)."""

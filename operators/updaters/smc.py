@@ -136,6 +136,19 @@ def factorise_refusal(model: ModelFamily) -> str | None:
     return sqmc_refusal(split)
 
 
+def weighted(prev_log_weights: torch.Tensor, log_likelihood: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 2–3 of the module docstring for R filters: the normalised previous log-weights [R, N] and the
+    particles' log-likelihoods [R, N] (NaN: impossible) → (the new normalised log-weights [R, N], the increment
+    log Σ_i w̄_i p(o | x_i) [R], float64). A filter whose every particle is impossible (−inf likelihood everywhere)
+    keeps its previous weights, and its increment is −1e30 rather than −inf."""
+    ll = torch.nan_to_num(log_likelihood, nan=-math.inf)
+    log_pred = evidence.predictive(ll, prev_log_weights)
+    lw = torch.log_softmax(prev_log_weights + ll, -1)
+    lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_log_weights)
+    log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
+    return lw, log_pred
+
+
 class SMCUpdater(Updater):
     name = "smc"
     shares_prediction = True
@@ -238,13 +251,7 @@ class SMCUpdater(Updater):
         x = state.particles if prediction is None else prediction.particles
         qmc = prediction is not None and prediction.log_weights is not None  # resampled by the predict
         prev_lw = torch.log_softmax(prediction.log_weights if qmc else state.log_weights, -1)
-        ll = model.log_likelihood(obs, x)
-        ll = torch.nan_to_num(ll, nan=-math.inf)
-        log_pred = evidence.predictive(ll, prev_lw)
-        lw = torch.log_softmax(prev_lw + ll, -1)
-        # every particle impossible (−inf likelihood everywhere): keep the previous weights
-        lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_lw)
-        log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
+        lw, log_pred = weighted(prev_lw, model.log_likelihood(obs, x))
         ess_now = ess(lw)
         a = float(self.options["shrinkage"]) if rejuvenates(self.options["rejuvenate"], model) else None
         if qmc:
@@ -265,13 +272,7 @@ class SMCUpdater(Updater):
         B, N, d = state.particles.shape
         x = to_dimensions(prediction.particles)
         prev_lw = torch.log_softmax(prediction.log_weights.repeat_interleave(d, 0), -1)
-        ll = model.per_dimension(B).log_likelihood(to_dimensions(obs), x)
-        ll = torch.nan_to_num(ll, nan=-math.inf)
-        log_pred = evidence.predictive(ll, prev_lw)
-        lw = torch.log_softmax(prev_lw + ll, -1)
-        # a dimension whose every particle is impossible (−inf likelihood everywhere) keeps the previous weights
-        lw = torch.where(torch.isfinite(log_pred)[:, None], lw, prev_lw)
-        log_pred = torch.where(torch.isfinite(log_pred), log_pred, torch.full_like(log_pred, -1e30))
+        lw, log_pred = weighted(prev_lw, model.per_dimension(B).log_likelihood(to_dimensions(obs), x))
         reads = factorised.read_copy(x, lw, gens, d)
         uniform = torch.full((B, N), -math.log(N), dtype=state.log_weights.dtype)
         new = factorised.carry(state.replace(particles=reads, log_weights=uniform), prediction.particles, lw)
