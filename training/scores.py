@@ -32,9 +32,8 @@ exclusive KL(q ‖ p) of MPF eq. 19 does not. It needs the observations alone (n
 
 from __future__ import annotations
 
-import math
-
 import torch
+from mpflow.operators.evidence import log_mean_exp
 
 SCORES = ("energy", "crps")
 #: the loss name of :func:`predictive_log_score` (it rates a cloud by the next observation, not by the truth)
@@ -64,7 +63,7 @@ def crps(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def predictive_log_score(log_lik: torch.Tensor) -> torch.Tensor:
     """LS = −log (1/N) Σ_j p(o | x̃_j) [B] from the log-likelihoods log p(o | x̃_j) [B, N] of the observation under
     the carried cloud's members (module docstring)."""
-    return math.log(log_lik.shape[-1]) - torch.logsumexp(log_lik, -1)
+    return -log_mean_exp(log_lik)
 
 
 def score(name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
