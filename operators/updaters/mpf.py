@@ -174,10 +174,11 @@ class MPFUpdater(Updater):
         # of the mixture predictive over the previous cloud with its standard error ("mixture"; mixture_evidence)
         "evidence": "gaussian",
         # the flow as the proposal of a marginal particle filter, weighted against the exact mixture predictive and
-        # driven by quasi-random points (mpf.marginal): off by default (docs/benchmarks.md "Anomaly scores": its
-        # evidence is not yet within the bar at N = 256; 2x the plain flow's cost at d = 1, 16-20x batched at d = 5-10,
-        # outside the default-picking budget); auto = wherever it applies
-        "marginal": False,
+        # driven by quasi-random points (mpf.marginal). auto (the default): wherever it applies and the posterior is
+        # not Gaussian (a linear-Gaussian family's flow is exact, and weights would only add Monte Carlo error), so
+        # that the step's evidence carries no Gaussian-belief bias at outliers (docs/benchmarks.md "Anomaly scores");
+        # false: the plain flow, 2.6x cheaper at d = 1 and 10-20x batched, whose anomaly scores run low at outliers
+        "marginal": "auto",
     }
 
     def __init__(self, **options):
@@ -237,8 +238,12 @@ class MPFUpdater(Updater):
         return sqmc_refusal(model) if model.state_dim == 1 else factorise_refusal(model)
 
     def uses_marginal(self, model: ModelFamily) -> bool:
-        """Whether the steps of ``model`` run the marginal particle filter (option ``marginal``)."""
-        return self.options["marginal"] is not False and self.marginal_refusal(model) is None
+        """Whether the steps of ``model`` run the marginal particle filter (option ``marginal``): where it applies,
+        and for ``auto`` not on a linear-Gaussian family, whose flow is already exact."""
+        marginal = self.options["marginal"]
+        if marginal is False or (marginal == "auto" and model.linear_gaussian):
+            return False
+        return self.marginal_refusal(model) is None
 
     def _prediction(self, state: ParticleState, model: ModelFamily, gens: Generators) -> Prediction | None:
         """The step's predict; for the marginal particle filter by sequential quasi-Monte Carlo, per dimension, from
