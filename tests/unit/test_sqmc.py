@@ -28,6 +28,8 @@ from mpflow.operators.references.grid import diagonal_grid_evidence
 from mpflow.operators.rng import StreamRNG
 from mpflow.operators.updaters import factorised, get_updater
 
+from tests.unit.test_mixture_evidence import SV as GBP_USD_SV
+
 F64 = torch.float64
 PARAMS = {"A": [[0.9]], "Q": [[0.5]], "B": [[1.0]], "R": [[1.0]]}
 SEEDS = 16
@@ -192,10 +194,9 @@ def test_default_mpf_evidence_has_no_gaussian_bias_at_the_gbp_usd_outlier():
     csv = Path(__file__).parents[2] / "examples" / "datasets" / "gbp_usd_daily.csv"
     returns = [float(line.split(",")[2]) for line in csv.read_text().splitlines()[1:151]]
     obs = torch.tensor(returns).reshape(1, -1, 1)
-    params = {"mu": 2 * math.log(0.5992), "phi": 0.9702, "sigma": 0.178}
-    var = params["sigma"] ** 2 / (1 - params["phi"] ** 2)
-    model = make_model("stochastic_volatility", params, 1)
-    mean, cov = torch.full((1, 1), params["mu"], dtype=F64), torch.full((1, 1), var, dtype=F64)
+    var = GBP_USD_SV["sigma"] ** 2 / (1 - GBP_USD_SV["phi"] ** 2)
+    model = make_model("stochastic_volatility", GBP_USD_SV, 1)
+    mean, cov = torch.full((1, 1), GBP_USD_SV["mu"], dtype=F64), torch.full((1, 1), var, dtype=F64)
     _, _, exact = diagonal_grid_evidence(model.to(F64), mean, cov, obs.double(), points=1000, width=10.0)
     day = int(exact[0].argmin())
     assert float(exact[0, day]) < -7.5  # the outlier
