@@ -35,9 +35,14 @@ test-tools:
 			|| echo "could not install$$missing: those tests will skip"; \
 	fi
 
+# The tests in two runs: all but tests/reliability on both cores (pytest-xdist, one worker per file, so that a
+# module's server or cluster fixture starts once), then tests/reliability alone — its fault, soak and isolation
+# tests time the service under load and must not share the cores with another test.
+SERIAL_TESTS = tests/reliability
 test: setup test-tools
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --ignore=$(SERIAL_TESTS)
+	$(PY) -m pytest -q -p no:cacheprovider $(SERIAL_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

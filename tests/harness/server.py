@@ -251,9 +251,15 @@ def serve_as_user(
 _STARTED: set[subprocess.Popen] = set()
 
 
-def kill_started() -> None:
-    """SIGKILL every process group this module started and that still runs (a safety net for tests)."""
-    for proc in list(_STARTED):
+def started() -> frozenset[subprocess.Popen]:
+    """The process groups this module started that have not been reaped by :func:`kill_started`."""
+    return frozenset(_STARTED)
+
+
+def kill_started(spare: frozenset[subprocess.Popen] = frozenset()) -> None:
+    """SIGKILL every process group this module started and that still runs (a safety net for tests), but those in
+    ``spare``."""
+    for proc in list(_STARTED - spare):
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGCONT)

@@ -32,8 +32,11 @@ def redis_server_binary() -> str:
 
 @pytest.fixture(autouse=True, scope="module")
 def _kill_leftovers():
+    """Kill what the module's tests started and left running — not what was running before it (a session's
+    Redis Cluster that another directory's tests share, when one worker runs both)."""
+    before = server.started()
     yield
-    server.kill_started()
+    server.kill_started(spare=before)
 
 
 @pytest.fixture
