@@ -25,7 +25,9 @@ p-values (PIT) of every method.
    0.2 and every step within 0.1 — which separates an estimator's bias from the spread of a 256-point cloud.
    Each row also gives the filtered posterior's error against the grid's (the mean's error in the grid's posterior
    sd, and the ratio of the sds, averaged over seeds and days) and its wall time; ``--operator NAME`` (repeatable)
-   adds ``mpf`` with that trained operator (found on ``MPFLOW_OPERATOR_DIRS`` like any other).
+   adds ``mpf`` with that trained operator (found on ``MPFLOW_OPERATOR_DIRS`` like any other). A row whose steps
+   report ``log_evidence_sd`` (the marginal filter) also gives how that standard error stands against its errors
+   (:func:`sd_calibration`).
 
 Writes ``benchmarks/results/evidence.json`` and ``evidence.png`` (the GBP/USD run: returns, the filtered
 volatility band, flagged days; ``--out``: the JSON elsewhere). ``--quick`` runs fewer seeds and steps; ``--seeds``
@@ -423,6 +425,26 @@ def bias_row(err: np.ndarray) -> dict:
     }
 
 
+#: a reported standard error "flags" a step when it is at least half the bias bound
+FLAG_SD = BIAS_BOUND / 2
+
+
+def sd_calibration(err: np.ndarray, sd: np.ndarray) -> dict:
+    """How a row's reported ``log_evidence_sd`` [S, T] stands against its errors ``err`` [S, T]: the errors' sd in
+    units of it (1 for a calibrated standard error, below 1 for an upper estimate), the same at day 144 with the
+    reported sd's median there, and the (seed, step) errors beyond :data:`BIAS_BOUND` with how many of them
+    reported at least :data:`FLAG_SD`; per seed, whether every step is within max(0.1, 3 sd)."""
+    big = np.abs(err) > BIAS_BOUND
+    return {
+        "error_in_reported_sd": float((err / sd).std()),
+        "day_144_error_sd": float(err[:, OUTLIER].std(ddof=1)),
+        "day_144_reported_sd_median": float(np.median(sd[:, OUTLIER])),
+        "steps_error_over_bound": int(big.sum()),
+        "of_them_reported_sd_over_flag": int((big & (sd >= FLAG_SD)).sum()),
+        "seeds_every_step_within_3sd": int((np.abs(err) <= np.maximum(BIAS_BOUND, 3 * sd)).all(1).sum()),
+    }
+
+
 def bias(seeds: int, operators: tuple[str, ...] = ()) -> list[dict]:
     """Module docstring, 4: each of :data:`BIAS_ROWS` (and ``mpf`` with each trained operator of ``operators``) over
     ``seeds`` seeds (one batch of streams) on GBP/USD against the 1000-point grid."""
@@ -444,6 +466,8 @@ def bias(seeds: int, operators: tuple[str, ...] = ()) -> list[dict]:
         row["mean_error_sd"] = float((np.abs(batch["mean"] - grid_mean[0].numpy()[None]) / grid_sd[None]).mean())
         row["sd_ratio"] = float((batch["sd"] / grid_sd[None]).mean())
         row["wall_s"] = round(batch["wall_s"], 1)
+        if batch["sd_inc"] is not None:
+            row["reported_sd"] = sd_calibration(batch["inc"] - ref[None], batch["sd_inc"])
         out.append(row)
         print(
             f"  {label:14s} max |bias| {row['max_abs_bias']:.3f} ± {row['max_abs_bias_se']:.3f} (day "
@@ -453,6 +477,15 @@ def bias(seeds: int, operators: tuple[str, ...] = ()) -> list[dict]:
             f"{row['mean_error_sd']:.3f} sd, sd ratio {row['sd_ratio']:.3f}, {row['wall_s']} s",
             flush=True,
         )
+        if "reported_sd" in row:
+            c = row["reported_sd"]
+            print(
+                f"  {'':14s} log_evidence_sd: errors {c['error_in_reported_sd']:.2f} of it; day 144 error sd "
+                f"{c['day_144_error_sd']:.3f}, reported {c['day_144_reported_sd_median']:.3f} (median); errors over "
+                f"{BIAS_BOUND}: {c['steps_error_over_bound']}, {c['of_them_reported_sd_over_flag']} reporting ≥ "
+                f"{FLAG_SD}; seeds within max({BIAS_BOUND}, 3 sd): {c['seeds_every_step_within_3sd']}/{seeds}",
+                flush=True,
+            )
     return out
 
 

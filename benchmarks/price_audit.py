@@ -244,7 +244,13 @@ FITS = (
         "update",
         lambda m: min(m.n, mixture_evidence.MAX_DRAWS) * min(m.n, mixture_evidence.MAX_COMPONENTS),
     ),
-    Fit("marginal.PAIR_FLOPS", lambda: marginal.PAIR_FLOPS, "mpf sv d=1 marginal", "update", lambda m: 2.0 * m.n**2),
+    Fit(
+        "marginal.PAIR_FLOPS",
+        lambda: marginal.PAIR_FLOPS,
+        "mpf sv d=1 marginal",
+        "update",
+        lambda m: (2.0 + marginal.SHARE_PAIRS) * m.n**2,
+    ),
     Fit(
         "enkf.LOCAL_ANALYSIS_FLOPS",
         lambda: enkf.LOCAL_ANALYSIS_FLOPS,

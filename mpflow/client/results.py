@@ -79,8 +79,9 @@ def _number(value: Any) -> float:
 class StepTable:
     """Per-step posterior summaries as arrays: ``step`` [n], ``mean`` and ``std`` [n, d], ``ess`` [n] (NaN for
     ``kalman`` and ``ukf``, whose ESS is null),
-    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``pit`` [n, k] (each observed entry's
-    predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
+    ``log_evidence_increment`` [n] (NaN where a step did not report one), ``log_evidence_sd`` [n] (its standard
+    error where the method reports one — ``mpf``'s marginal filter —, else NaN), ``pit`` [n, k] (each observed
+    entry's predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
     ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
@@ -92,6 +93,7 @@ class StepTable:
         self.ess = np.array([_number(s.get("ess")) for s in per_step], dtype=np.float64)
         increments = [_number(s.get("log_evidence_increment")) for s in per_step]
         self.log_evidence_increment = np.array(increments, dtype=np.float64)
+        self.log_evidence_sd = np.array([_number(s.get("log_evidence_sd")) for s in per_step], dtype=np.float64)
         self.params = _param_arrays(per_step)
         self.pit = pit_array(per_step)
 
@@ -110,9 +112,9 @@ class StepTable:
         return f"StepTable({len(self)} steps, dimensions {self.names})"
 
     def to_pandas(self) -> Any:
-        """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess`` and
-        ``log_evidence_increment``, ``pit_<j>`` per observed entry, and ``param_<name>_<stat>`` per learned parameter
-        (needs pandas)."""
+        """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess``,
+        ``log_evidence_increment`` and ``log_evidence_sd``, ``pit_<j>`` per observed entry, and
+        ``param_<name>_<stat>`` per learned parameter (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
         for i, name in enumerate(self.names):
@@ -120,6 +122,7 @@ class StepTable:
             columns[f"std_{name}"] = self.std[:, i]
         columns["ess"] = self.ess
         columns["log_evidence_increment"] = self.log_evidence_increment
+        columns["log_evidence_sd"] = self.log_evidence_sd
         for name, stats in self.params.items():
             columns |= {f"param_{name}_{s}": v for s, v in stats.items()}
         for j in range(self.pit.shape[1]):

@@ -29,7 +29,8 @@ another method's step):
             where the next outlier's evidence lives;
 4. evidence log p(o_m | o_<m) ≈ log (1/N) Σᵢ wᵢ, unbiased for ∫ p(o | x) p̂(x) dx (each point is marginally its
             component's draw, and each half's map is independent of its points); over a stream the product of the
-            increments is unbiased for p(o_1:m) (Klaas et al. §3), so the total's log may only sit slightly low;
+            increments is unbiased for p(o_1:m) (Klaas et al. §3), so the total's log may only sit slightly low.
+            Its standard error, the carried cloud's share included, goes with it (:func:`log_evidence_sd`);
 5. carry    the weighted points {xᵢ, wᵢ} to the next step's p̂ (``factorised.carry``), and give the stream N uniformly
             weighted particles for reads by systematic resampling of the sorted cloud
             (:func:`mpflow.operators.sqmc.sorted_systematic`). The next predict resamples the weighted cloud itself
@@ -68,14 +69,18 @@ DEFENSIVE_EVERY = 2
 #: marginal ``mpf`` step of ``stochastic_volatility`` d = 1 at N = 7094 (the largest the defaults accepted at 24:
 #: 0.57 to 0.83 s CPU, priced at an eighth of that), 131 to 204 at 25 Gflop/s in four runs on 2026-11-28
 PAIR_FLOPS = 180.0
+#: the error estimate's work per pair (:func:`log_evidence_sd`: an exponential in place and a product-sum), in pairs
+#: of :data:`PAIR_FLOPS`: it added 11–14 % to the step of ``stochastic_volatility`` d = 1 at N = 256 (64 streams)
+#: and N = 4096 (one stream) on 2026-11-29, a quarter of the step's 2 n² pairs
+SHARE_PAIRS = 0.25
 
 
 def work(d: int, n: int) -> tuple[float, float]:
     """(flops, peak bytes) of one stream's weights (the cost model): per dimension 2 n² pairs of a point and a
     component (the mixture density at the weighted points and at their pre-images), :data:`PAIR_FLOPS` each, and
-    the sorts of the points and the cloud (20 n log₂ n each); the [2n, n] log-densities of every dimension in
-    float32 (:func:`mixture_log_density`)."""
-    flops = d * (2.0 * n * n * PAIR_FLOPS + 2.0 * 20.0 * n * math.log2(max(n, 2)))
+    :data:`SHARE_PAIRS` n² pairs' worth for the shares of the error estimate, and the sorts of the points and the
+    cloud (20 n log₂ n each); the [2n, n] log-densities of every dimension in float32 (:func:`mixture_pairs`)."""
+    flops = d * ((2.0 + SHARE_PAIRS) * n * n * PAIR_FLOPS + 2.0 * 20.0 * n * math.log2(max(n, 2)))
     return flops, 2.0 * 4.0 * d * n * n
 
 
@@ -87,21 +92,35 @@ class MarginalWeights(NamedTuple):
     affine: torch.Tensor
     #: the weighted points [R, N, 1]: x₁ and, at every DEFENSIVE_EVERY-th, the predicted draw
     points: torch.Tensor
+    #: the standard error [R] of log (1/N) Σᵢ wᵢ as an estimate of the step's exact evidence, the carried cloud's
+    #: share included (:func:`log_evidence_sd`); NaN where the row had no affine map
+    log_sd: torch.Tensor
 
 
 def mixture_log_density(
     model: ModelFamily, x: torch.Tensor, x_prev: torch.Tensor, prev_log_weights: torch.Tensor | None = None
 ) -> torch.Tensor:
     """log p̂(xᵢ) = log Σ_j w_j p(xᵢ | x_prev_j) for x [R, M, 1] and the cloud x_prev [R, N, 1] with ``prev_log_weights``
-    [R, N] (None: uniform, w_j = 1/N) → [R, M] (float64). One-dimensional: with x_m = f(x_{m−1}) + √Q ε and
-    centred values x̄ = x − c, f̄_j = f(x_prev_j) − c (c the mean of the f_j),
+    [R, N] (None: uniform, w_j = 1/N) → [R, M] (float64): the log-sum-exp of :func:`mixture_pairs`."""
+    pairs, rest = mixture_pairs(model, x, x_prev, prev_log_weights)
+    return torch.logsumexp(pairs, -1).to(F64) + rest
+
+
+def mixture_pairs(
+    model: ModelFamily, x: torch.Tensor, x_prev: torch.Tensor, prev_log_weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The terms of log p̂(xᵢ) = log Σ_j w_j p(xᵢ | x_prev_j) for x [R, M, 1] and the cloud x_prev [R, N, 1] with
+    ``prev_log_weights`` [R, N] (None: uniform, w_j = 1/N): the pairs [R, M, N] (float32) and the rest [R, M]
+    (float64), log p̂(xᵢ) = logsumexp_j pairs_ij + rest_i; softmax_j pairs_ij is component j's share of p̂(xᵢ).
+    One-dimensional: with x_m = f(x_{m−1}) + √Q ε and centred values x̄ = x − c, f̄_j = f(x_prev_j) − c (c the mean of
+    the f_j),
 
         log p̂(x) = logsumexp_j (x̄ f̄_j / Q + log w_j − f̄_j² / 2Q) − x̄² / 2Q − ½ log 2πQ,
 
-    so the [R, M, N] pairs are one batched outer product (``baddbmm``) and its log-sum-exp, in float32 — four passes
-    over half the bytes where float64 squared differences took nine passes; the pairs are the step's whole cost at
-    N = 256. The float32 pairs are within 1e-5 nat of float64 (measured 6.5·10⁻⁶ over log-densities down to −134),
-    far below the weights' Monte Carlo error. (The family's
+    so the [R, M, N] pairs are one batched outer product (``baddbmm``), in float32 — four passes over half the bytes
+    where float64 squared differences took nine passes; the pairs are the step's whole cost at N = 256. The float32
+    pairs are within 1e-5 nat of float64 (measured 6.5·10⁻⁶ over log-densities down to −134), far below the
+    weights' Monte Carlo error. (The family's
     :meth:`~mpflow.operators.models.base.ModelFamily.transition_log_density` is the same density for any d.)"""
     m64 = model.to(F64)
     f = m64.transition_mean(x_prev.to(F64))[..., 0]  # [R, N]
@@ -114,7 +133,40 @@ def mixture_log_density(
     fc, xc = f - centre, x.to(F64)[..., 0] - centre  # [R, N], [R, M]
     bias, slope = (log_w - 0.5 * fc.square() / var).float(), (fc / var).float()
     pairs = torch.baddbmm(bias[:, None, :], xc.float()[:, :, None], slope[:, None, :])
-    return torch.logsumexp(pairs, -1).to(F64) - 0.5 * xc.square() / var - 0.5 * torch.log(2 * math.pi * var)
+    return pairs, -0.5 * xc.square() / var - 0.5 * torch.log(2 * math.pi * var)
+
+
+def log_evidence_sd(
+    log_w: torch.Tensor, shares: torch.Tensor, prev_log_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The standard error [R] of log Ẑ, Ẑ = (1/M) Σᵢ ωᵢ, as an estimate of the step's exact evidence
+    Z = ∫ p(o | x) p(x | o_<m) dx, from the weights ω = exp(``log_w``) [R, M] of the points xᵢ and the ``shares``
+    [R, M, N] of the carried cloud's components {x_j, w_j} in their mixture predictive, r_ij = w_j p(xᵢ | x_j) /
+    p̂(xᵢ) (the softmax over j of :func:`mixture_pairs`). Two parts, each
+    by the delta method for independent draws:
+
+    * the draws': Var(ω) / M, Ẑ's error against the cloud's own evidence Z_cloud = Σ_j w_j g(x_j),
+      g(x′) = ∫ p(o | x) p(x | x′) dx (as :mod:`~mpflow.operators.mixture_evidence`);
+    * the cloud's: the carried points are a self-normalised importance sample of p(x_{m−1} | o_<m), so Z_cloud's
+      error against Z has variance ≈ Σ_j w_j² (g(x_j) − Z)² (Owen 2013, "Monte Carlo theory, methods and
+      examples", §9.2, eq. 9.8). Each w_j g(x_j) is read off the same draws: c_j = (1/M) Σᵢ ωᵢ r_ij estimates it
+      and Σ_j c_j = Ẑ exactly, so the variance is Σ_j (c_j − w_j Ẑ)².
+
+    sd(log Ẑ) ≈ √(Var(ω)/M + Σ_j (c_j − w_j Ẑ)²) / Ẑ. The cloud's part is what the draws' sd alone misses: at an
+    outlier the evidence lives in the tail of a few carried points. Measured on GBP/USD (N = 256, 64 seeds; docs/
+    benchmarks.md "Anomaly scores") it is an upper estimate: the quasi-random points are better than independent
+    draws, so it overstates the error's sd about 2 × at the outlier of day 144 and 3–4 × at ordinary steps, and
+    every step whose error passed 0.1 nat but one reported at least 0.05. NaN where every ω is zero."""
+    m, n = log_w.shape[1], shares.shape[2]
+    omega = torch.exp(log_w - log_w.amax(-1, keepdim=True))  # [R, M], scaled so that the largest is 1
+    z = omega.mean(-1)
+    contribution = torch.bmm(omega.float()[:, None, :], shares)[:, 0].to(F64) / m  # [R, N]: c_j
+    if prev_log_weights is None:
+        w = torch.full_like(contribution, 1.0 / n)
+    else:
+        w = torch.softmax(prev_log_weights.to(F64), -1)
+    cloud = (contribution - w * z[:, None]).square().sum(-1)
+    return (omega.var(-1) / m + cloud).sqrt() / z
 
 
 def affine_fit(x_pred: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +242,13 @@ def log_weights(
     pred = x_pred.to(F64)
     x = torch.where(defensive[None, :, None], pred, alpha[..., None] * pred + beta[..., None]).to(x1.dtype)
     pre = (x.to(F64) - beta[..., None]) / alpha[..., None]  # the map's pre-image of each point
-    both = mixture_log_density(model, torch.cat([x.to(F64), pre], 1), x_prev, prev_log_weights)
+    pairs, rest = mixture_pairs(model, torch.cat([x.to(F64), pre], 1), x_prev, prev_log_weights)
+    total = torch.logsumexp(pairs, -1)
+    both = total.to(F64) + rest
     log_mix, log_flow = both[:, :n], both[:, n:] - torch.log(alpha.abs())
     log_q = torch.logaddexp(torch.log(share) + log_flow, torch.log1p(-share) + log_mix)
     ll = torch.nan_to_num(model.log_likelihood(obs, x).to(F64), nan=-math.inf)
     log_w = torch.nan_to_num(ll + log_mix - log_q, nan=-math.inf, posinf=-math.inf)
-    return MarginalWeights(torch.where(affine[:, None], log_w, torch.full_like(log_w, -math.inf)), affine, x)
+    log_w = torch.where(affine[:, None], log_w, torch.full_like(log_w, -math.inf))
+    shares = pairs[:, :n].sub_(total[:, :n, None]).exp_()  # in place: the pairs are not read again
+    return MarginalWeights(log_w, affine, x, log_evidence_sd(log_w, shares, prev_log_weights))

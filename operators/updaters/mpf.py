@@ -668,7 +668,9 @@ class MPFUpdater(Updater):
         against the exact mixture predictive, their evidence; the weighted points are carried to the next step
         (:func:`factorised.carry`) and the stream's particles are their sorted systematic resampling. The step's
         ``ess`` is the weights' (the smallest over the dimensions); a stream whose flow was not affine keeps the
-        flowed cloud, uniformly weighted, and the predictive Gaussian fit's evidence."""
+        flowed cloud, uniformly weighted, and the predictive Gaussian fit's evidence. ``log_evidence_sd``: the
+        increment's standard error, the carried cloud's share included (:func:`marginal.log_evidence_sd`, summed
+        in variance over the dimensions; NaN where the stream kept the Gaussian fit's evidence)."""
         B, N, d = state.particles.shape
         if prediction is None:
             prediction = self._prediction(state, model, gens)
@@ -688,9 +690,11 @@ class MPFUpdater(Updater):
         log_w = torch.where(found.affine[:, None], found.log_weights, torch.zeros_like(found.log_weights))
         x1 = factorised.read_copy(found.points, log_w, gens, d)
         n_eff = ess(log_w).reshape(B, d).min(-1).values
-        inc = torch.where(affine & torch.isfinite(log_z), log_z, inc.to(torch.float64))
+        ok = affine & torch.isfinite(log_z)
+        inc = torch.where(ok, log_z, inc.to(torch.float64))
+        sd = torch.where(ok, found.log_sd.reshape(B, d).square().sum(-1).sqrt(), math.nan)  # independent dimensions
         new = factorised.carry(state.replace(particles=x1), correction.from_dimensions(found.points, d), log_w)
-        return new, StepInfo(inc, n_eff)
+        return new, StepInfo(inc, n_eff, None, {"log_evidence_sd": sd})
 
     def _rejuvenated(self, state: ParticleState, model: ModelFamily, gens: Generators) -> ParticleState:
         """The corrected step's resampled cloud, its copies moved apart by the Liu–West kernel (which keeps the

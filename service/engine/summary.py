@@ -183,8 +183,8 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     """A ``per_step`` entry for the state just after a step: step, mean, std, quantiles (when ``state_summary``
     has them), log_evidence_increment, ess (null for a Gaussian state: :func:`summaries`), ``pit`` (the step's
     predictive p-value of each observed entry, null where not observed; absent for a family without an observation
-    CDF), ``log_evidence_sd`` where the method estimates the increment's standard error (mpf with
-    ``evidence: "mixture"``),
+    CDF), ``log_evidence_sd`` where the method estimates the increment's standard error (mpf's marginal filter,
+    and mpf with ``evidence: "mixture"``; absent where that step has none),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
     ``params`` when the stream learns unknown parameters (:func:`parameter_summaries`).
@@ -209,7 +209,7 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     if pit is not None:
         entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
     evidence_sd = info.extras.get("log_evidence_sd")
-    if evidence_sd is not None:
+    if evidence_sd is not None and math.isfinite(float(evidence_sd[row])):
         entry["log_evidence_sd"] = float(evidence_sd[row])
     acceptance = info.extras.get("acceptance")
     if acceptance is not None:

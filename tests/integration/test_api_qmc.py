@@ -68,7 +68,8 @@ def test_marginal_mpf_steps_and_resumes_its_weighted_cloud_from_a_snapshot(redis
     """The marginal filter carries its weighted cloud between steps in the stream's stored state: a stream stepped
     in two requests answers exactly as one given all four observations in one (a store that lost the carried cloud
     would start the third step's mixture predictive from the resampled particles and differ), and a snapshot taken
-    between the requests, imported under another id, answers the next observations as the original does."""
+    between the requests, imported under another id, answers the next observations — and their standard errors
+    ``log_evidence_sd`` — as the original does."""
 
     async def body(app, client):
         prior = {
@@ -111,6 +112,10 @@ def test_marginal_mpf_steps_and_resumes_its_weighted_cloud_from_a_snapshot(redis
     assert increments == [s["log_evidence_increment"] for s in copy["per_step"]]
     assert increments == [s["log_evidence_increment"] for s in whole["per_step"][2:]]
     assert original["summary"]["mean"] == copy["summary"]["mean"]
+    # each step's standard error, the carried cloud's share included, answers with it (and resumes with the cloud)
+    sds = [s["log_evidence_sd"] for s in original["per_step"]]
+    assert all(0 < v < 1 for v in sds), sds
+    assert sds == [s["log_evidence_sd"] for s in copy["per_step"]]
 
 
 def test_factorised_smc_carries_its_weighted_cloud_and_follows_the_grid(redis_url):

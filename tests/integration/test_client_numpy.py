@@ -60,6 +60,19 @@ def test_update_with_numpy_observations_seq_and_samples(server):  # noqa: F811
         assert single.step == 3
 
 
+def test_steps_carry_the_increments_standard_error_where_the_method_reports_one(server):  # noqa: F811
+    """``mpf``'s marginal filter (its default on SV) reports each increment's standard error; ``smc`` does not."""
+    sv = {"family": "stochastic_volatility", "params": {}}
+    prior = {"type": "gaussian", "mean": [-1.0], "cov": [[0.5]]}
+    with Client(server) as client:
+        mpf = client.create_stream(model=sv, prior=prior, method="mpf", num_particles=128, seed=3)
+        steps = mpf.update(np.array([[0.2], [-0.4], [2.5]])).steps
+        assert steps.log_evidence_sd.shape == (3,) and ((steps.log_evidence_sd > 0) & (steps.log_evidence_sd < 1)).all()
+        assert np.isnan(_np_stream(client).update(NP_OBS[:2]).steps.log_evidence_sd).all()
+    if HAS_PANDAS:
+        assert "log_evidence_sd" in steps.to_pandas()
+
+
 def test_filter_with_a_numpy_array_and_the_steps_of_its_answers(server):  # noqa: F811
     with Client(server) as client:
         stream = _np_stream(client)

@@ -91,7 +91,8 @@ def test_per_step_carries_the_increments_sd():
     model = make_model("stochastic_volatility", SV, 1)
     prior = GaussianMixture.gaussian(torch.tensor([[SV["mu"]]], dtype=F64), torch.tensor([[[0.5]]], dtype=F64))
     obs = torch.tensor([[1.5]])
-    for options, expected in (({"evidence": "mixture", "marginal": False}, True), ({}, False)):
+    cases = (({"evidence": "mixture", "marginal": False}, True), ({}, True), ({"marginal": False}, False))
+    for options, expected in cases:  # the mixture estimate and the marginal filter (the default) report it
         up = get_updater("mpf", **options)
         state, info = up.update(up.init(prior, model, 256, 0), obs, model)
         entry = step_summary(state, info)
