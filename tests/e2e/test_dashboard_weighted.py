@@ -80,3 +80,45 @@ def test_a_weighted_mpf_cloud_is_drawn_by_weight_with_its_ess(browser, open_serv
         assert page.locator("#ess-figure").is_hidden()
         page.close()
     assert not log.errors, log.errors
+
+
+def test_the_evidence_trace_bands_the_increments_standard_error(browser, open_server: str) -> None:  # noqa: F811
+    """``mpf``'s marginal filter (its default on SV) reports each increment's ``log_evidence_sd``: the evidence trace
+    draws ± 1.96 of it around the increments and the note gives the latest's, live and from the history after a
+    reload; an ``smc`` stream, which reports none, gets no band."""
+    url = open_server
+    sv = {"family": "stochastic_volatility", "params": {}}
+    prior = {"type": "gaussian", "mean": [-1.0], "cov": [[0.5]]}
+    returns = [0.2, -0.4, 2.5]
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for stream_id, method in (("sv-mpf", "mpf"), ("sv-smc", "smc")):
+            body = {"stream_id": stream_id, "model": sv, "prior": prior, "method": method, "num_particles": 128}
+            r = client.post("/v1/streams", json={**body, "seed": 5})
+            assert r.status_code == 201, r.text
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        log = PageLog(page)
+        page.goto(f"{url}/streams/sv-mpf")
+        _wait_step(page, 0)
+        for m, value in enumerate(returns, start=1):  # live: one event per step
+            r = client.post("/v1/streams/sv-mpf/observations", json={"seq": m, "observations": [[value]]})
+            assert r.status_code == 200, r.text
+        sd = r.json()["per_step"][-1]["log_evidence_sd"]
+        _wait_step(page, len(returns))
+        note = f"latest {r.json()['per_step'][-1]['log_evidence_increment']:.3f} ± {1.96 * sd:.3f}"
+        page.wait_for_function("n => document.getElementById('evidence-note').textContent === n", arg=note)
+        assert page.eval_on_selector("#evidence", "c => c.dataset.banded") == str(len(returns))
+        page.reload()  # the same steps from the stream's history
+        _wait_step(page, len(returns))
+        page.wait_for_function("n => document.getElementById('evidence-note').textContent === n", arg=note)
+        assert page.eval_on_selector("#evidence", "c => c.dataset.banded") == str(len(returns))
+        page.locator("#evidence").screenshot(path=str(ARTIFACTS / "dashboard_evidence_band.png"))
+
+        r = client.post("/v1/streams/sv-smc/observations", json={"seq": 1, "observations": [[v] for v in returns]})
+        assert r.status_code == 200, r.text
+        page.goto(f"{url}/streams/sv-smc")
+        _wait_step(page, len(returns))
+        page.wait_for_function("() => document.getElementById('evidence-note').textContent.startsWith('latest ')")
+        assert "±" not in page.inner_text("#evidence-note")
+        assert page.eval_on_selector("#evidence", "c => c.dataset.banded") == "0"
+        page.close()
+    assert not log.errors, log.errors

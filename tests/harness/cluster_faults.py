@@ -469,6 +469,7 @@ async def _drive(
         "acks_on_retry": sum(a.retry for a in writers.acks),
         "acks_without_promised_replicas": len(short),
         "of_them_on_retry": sum(a.retry for a in short),
+        "of_them_on_the_victim": sum(shard_of[a.sid] == victim for a in short),
         "acks_on_one_node": sum(a.holders <= 1 and not a.doubtful for a in writers.acks),
         "acks_unverifiable": len(unverifiable),
         "acks_while_struck": len(struck_node),

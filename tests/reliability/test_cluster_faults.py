@@ -47,7 +47,10 @@ def test_the_check_catches_a_service_that_does_not_wait(tmp_path):
     if r["acks_while_struck"] == 0:  # a machine so loaded that the victim's writers got no answer meanwhile
         pytest.skip(f"no acknowledgment while the victim was down, nothing to catch: {r}")
     assert r["acks_without_promised_replicas"] > 0, r
-    assert all(e["victim"] for e in r["short_examples"]), r["short_examples"]
+    # among them the victim's, acknowledged by its promoted replica alone; a healthy shard's may be counted too,
+    # rightly: without WAIT its replica can still be behind when the check reads it (seen once, seq 35 of a
+    # healthy shard, on a loaded machine)
+    assert r["of_them_on_the_victim"] > 0, r["short_examples"]
 
 
 def _primary_kill_then_starved(ctx: Context) -> None:

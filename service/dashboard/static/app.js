@@ -172,7 +172,7 @@ const view = {
   id: null,
   doc: null, // the latest stream document (summary without cov after updates)
   dim: 0,
-  history: [], // {step, mean, std, lei, ess, obs?: {value, dt, omitted}} sorted by step, one per step seen
+  history: [], // {step, mean, std, lei, lesd, ess, obs?: {value, dt, omitted}} sorted by step, one per step seen
   cloud: null, // {step, points: [[..]], logWeights: [..]}
   kept: null, // the most steps the stream keeps (MPFLOW_HISTORY_STEPS), once the history was read
   historyStep: 0, // the stream's step at the last history read: the steps up to it are read
@@ -210,7 +210,7 @@ function remember(entry) {
   if (i > 0 && h[i - 1].step === entry.step) {
     // keep a known increment and observation when the new entry (a stream document, a live event) has none
     const old = h[i - 1];
-    h[i - 1] = { ...entry, lei: entry.lei ?? old.lei, obs: entry.obs ?? old.obs };
+    h[i - 1] = { ...entry, lei: entry.lei ?? old.lei, lesd: entry.lesd ?? old.lesd, obs: entry.obs ?? old.obs };
   } else {
     h.splice(i, 0, entry);
   }
@@ -250,10 +250,16 @@ function onDocument(doc) {
   onStep(doc);
 }
 
+// A per-step entry (of an answer, an event or the history) as a history entry, without its observation.
+function fromStep(p) {
+  const lesd = p.log_evidence_sd ?? null;
+  return { step: p.step, mean: p.mean, std: p.std, lei: p.log_evidence_increment, lesd, ess: p.ess };
+}
+
 // A step of GET .../history as a history entry, with the observation that was applied.
 function fromHistory(e) {
   const obs = { value: e.observation, dt: e.dt ?? null, omitted: Boolean(e.observation_omitted) };
-  return { step: e.step, mean: e.mean, std: e.std, lei: e.log_evidence_increment, ess: e.ess, obs };
+  return { ...fromStep(e), obs };
 }
 
 // Read the steps not read yet from the stream's history: all it keeps the first time (the page opened late starts
@@ -281,7 +287,7 @@ function showCounts() {
 function onUpdate(ev) {
   if (view.doc && ev.step <= view.doc.step) return; // an older event, delivered late
   for (const p of ev.per_step) {
-    remember({ step: p.step, mean: p.mean, std: p.std, lei: p.log_evidence_increment, ess: p.ess });
+    remember(fromStep(p));
   }
   view.doc = { ...view.doc, step: ev.step, updated_at: ev.updated_at, summary: ev.summary };
   onStep(view.doc);
@@ -466,15 +472,20 @@ function maxOf(values) {
 
 // The band lo..hi over steps, one polygon per run of consecutive steps.
 function band(ctx, steps, lo, hi, px, py) {
-  let start = 0;
-  for (let i = 1; i <= steps.length; i++) {
-    if (i < steps.length && steps[i] - steps[i - 1] === 1) continue;
-    ctx.beginPath();
-    for (let j = start; j < i; j++) ctx.lineTo(px(steps[j]), py(hi[j]));
-    for (let j = i - 1; j >= start; j--) ctx.lineTo(px(steps[j]), py(lo[j]));
-    ctx.closePath();
-    ctx.fill();
-    start = i;
+  // one filled run per stretch of consecutive steps where both edges are known
+  const usable = (j) => Number.isFinite(lo[j]) && Number.isFinite(hi[j]);
+  let start = -1;
+  for (let i = 0; i <= steps.length; i++) {
+    const ok = i < steps.length && usable(i);
+    if (ok && start >= 0 && steps[i] - steps[i - 1] === 1) continue;
+    if (start >= 0) {
+      ctx.beginPath();
+      for (let j = start; j < i; j++) ctx.lineTo(px(steps[j]), py(hi[j]));
+      for (let j = i - 1; j >= start; j--) ctx.lineTo(px(steps[j]), py(lo[j]));
+      ctx.closePath();
+      ctx.fill();
+    }
+    start = ok ? i : -1;
   }
 }
 
@@ -681,10 +692,19 @@ function drawTraces() {
   });
   $("observed-legend").hidden = !observed.some((o) => o !== null);
 
+  // the increments, with ± 1.96 of their standard error where the method reports one (mpf's marginal filter)
   const lei = h.map((e) => e.lei);
-  drawTrace($("evidence"), steps, [{ ys: lei, color: "#7c3aed", dots: true }], "log p(o_m | past)");
-  const known = lei.filter((v) => v !== null);
-  $("evidence-note").textContent = known.length ? `latest ${known[known.length - 1].toFixed(3)}` : "";
+  const sd = h.map((e) => (e.lei !== null && e.lesd != null ? e.lesd : null));
+  const banded = sd.filter((v) => v !== null).length;
+  const around = (sign) => lei.map((v, i) => (sd[i] === null ? null : v + sign * 1.96 * sd[i]));
+  const errorBand = banded ? { lo: around(-1), hi: around(1), color: "#7c3aed33" } : undefined;
+  drawTrace($("evidence"), steps, [{ ys: lei, color: "#7c3aed", dots: true }], "log p(o_m | past)", errorBand);
+  $("evidence").dataset.banded = String(banded); // what a test can read off the element
+  const known = h.filter((e) => e.lei !== null);
+  const last = known[known.length - 1];
+  $("evidence-note").textContent = last
+    ? `latest ${last.lei.toFixed(3)}` + (last.lesd != null ? ` ± ${(1.96 * last.lesd).toFixed(3)}` : "")
+    : "";
 
   const weighted = weightedCloud(view.doc);
   $("ess-figure").hidden = !weighted;
