@@ -320,6 +320,17 @@ def _init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _leave_distributed(world: int) -> None:
+    """Under ``torchrun``, leave the process group once training needs no more collectives (every rank, at once):
+    a rank that exits without ``destroy_process_group`` leaves gloo's worker threads holding tensors that the
+    interpreter's shutdown frees without the GIL — a SIGABRT at exit, seen once in CI on rank 1 while rank 0 still
+    wrote the operator (pytorch/pytorch#179291; the documented shutdown is this call, near the end of main)."""
+    import torch.distributed as dist
+
+    if world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _init_network(name_or_dir: str, family: str, dim: int):
     """(record, a trainable copy of its network) of the operator ``--init-from`` names; it must be for the same
     family and dimension (SystemExit otherwise)."""
@@ -438,6 +449,7 @@ def _train(args: argparse.Namespace) -> int:
         loss=args.loss,
         tbptt=args.tbptt,
     )
+    _leave_distributed(world)
     if rank != 0:
         return 0
     improved = result["best_iteration"] > 0
