@@ -148,9 +148,10 @@ def log_evidence_sd(
     * the draws': Var(ω) / M, Ẑ's error against the cloud's own evidence Z_cloud = Σ_j w_j g(x_j),
       g(x′) = ∫ p(o | x) p(x | x′) dx (as :mod:`~mpflow.operators.mixture_evidence`);
     * the cloud's: the carried points are a self-normalised importance sample of p(x_{m−1} | o_<m), so Z_cloud's
-      error against Z has variance ≈ Σ_j w_j² (g(x_j) − Z)² (Owen 2013, "Monte Carlo theory, methods and
-      examples", §9.2, eq. 9.8). Each w_j g(x_j) is read off the same draws: c_j = (1/M) Σᵢ ωᵢ r_ij estimates it
-      and Σ_j c_j = Ẑ exactly, so the variance is Σ_j (c_j − w_j Ẑ)².
+      error against Z has variance ≈ Σ_j w_j² (g(x_j) − Z)² (the delta method for a ratio estimate:
+      Owen 2013, "Monte Carlo theory, methods and examples", §9.2, self-normalised importance sampling). Each
+      w_j g(x_j) is read off the same draws: c_j = (1/M) Σᵢ ωᵢ r_ij estimates it and Σ_j c_j = Ẑ exactly, so the
+      variance is Σ_j (c_j − w_j Ẑ)².
 
     sd(log Ẑ) ≈ √(Var(ω)/M + Σ_j (c_j − w_j Ẑ)²) / Ẑ. The cloud's part is what the draws' sd alone misses: at an
     outlier the evidence lives in the tail of a few carried points. Measured on GBP/USD (N = 256, 64 seeds; docs/
