@@ -44,7 +44,7 @@ part of the total error (its increments less its cloud's exact mixture evidence)
 cloud's — the N weighted points standing for the posterior — carries the rest: what is left against an exact filter
 is the N-particle cloud's, largest at the outlier of day 144.
 Cost (:func:`work`): 2 N² transition densities per one-dimensional problem, one batched outer product
-(:func:`mixture_log_density`).
+(:func:`mixture_pairs`), and a quarter of that again for the standard error (:func:`log_evidence_sd`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ AFFINE_TOLERANCE = 1e-4
 DEFENSIVE_EVERY = 2
 
 
-#: floating-point operations' worth of one pair of a point and a component of :func:`mixture_log_density` (a
+#: floating-point operations' worth of one pair of a point and a component of :func:`mixture_pairs` (a
 #: product, a sum and an exponential in the float32 log-sum: about 24 counted) — measured, not counted, as
 #: :data:`~mpflow.operators.updaters.base.PARTICLE_STEP_FLOPS` is: ``benchmarks/price_audit.py`` fits it from the
 #: marginal ``mpf`` step of ``stochastic_volatility`` d = 1 at N = 7094 (the largest the defaults accepted at 24:

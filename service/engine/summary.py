@@ -209,8 +209,9 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     if pit is not None:
         entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
     evidence_sd = info.extras.get("log_evidence_sd")
-    if evidence_sd is not None and math.isfinite(float(evidence_sd[row])):
-        entry["log_evidence_sd"] = float(evidence_sd[row])
+    evidence_sd = None if evidence_sd is None else float(evidence_sd[row])
+    if evidence_sd is not None and math.isfinite(evidence_sd):
+        entry["log_evidence_sd"] = evidence_sd
     acceptance = info.extras.get("acceptance")
     if acceptance is not None:
         entry["acceptance"] = float(acceptance[row])
