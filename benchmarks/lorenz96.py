@@ -41,7 +41,9 @@ of each setting (:func:`default_entry`: at d = 40 in two regimes, keyed by Δ an
 ``--ring PATH`` adds rows of the LETKF followed by a trained ring flow (:mod:`mpflow.operators.mpf.ring`, a
 ``ring.pt`` of :mod:`mpflow.training.ring_train`) on ``RING_PARTICLES``; ``--correction NAME`` adds ``ienkf`` with that
 registered learned correction (``method_options.correction``) and its base ``ienkf`` at ``CORRECTION_PARTICLES``
-(:func:`correction_runs`; ``ienkf:N:1`` picks the corrected rows); ``--methods`` runs only the rows named by
+(:func:`learned_runs`; ``ienkf:N:1`` picks the corrected rows); ``--relock NAME`` adds ``ienkf`` re-locking by that
+registered ring observer (``method_options.relock``, :mod:`mpflow.operators.updaters.relock`) likewise
+(``ienkf+relock`` picks its rows); ``--methods`` runs only the rows named by
 method, method:N or method:N:inflation (``enkf:40``, ``enkf:40:1.05``); ``--merge`` joins runs that split one
 setting's rows between processes (same twins) into one table — and, for a full-length run, the defaults.
 
@@ -254,19 +256,21 @@ def filter_rmse(
     """Run the method over every step: per-stream mean analysis RMSE after ``burn_in`` (their mean, spread and
     median, and the mean over the streams that kept the truth), the ensemble spread √(mean_i var_i) averaged the same
     way (DAPPER's ``spread.a``: a calibrated filter's is close to its RMSE), how many streams lost the truth (RMSE
-    above ``lost_rmse``, default :func:`lost_threshold`), the RMSE curve (mean over streams) and the wall time per
-    step."""
+    above ``lost_rmse``, default :func:`lost_threshold`), the RMSE curve (mean over streams), the wall time per
+    step and, for ``ienkf`` with ``relock``, each stream's re-locks over the run."""
     u = make_updater(method, options)
     B, T, _ = xs.shape
     state = u.init(prior, model, n, seed=[100 + b for b in range(B)])
-    curve, spreads, diverged = [], [], None
+    curve, spreads, diverged, relocks = [], [], None, torch.zeros(B, dtype=torch.int64)
     t0 = time.perf_counter()
     for m in range(T):
         try:
-            state, _ = u.update(state, obs[:, m], model)
+            state, info = u.update(state, obs[:, m], model)
         except (ValueError, ArithmeticError) as exc:  # a cloud gone non-finite or degenerate: the filter diverged
             diverged = {"step": m, "error": f"{type(exc).__name__}: {exc}"[:200]}
             break
+        if "relocked" in info.extras:
+            relocks += info.extras["relocked"].long()
         w = torch.softmax(state.log_weights.double(), -1)
         x = state.particles.double()
         mean = (w[..., None] * x).sum(1)
@@ -294,6 +298,7 @@ def filter_rmse(
         "streams_lost": int(lost.sum()),
         "ms_per_step": round(ms, 2),
         "curve": [round(float(v), 4) for v in rmse.mean(0)],
+        **({"relocks_per_stream": relocks.tolist()} if "relock" in options else {}),
     }
 
 
@@ -310,20 +315,23 @@ def ring_runs(setting: Setting, path: str | None) -> list[tuple[str, int, dict[s
     return [("ring", n, {**base, "flow": str(path)}, None, "") for n in RING_PARTICLES[setting.name]]
 
 
-#: ``--correction NAME``: the ienkf + learned correction rows and its base ienkf (ρ by ``lorenz96_inflation`` of the
-#: setting's Δ, at most 4 iterations) at these N — the base also at the larger N that cost what the correction adds
+#: ``--correction NAME`` / ``--relock NAME``: the ienkf + learned correction (or re-lock) rows and its base ienkf (ρ by
+#: ``lorenz96_inflation`` of the setting's Δ, at most 4 iterations) at these N — the base also at the larger N that
+#: cost what the correction adds
 CORRECTION_PARTICLES = {"sakov2008": ((40,), (40,)), "spantini2019": ((40,), (40, 44, 48))}
 
 
-def correction_runs(setting: Setting, name: str | None) -> list[tuple[str, int, dict[str, Any], float | None, str]]:
-    """Rows of ``ienkf`` with the registered correction ``name`` (ρ by its rule) and of its base ``ienkf`` alone."""
+def learned_runs(setting: Setting, name: str | None, option: str = "correction") -> list[tuple]:
+    """Rows of ``ienkf`` with the registered operator ``name`` as its ``option`` (``correction``: ρ by its rule;
+    ``relock``: ρ the rule's, given) and of its base ``ienkf`` alone."""
     if name is None or setting.name not in CORRECTION_PARTICLES:
         return []
     rho = round(float(lorenz96_inflation(setting.params.get("delta", 0.05))), 4)
     learned, base = CORRECTION_PARTICLES[setting.name]
     have = [run[:3] for run in setting.runs]
+    given = {} if option == "correction" else {"inflation": rho}
     return [
-        *[("ienkf", n, {"iterations": 4, "correction": name}, None, "") for n in learned],
+        *[("ienkf", n, {**given, "iterations": 4, option: name}, None, "") for n in learned],
         *[
             ("ienkf", n, {"inflation": rho, "iterations": 4}, None, "")
             for n in base
@@ -354,8 +362,11 @@ def operator_runs(setting: Setting) -> list[tuple[str, int, dict[str, Any], floa
 
 
 def row_names(run: tuple) -> set[str]:
-    """The names ``--methods`` picks a row by: method, method:N and method:N:ρ (its ``inflation``, 1 unless given)."""
+    """The names ``--methods`` picks a row by: method, method:N and method:N:ρ (its ``inflation``, 1 unless given);
+    a row with a ``relock`` also by method+relock and method+relock:N."""
     method, n, options = run[:3]
+    if "relock" in options:
+        return {f"{method}+relock", f"{method}+relock:{n}"}
     return {method, f"{method}:{n}", f"{method}:{n}:{options.get('inflation', 1.0):g}"}
 
 
@@ -368,12 +379,14 @@ def run_setting(
     ring: str | None = None,
     rows: set[str] | None = None,
     correction: str | None = None,
+    relock: str | None = None,
 ) -> dict[str, Any]:
     """Every row of ``setting`` on the same ``streams`` twin experiments (one batch; ``seed``: their truths'), and the
     ring flow's rows with ``ring``; ``rows``: only the rows named there (:func:`row_names`)."""
     model, xs, obs, prior = twin(setting, streams, steps + burn_in, seed=seed)
     out_rows = []
-    runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring), *correction_runs(setting, correction)]
+    runs = [*setting.runs, *operator_runs(setting), *ring_runs(setting, ring), *learned_runs(setting, correction)]
+    runs += learned_runs(setting, relock, "relock")
     for method, n, options, published, source in (r for r in runs if rows is None or row_names(r) & rows):
         out = filter_rmse(method, n, options, model, xs, obs, prior, burn_in, setting.lost_rmse)
         ratio = out["rmse"] / published if published else None
@@ -460,7 +473,12 @@ def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
     cap = MAX_COST_RATIO * budget
     candidates = [r for r in result["rows"] if per_update[id(r)] <= cap and not r["streams_lost"]]
     best = min(candidates, key=lambda r: (round(r["rmse"], 2), r["ms_per_step"]))
-    others = sorted(f"{r['method']} N={r['N']} {r['rmse']:.3f}" for r in candidates if r is not best)
+
+    def named(r: dict[str, Any]) -> str:  # a learned operator a row runs (ienkf's relock) is named in the reason
+        learned = "".join(f" {k}={r['options'][k]}" for k in ("relock", "correction") if k in r["options"])
+        return f"{r['method']} N={r['N']}{learned}"
+
+    others = sorted(f"{named(r)} {r['rmse']:.3f}" for r in candidates if r is not best)
     model = make_model("lorenz96", result["params"], result["d"], torch.float64)
     return {
         "family": "lorenz96",
@@ -478,7 +496,7 @@ def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
         "reason": (
             f"measured most accurate within {MAX_COST_RATIO:.0f}x mpf's cost ({budget:.2f} ms per update, "
             f"{streams} streams batched) on Lorenz-96 {result['setting']} (params {result['params']}): "
-            f"{best['method']} N={best['N']} analysis RMSE {best['rmse']:.3f}; others {', '.join(others)}"
+            f"{named(best)} analysis RMSE {best['rmse']:.3f}; others {', '.join(others)}"
         ),
     }
 
@@ -627,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=[s.name for s in SETTINGS], default=None, help="run one setting")
     p.add_argument("--ring", default=None, help="a ring.pt (mpflow.training.ring_train): add its LETKF + flow rows")
     p.add_argument("--correction", default=None, help="a registered ring correction: add ienkf + it and its base")
+    p.add_argument("--relock", default=None, help="a registered ring observer: add ienkf re-locking by it and its base")
     p.add_argument(
         "--methods",
         default=None,
@@ -662,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.ring,
                 rows,
                 args.correction,
+                args.relock,
             )
             for s in settings
         ]
@@ -676,8 +696,8 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(time.perf_counter() - t0, 1),
             **report.machine_meta(load),
         }
-        standard = (args.steps, args.streams, args.seed, args.ring, args.methods, args.correction) == (
-            (None, None, 0, None, None, None)
+        standard = (args.steps, args.streams, args.seed, args.ring, args.methods, args.correction, args.relock) == (
+            (None, None, 0, None, None, None, None)
         )
         standard = standard and not args.quick
     print(table(results))

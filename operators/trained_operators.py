@@ -82,6 +82,14 @@ def load_correction(name):
     return correction_from_record(registry.resolve_name(name, kind="operator"))
 
 
+def load_observer(name):
+    """The trained ring observer (:mod:`mpflow.operators.mpf.ring_observer`) of the registered operator *name*;
+    ValueError if it is not registered or names another kind of operator."""
+    from mpflow.operators.mpf.ring_observer import observer_from_record
+
+    return observer_from_record(registry.resolve_name(name, kind="operator"))
+
+
 def serves_dimension(operator_dim: int, model: ModelFamily) -> bool:
     """Whether an operator trained at d = ``operator_dim`` serves ``model``: its own d, or d = 1 on a factorised
     family (one dimension at a time)."""

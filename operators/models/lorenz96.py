@@ -201,6 +201,14 @@ class Lorenz96(DiagonalGaussianObservation):
         H = torch.zeros(B, k, self.state_dim, dtype=s.dtype).scatter_(-1, idx[..., None], 1.0)
         return H * self._seen(s)[..., None], self.observation_noise()
 
+    def on_sites(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations [B, k] (linear: the observed variables' values) placed on the ring of d sites → [B, d] float64,
+        NaN at a site not observed (or whose entry is NaN)."""
+        B = obs.shape[0]
+        idx = self.params["obs_index"].long().expand(B, -1)
+        ring = torch.full((B, self.state_dim), torch.nan, dtype=torch.float64)
+        return ring.scatter(1, idx, obs.to(torch.float64))
+
     def localisation_distances(self) -> torch.Tensor:
         """[B, d, k]: min(|i − j|, d − |i − j|) between variable i and the observed variable j."""
         d = self.state_dim

@@ -45,6 +45,12 @@ once per cycle either way.
 analysis, X' = g_θ(f(x̄0 + A0), X^a, o), before the model noise; with it and no ``inflation`` ρ follows the stream's Δ
 by :func:`lorenz96_inflation`, the rule it was trained with. Measured on spantini2019 it does not beat the IEnKF alone
 (docs/benchmarks.md): no default names one.
+
+``relock`` (Lorenz-96 only): the registered name of a learned ring observer
+(:mod:`mpflow.operators.mpf.ring_observer`, trained by ``observer_train``): a stream whose innovations say it lost
+the truth is re-seeded around the observer's estimate from its last K observations (:mod:`.relock`; the state carries
+that window and the innovation ratio's average, and a step reports ``relocked``). On spantini2019 it is what keeps
+the IEnKF's twins on track (docs/benchmarks.md "Re-locking ``ienkf``"), and the default there names it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from mpflow.operators import gaussian
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.rng import Generators, copied
 from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters import relock
 from mpflow.operators.updaters.base import NonFiniteError, StepWork, Updater
 from mpflow.operators.updaters.enkf import check_inflation, ensemble_innovations, predictive_log_density
 
@@ -100,8 +107,8 @@ class IEnKFUpdater(Updater):
     name = "ienkf"
     needs_gaussian_observation = True
     nonlinear_transition = True
-    defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3, "correction": None}
-    stream_options = frozenset({"inflation", "iterations", "tolerance", "correction"})
+    defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3, "correction": None, "relock": None}
+    stream_options = frozenset({"inflation", "iterations", "tolerance", "correction", "relock"})
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -109,9 +116,13 @@ class IEnKFUpdater(Updater):
         check_iterations(self.options["iterations"])
         check_tolerance(self.options["tolerance"])
         #: the learned correction after the analysis (``correction``, a registered name), or None
-        self.correction = None if self.options["correction"] is None else load_correction(self.options["correction"])
+        self.correction = (
+            None if self.options["correction"] is None else load_learned("correction", self.options["correction"])
+        )
         #: with a correction and no ``inflation`` given, ρ follows each stream's Δ (:func:`lorenz96_inflation`)
         self.inflation_rule = self.correction is not None and "inflation" not in options
+        #: the learned observer a lost stream re-locks from (``relock``, a registered name), or None
+        self.observer = None if self.options["relock"] is None else load_learned("relock", self.options["relock"])
 
     def check_compatible(self, model: ModelFamily, prior=None) -> None:
         super().check_compatible(model, prior)
@@ -119,6 +130,11 @@ class IEnKFUpdater(Updater):
             raise ValueError(
                 f"options.correction: {self.options['correction']} corrects lorenz96 with a linear observation "
                 f"(no arctan), not {model.name}; omit correction"
+            )
+        if self.observer is not None and (model.name != "lorenz96" or not model.linear_observation()):
+            raise ValueError(
+                f"options.relock: {self.options['relock']} observes lorenz96 with a linear observation "
+                f"(no arctan), not {model.name}; omit relock"
             )
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
@@ -133,6 +149,8 @@ class IEnKFUpdater(Updater):
         algebra = 4.0 * n * d * k + 2.0 * n * n * d + 4.0 * n * k * k + 4.0 * n * n * k
         held = 8.0 * (6 * n * d + 4 * n * k + 4 * n * n)
         learned = 0.0 if self.correction is None else self.correction.flops(n, d)
+        if self.observer is not None:  # the observer (at most once a step) and the innovation ratio
+            learned += self.observer.flops(d) + 4.0 * n * k
         return StepWork(runs * per + (runs - 1) * algebra + learned, held)
 
     @classmethod
@@ -160,6 +178,7 @@ class IEnKFUpdater(Updater):
         xa, log_pred, iters, first = self._analysed(state.particles, sub_obs, sub_model, gens)
         n = torch.full((B,), float(N), dtype=torch.float64)
         info = StepInfo(log_pred, n, iterations=iters)
+        state, xa = self._relocked(state, xa, first, (obs, sub_obs), (model, sub_model), gens, info)
         predicted = model.to(torch.float64).perturbed(first, pit_gens) if model.dynamic else first
         pit = self._pit_of(state.replace(particles=predicted, extras={}), obs, model, pit_gens)
         if pit is not None:
@@ -168,9 +187,41 @@ class IEnKFUpdater(Updater):
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         B, N, _ = state.particles.shape
-        xa, log_pred, iters = self.analysis(state.particles, obs, model, gens)
-        n = torch.full((B,), float(N), dtype=torch.float64)
-        return state.replace(particles=xa.to(state.particles.dtype)), StepInfo(log_pred, n, iterations=iters)
+        xa, log_pred, iters, first = self._analysed(state.particles, obs, model, gens)
+        info = StepInfo(log_pred, torch.full((B,), float(N), dtype=torch.float64), iterations=iters)
+        state, xa = self._relocked(state, xa, first, (obs, obs), (model, model), gens, info)
+        return state.replace(particles=xa.to(state.particles.dtype)), info
+
+    def _relocked(self, state, xa, first, obs, model, gens, info: StepInfo):
+        """With ``relock``: the step's test and re-lock (:func:`.relock.relocked`; ``obs``, ``model``: the full ones
+        and their observed part) → (the state with its new window and ratio, the analysis); ``info`` reports
+        ``relocked`` [B]. Without: (state, xa) as they are."""
+        if self.observer is None:
+            return state, xa
+        xa, extras, fired = relock.relocked(self.observer, state, xa, first, obs, model, gens)
+        info.extras["relocked"] = fired
+        return state.replace(extras=extras), xa
+
+    def _init(self, state: ParticleState, prior, model: ModelFamily, gens: Generators) -> ParticleState:
+        """With ``relock``: an empty window and an innovation ratio of 1 (:func:`.relock.started`)."""
+        return state if self.observer is None else relock.started(state, self.observer.history)
+
+    def from_particles(self, state: ParticleState, density=None) -> ParticleState:
+        """With ``relock``, a state another method made starts an empty window (:func:`.relock.started`)."""
+        return state if self.observer is None else relock.started(state, self.observer.history)
+
+    def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily) -> ParticleState:
+        """After another method's step (a fall-back) the stream keeps its window, moved on by that observation."""
+        if self.observer is None or relock.WINDOW not in before.extras:
+            return self.from_particles(new)
+        return relock.carried(new, before, obs, model)
+
+    def _unobserved(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
+        """A step without a measurement: the forecast, and with ``relock`` a gap in the window."""
+        new, info = super()._unobserved(state, obs, model, gens)
+        if self.observer is None:
+            return new, info
+        return new.replace(extras={**new.extras, **relock.pushed(state.extras, None, model)}), info
 
     def analysis(
         self, previous: torch.Tensor, obs: torch.Tensor, model: ModelFamily, gens: Generators
@@ -272,15 +323,16 @@ class IEnKFUpdater(Updater):
         return torch.where(blown[:, None, None], torch.nan, xa), log_pred, iters, first
 
 
-def load_correction(name: Any):
-    """``options.correction``: the trained ring correction of a registered operator *name*
-    (:func:`mpflow.operators.trained_operators.load_correction`), a ValueError naming the option otherwise."""
-    from mpflow.operators.trained_operators import load_correction as load  # torch.nn: only when one is named
+def load_learned(option: str, name: Any):
+    """``options.correction`` / ``options.relock``: the trained ring correction or observer of a registered operator
+    *name* (:func:`mpflow.operators.trained_operators.load_correction`, :func:`~mpflow.operators.trained_operators.
+    load_observer`), a ValueError naming the option otherwise."""
+    from mpflow.operators import trained_operators  # torch.nn: only when one is named
 
     try:
-        return load(name)
+        return getattr(trained_operators, {"correction": "load_correction", "relock": "load_observer"}[option])(name)
     except ValueError as exc:
-        raise ValueError(f"options.correction: {exc}") from None
+        raise ValueError(f"options.{option}: {exc}") from None
 
 
 def forecast(model: ModelFamily, x: torch.Tensor) -> torch.Tensor:

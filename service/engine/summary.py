@@ -187,6 +187,7 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     and mpf with ``evidence: "mixture"``; absent where that step has none),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
+    ``relocked`` when the stream re-locks (``ienkf`` with ``relock``: whether this step re-seeded the ensemble),
     ``params`` when the stream learns unknown parameters (:func:`parameter_summaries`).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
     if state_summary is None:
@@ -219,6 +220,9 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     if share is not None:
         entry["flow_fraction"] = float(share[row])
         entry["rescued"] = bool(info.extras["rescued"][row])
+    relocked = info.extras.get("relocked")
+    if relocked is not None:
+        entry["relocked"] = bool(relocked[row])
     return entry
 
 

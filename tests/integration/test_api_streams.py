@@ -202,7 +202,8 @@ def test_lorenz96_default_follows_the_regime(redis_url):
     """A Lorenz-96 stream with no method and no num_particles gets the default measured in its regime: the
     spantini2019 one at Δ = 0.4 with every second variable observed, the sakov2008 one at the defaults (Δ = 0.05,
     every variable) — and the answer names it (``method``, ``method_reason``). In the Spantini regime that is the
-    iterative EnKF (``ienkf``, measured best there), whose options are checked with the field named."""
+    iterative EnKF (``ienkf``, measured best there) re-locking by the shipped observer (each step says whether it
+    re-locked), whose options are checked with the field named."""
     d = 40
     prior = {"type": "gaussian", "mean": [8.0] * d, "cov": torch.eye(d).tolist()}
     spantini = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
@@ -220,15 +221,20 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             assert f"Lorenz-96 {setting}" in doc["method_reason"]
             if setting == "spantini2019":
                 assert doc["method"] == "ienkf" and f"ienkf N={doc['num_particles']}" in doc["method_reason"], doc
+                assert doc["method_options"]["relock"] == "lorenz96-d40-v2", doc
             obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
             r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
             assert r.status_code == 200 and r.json()["step"] == 1, r.text
+            assert ("relocked" in r.json()["per_step"][0]) == (setting == "spantini2019"), r.text
         refused = (
             ({"iterations": 0}, "iterations"),
             ({"tolerance": 2}, "tolerance"),
             ({"correction": "../pretrained/lorenz96-d40-v1"}, "correction"),  # a name, never a path
             ({"correction": "lorenz96-d40-v99"}, "correction"),  # not registered
             ({"correction": "lorenz96-d40-v1"}, "correction"),  # an MPF operator, not a ring correction
+            ({"relock": "lorenz96-d40-v1"}, "relock"),  # an MPF operator, not a ring observer
+            ({"relock": "lorenz96-d40-v99"}, "relock"),  # not registered
+            ({"correction": "lorenz96-d40-v2"}, "correction"),  # the observer is not a correction
         )
         for bad, field in refused:
             spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
