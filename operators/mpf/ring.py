@@ -48,6 +48,23 @@ def _circular(c_in: int, c_out: int, kernel: int) -> nn.Conv1d:
     return nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2, padding_mode="circular")
 
 
+def learned_from_record(record, kind: str, build: type[nn.Module], what: str) -> nn.Module:
+    """The trained ring network (eval mode, float32) of a registry record (:mod:`mpflow.operators.registry`) whose
+    ``architecture`` is ``{"kind": kind, <build's arguments>}`` and whose family is ``lorenz96``; a ValueError naming
+    ``what`` it is not, or its weights' misfit, otherwise (a ring correction, a ring observer)."""
+    from mpflow.operators import registry
+
+    arch = record.config.get("architecture")
+    if not (isinstance(arch, dict) and arch.get("kind") == kind) or record.family != "lorenz96":
+        raise ValueError(f"{record.name} is not a Lorenz-96 {what} (architecture {arch!r})")
+    net = build(**{k: v for k, v in arch.items() if k != "kind"})
+    try:
+        net.load_state_dict(registry.load_weights(record))
+    except RuntimeError as exc:
+        raise ValueError(f"the weights of {record.name} do not fit its architecture ({exc})") from None
+    return net.eval()
+
+
 def ring_context(forecast: torch.Tensor, analysis: torch.Tensor, obs: torch.Tensor, model: ModelFamily) -> dict:
     """Everything fixed during one analysis: moments [B, d], the forecast anomalies [B, N, d] and the shared
     channels [B, C, d] (module docstring) from the forecast and LETKF ensembles [B, N, d] and obs [B, k]."""

@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from mpflow.operators.mpf.ring import SHARED_CHANNELS, _circular, ring_context
+from mpflow.operators.mpf.ring import SHARED_CHANNELS, _circular, learned_from_record, ring_context
 from torch import nn
 
 #: the shared ring channels of ring_context (λ, a flow's pseudo-time, is not one of them here)
@@ -153,19 +153,9 @@ ARCHITECTURE_KIND = "ring_correction"
 
 
 def correction_from_record(record) -> RingCorrection:
-    """The trained correction (eval mode, float32) of a registry record (:mod:`mpflow.operators.registry`) whose
-    ``architecture`` is ``{"kind": "ring_correction", <RingCorrection's arguments>}``; ValueError otherwise."""
-    from mpflow.operators import registry
-
-    arch = record.config.get("architecture")
-    if not (isinstance(arch, dict) and arch.get("kind") == ARCHITECTURE_KIND) or record.family != "lorenz96":
-        raise ValueError(f"{record.name} is not a Lorenz-96 ring correction (architecture {arch!r})")
-    net = RingCorrection(**{k: v for k, v in arch.items() if k != "kind"})
-    try:
-        net.load_state_dict(registry.load_weights(record))
-    except RuntimeError as exc:
-        raise ValueError(f"the weights of {record.name} do not fit its architecture ({exc})") from None
-    return net.eval()
+    """The trained correction (eval mode, float32) of a registry record whose ``architecture`` is
+    ``{"kind": "ring_correction", <RingCorrection's arguments>}``; ValueError otherwise."""
+    return learned_from_record(record, ARCHITECTURE_KIND, RingCorrection, "ring correction")
 
 
 __all__ = ["ARCHITECTURE_KIND", "RingCorrection", "correction_from_record"]

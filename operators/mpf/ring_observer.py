@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 
 import torch
-from mpflow.operators.mpf.ring import _circular
+from mpflow.operators.mpf.ring import _circular, learned_from_record
 from torch import nn
 
 #: the registry's ``architecture.kind`` of a ring observer (:func:`observer_from_record`)
@@ -94,17 +94,7 @@ def gaussian_crps(mean: torch.Tensor, sd: torch.Tensor, y: torch.Tensor) -> torc
 def observer_from_record(record) -> RingObserver:
     """The trained observer (eval mode, float32) of a registry record whose ``architecture`` is
     ``{"kind": "ring_observer", <RingObserver's arguments>}``; ValueError otherwise."""
-    from mpflow.operators import registry
-
-    arch = record.config.get("architecture")
-    if not (isinstance(arch, dict) and arch.get("kind") == ARCHITECTURE_KIND) or record.family != "lorenz96":
-        raise ValueError(f"{record.name} is not a Lorenz-96 ring observer (architecture {arch!r})")
-    net = RingObserver(**{k: v for k, v in arch.items() if k != "kind"})
-    try:
-        net.load_state_dict(registry.load_weights(record))
-    except RuntimeError as exc:
-        raise ValueError(f"the weights of {record.name} do not fit its architecture ({exc})") from None
-    return net.eval()
+    return learned_from_record(record, ARCHITECTURE_KIND, RingObserver, "ring observer")
 
 
 __all__ = ["ARCHITECTURE_KIND", "RingObserver", "gaussian_crps", "observer_from_record"]

@@ -126,16 +126,15 @@ class IEnKFUpdater(Updater):
 
     def check_compatible(self, model: ModelFamily, prior=None) -> None:
         super().check_compatible(model, prior)
-        if self.correction is not None and (model.name != "lorenz96" or not model.linear_observation()):
-            raise ValueError(
-                f"options.correction: {self.options['correction']} corrects lorenz96 with a linear observation "
-                f"(no arctan), not {model.name}; omit correction"
-            )
-        if self.observer is not None and (model.name != "lorenz96" or not model.linear_observation()):
-            raise ValueError(
-                f"options.relock: {self.options['relock']} observes lorenz96 with a linear observation "
-                f"(no arctan), not {model.name}; omit relock"
-            )
+        for option, learned, verb in (
+            ("correction", self.correction, "corrects"),
+            ("relock", self.observer, "observes"),
+        ):
+            if learned is not None and (model.name != "lorenz96" or not model.linear_observation()):
+                raise ValueError(
+                    f"options.{option}: {self.options[option]} {verb} lorenz96 with a linear observation "
+                    f"(no arctan), not {model.name}; omit {option}"
+                )
 
     def step_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
         """At most ``iterations`` + 1 forecasts of the ``n`` members with their predicted observations

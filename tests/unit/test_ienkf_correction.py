@@ -16,6 +16,8 @@ from mpflow.operators.updaters import get_updater
 from mpflow.operators.updaters.ienkf import IEnKFUpdater, lorenz96_inflation
 from mpflow.training import ring_export, ring_train
 
+from tests.harness.learned_options import refuses_what_it_cannot_serve
+
 NAME = "lorenz96-d12-v7"
 
 
@@ -119,16 +121,10 @@ def test_a_trained_served_correction_moves_the_analysis_and_is_priced(tmp_path, 
 
 def test_a_correction_is_named_never_a_path_and_only_for_lorenz96(tmp_path, monkeypatch) -> None:
     name = _export(tmp_path, monkeypatch, trained=False)
-    for bad in (str(tmp_path / "ops" / name), "../ops", "lorenz96-d12-v99"):
-        with pytest.raises(ValueError, match=r"options\.correction"):
-            get_updater("ienkf", correction=bad)
-    u = get_updater("ienkf", correction=name)
-    with pytest.raises(ValueError, match=r"options\.correction"):
-        u.check_compatible(make_model("lorenz96", {"arctan": True}, 12))
-    with pytest.raises(ValueError, match=r"options\.correction"):
-        u.check_compatible(make_model("linear_gaussian", {}, 2))
-    with pytest.raises(ValueError, match=r"options\.correction"):
-        get_updater("ienkf", correction="lds-d2-v1")  # an MPF operator, not a correction
+    # the last: an MPF operator, not a correction
+    refuses_what_it_cannot_serve(
+        "correction", name, [str(tmp_path / "ops" / name), "../ops", "lorenz96-d12-v99", "lds-d2-v1"]
+    )
 
 
 def test_a_twin_whose_ienkf_blows_up_is_carried_and_restarted_alone() -> None:

@@ -20,6 +20,8 @@ from mpflow.service.engine.numerics import finite_state
 from mpflow.training import observer_train
 from mpflow.training.scores import crps
 
+from tests.harness.learned_options import refuses_what_it_cannot_serve
+
 #: the shipped observer the Spantini-regime default re-locks from
 SHIPPED = "lorenz96-d40-v2"
 SPANTINI = {"delta": 0.4, "rk4_step": 0.02, "obs_every": 2, "R": 0.5}
@@ -116,14 +118,9 @@ def test_the_ratio_is_about_one_when_the_ensemble_predicts_its_innovations() -> 
 
 
 def test_relock_is_a_registered_observer_and_only_for_lorenz96(observer_name) -> None:
-    for bad in ("../ops/" + observer_name, "lorenz96-d12-v99", "lds-d2-v1", 3):
-        with pytest.raises(ValueError, match=r"options\.relock"):
-            get_updater("ienkf", relock=bad)
-    u = get_updater("ienkf", relock=observer_name)
-    with pytest.raises(ValueError, match=r"options\.relock"):
-        u.check_compatible(make_model("lorenz96", {"arctan": True}, 12))
-    with pytest.raises(ValueError, match=r"options\.relock"):
-        u.check_compatible(make_model("linear_gaussian", {}, 2))
+    refuses_what_it_cannot_serve(
+        "relock", observer_name, ["../ops/" + observer_name, "lorenz96-d12-v99", "lds-d2-v1", 3]
+    )
     with pytest.raises(ValueError, match=r"options\.correction"):
         get_updater("ienkf", correction=observer_name)  # an observer is not a correction
     assert isinstance(RingObserver().flops(40), float)
