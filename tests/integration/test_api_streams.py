@@ -222,6 +222,7 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             if setting == "spantini2019":
                 assert doc["method"] == "ienkf" and f"ienkf N={doc['num_particles']}" in doc["method_reason"], doc
                 assert doc["method_options"]["relock"] == "lorenz96-d40-v2", doc
+                assert doc["operator_domain"] == {"inside": True, "outside": []}, doc  # the observer's domain
             obs = [[8.0] * (d // int(params.get("obs_every", 1)))]
             r = await c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": obs})
             assert r.status_code == 200 and r.json()["step"] == 1, r.text
@@ -240,6 +241,11 @@ def test_lorenz96_default_follows_the_regime(redis_url):
             spec = {"model": {"family": "lorenz96", "params": spantini}, "prior": prior, "method": "ienkf"}
             r = await c.post("/v1/streams", json={**spec, "num_particles": 40, "method_options": bad})
             assert r.status_code == 422 and f"method_options.{field}" in r.text, r.text
+        far = {**spantini, "delta": 1.0}  # beyond the observer's trained Δ: it still runs, and the answer says so
+        spec = {"model": {"family": "lorenz96", "params": far}, "prior": prior, "method": "ienkf", "num_particles": 40}
+        r = await c.post("/v1/streams", json={**spec, "method_options": {"relock": "lorenz96-d40-v2"}})
+        assert r.status_code == 201 and r.json()["operator_domain"]["inside"] is False, r.text
+        assert any(p.startswith("delta 1 outside") for p in r.json()["operator_domain"]["outside"]), r.text
         gmm_prior = {"type": "gaussian", "mean": [0.0, 0.0], "cov": [[1.0, 0.0], [0.0, 1.0]]}
         r = await c.post("/v1/streams", json={"model": {"family": "gmm"}, "prior": gmm_prior, "method": "ienkf"})
         assert r.status_code == 422 and "ienkf needs an observation o = h(x) + N(0, R)" in r.text, r.text
