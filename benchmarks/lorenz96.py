@@ -475,7 +475,8 @@ def default_entry(result: dict[str, Any], streams: int) -> dict[str, Any]:
     best = min(candidates, key=lambda r: (round(r["rmse"], 2), r["ms_per_step"]))
 
     def named(r: dict[str, Any]) -> str:  # a learned operator a row runs (ienkf's relock) is named in the reason
-        learned = "".join(f" {k}={r['options'][k]}" for k in ("relock", "correction") if k in r["options"])
+        options = UPDATERS[r["method"]].learned_options if r["method"] in UPDATERS else ()
+        learned = "".join(f" {k}={r['options'][k]}" for k in options if k in r["options"])
         return f"{r['method']} N={r['N']}{learned}"
 
     others = sorted(f"{named(r)} {r['rmse']:.3f}" for r in candidates if r is not best)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     updaters = [(label(m, n, o), make_updater(m, o), n) for m, n, o in rows]
     ratios: dict[str, list[float]] = {name: [] for name, _, _ in updaters}
     states = {}
-    for name, u, n in updaters:  # --warm: each row's state carried through the rounds from its W-th step
+    for name, u, n in updaters if args.warm else ():  # each row's state carried through the rounds from step W
         states[name] = u.init(prior, model, n, seed=[100 + b for b in range(4)])
         for m in range(args.warm):
             states[name], _ = u.update(states[name], obs[:, m], model)

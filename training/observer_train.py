@@ -61,10 +61,7 @@ class Pool:
     def advance(self, gen: torch.Generator) -> None:
         """One Δ: the truth forward, a new observation into the window (the oldest out)."""
         self.truth = self.model.transition_mean(self.truth[:, None])[:, 0]
-        B, d = self.truth.shape
-        idx = self.model.params["obs_index"].long()
-        noise = torch.randn(B, idx.shape[-1], generator=gen, dtype=torch.float64)
-        seen = self.truth.gather(1, idx.expand(B, -1)) + self.model.params["R"].reshape(B, 1).sqrt() * noise
+        seen = self.model.observation_draws(self.truth[:, None], gen)[:, 0]
         self.window = torch.cat([self.window[:, 1:], self.model.on_sites(seen)[:, None]], 1)
         self.age += 1
 
@@ -77,8 +74,8 @@ class Pool:
 def new_pool(params: list[dict[str, Any]], d: int, K: int, gen: torch.Generator) -> Pool:
     """Twins of ``params`` spun up onto the attractor, their window filled by K observations."""
     model = stack_params(Lorenz96, params, d, torch.float64)
-    pool = Pool(model, ring_train.spun_up(model, gen, "cpu"), torch.full((len(params), K, d), math.nan))
-    pool.window = pool.window.to(torch.float64)
+    window = torch.full((len(params), K, d), math.nan, dtype=torch.float64)
+    pool = Pool(model, ring_train.spun_up(model, gen, "cpu"), window)
     for _ in range(K):
         pool.advance(gen)
     return pool
@@ -214,12 +211,7 @@ def register(observer_pt: str | Path, root: str | Path, name: str, readme: str |
         "architecture": {"kind": ARCHITECTURE_KIND, **payload["config"]},
         "auto_select": False,
         "auto_select_note": "an observer for ienkf's relock: a stream names it as method_options.relock",
-        "domain": {
-            "F": list(ring_train.F_RANGE),
-            "delta": list(ring_train.DELTA_RANGE),
-            "R": list(ring_train.R_RANGE),
-            "obs_every": [min(ring_train.STRIDES), max(ring_train.STRIDES)],
-        },
+        "domain": ring_train.task_domain(),
         "training": {k: v for k, v in training.items() if isinstance(v, int | float | str | bool) or v is None},
     }
     if readme is None:

@@ -39,12 +39,7 @@ def correction_config(payload: dict[str, Any], d: int) -> dict[str, Any]:
         "base": payload["base"],
         "auto_select": False,
         "auto_select_note": "a correction after ienkf: a stream names it as method_options.correction",
-        "domain": {
-            "F": list(ring_train.F_RANGE),
-            "delta": list(ring_train.DELTA_RANGE),
-            "R": list(ring_train.R_RANGE),
-            "obs_every": [min(ring_train.STRIDES), max(ring_train.STRIDES)],
-        },
+        "domain": ring_train.task_domain(),
         "training": {k: _json_value(v) for k, v in training.items() if isinstance(v, int | float | str | bool | None)},
     }
 

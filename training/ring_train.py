@@ -122,6 +122,16 @@ class Pool:
     corrected: torch.Tensor | None = None
 
 
+def task_domain() -> dict[str, list[float]]:
+    """The task distribution as a registered network's ``domain`` (config.json; what ``operator_domain`` reads)."""
+    return {
+        "F": list(F_RANGE),
+        "delta": list(DELTA_RANGE),
+        "R": list(R_RANGE),
+        "obs_every": [min(STRIDES), max(STRIDES)],
+    }
+
+
 def _uniform(gen: torch.Generator, n: int, lo: float, hi: float, log: bool = False) -> torch.Tensor:
     u = torch.rand(n, generator=gen, dtype=torch.float64)
     if log:

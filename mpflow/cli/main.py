@@ -115,14 +115,14 @@ def _redacted(settings: Any) -> dict[str, Any]:
 def _accuracy(metrics: dict[str, Any]) -> str:
     """An operator's held-out accuracy in words, from its evaluation (``mpflow evaluate --write-registry``), or a
     ring observer's validation (``observer_train``)."""
-    results = (metrics.get("evaluation") or {}).get("results") or []
-    mpf = [r for r in results if r.get("method") == "mpf"]
     if "validation" in metrics:  # a ring observer (ienkf's relock): its validation on the two published regimes
         v = metrics["validation"]
         return (
             f"observer for ienkf's relock: validation RMSE {v['spantini2019_rmse']:.3f} (spantini2019), "
             f"{v['sakov2008_rmse']:.3f} (sakov2008)"
         )
+    results = (metrics.get("evaluation") or {}).get("results") or []
+    mpf = [r for r in results if r.get("method") == "mpf"]
     if not mpf:
         if "val_loss_best" not in metrics:
             return "not evaluated"

@@ -190,6 +190,9 @@ class Updater:
     #: the options a client may set for its own stream (``method_options`` of the REST API): cheap to honour and
     #: bounded in cost; the others are the server's (``MPFLOW_METHOD_OPTIONS``)
     stream_options: ClassVar[frozenset[str]] = frozenset()
+    #: the options whose value is the registered name of a trained network the method runs (``ienkf``'s
+    #: ``correction`` and ``relock``): the stream's ``operator_domain`` reads that network's domain
+    learned_options: ClassVar[tuple[str, ...]] = ()
     #: options under which a weighted method returns uniformly weighted particles, so that a method that reads
     #: its particles unweighted can take its result back (empty: the method's particles are always uniform)
     uniform_weight_options: ClassVar[dict[str, Any]] = {}

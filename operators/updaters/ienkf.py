@@ -109,6 +109,7 @@ class IEnKFUpdater(Updater):
     nonlinear_transition = True
     defaults = {"inflation": 1.0, "iterations": 10, "tolerance": 1e-3, "correction": None, "relock": None}
     stream_options = frozenset({"inflation", "iterations", "tolerance", "correction", "relock"})
+    learned_options = ("correction", "relock")
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -326,10 +327,10 @@ def load_learned(option: str, name: Any):
     """``options.correction`` / ``options.relock``: the trained ring correction or observer of a registered operator
     *name* (:func:`mpflow.operators.trained_operators.load_correction`, :func:`~mpflow.operators.trained_operators.
     load_observer`), a ValueError naming the option otherwise."""
-    from mpflow.operators import trained_operators  # torch.nn: only when one is named
+    from mpflow.operators.trained_operators import load_correction, load_observer  # torch.nn: only when named
 
     try:
-        return getattr(trained_operators, {"correction": "load_correction", "relock": "load_observer"}[option])(name)
+        return (load_correction if option == "correction" else load_observer)(name)
     except ValueError as exc:
         raise ValueError(f"options.{option}: {exc}") from None
 

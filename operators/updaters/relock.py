@@ -101,7 +101,7 @@ def relocked(
     extras = {**state.extras, **pushed(state.extras, full_obs, full_model)}
     ratio = MEMORY * state.extras[RATIO] + (1 - MEMORY) * innovation_ratio(first, sub_obs, sub_model)
     eps = rng.randn(gens, (N, d), torch.float64)
-    full = extras[SEEN].flatten(2).any(-1).all(-1)
+    full = extras[SEEN].any(-1).all(-1)  # every row of the window holds an observation
     fire = (ratio > THRESHOLD) & full
     if bool(fire.any()):
         p = full_model.expanded(B)

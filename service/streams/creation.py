@@ -139,9 +139,11 @@ def operator_domain_check(methods: Methods, choice: Choice, model: ModelFamily, 
     """``{"inside": bool, "outside": [what lies outside, …]}`` for a stream run by a trained operator: its
     model and prior against the region the operator was trained on
     (:func:`~mpflow.operators.trained_operators.operator_domain`); None without an operator. The mean and covariance of
-    the prior are what is compared (a mixture's or a particle set's overall moments). An ``ienkf`` stream's learned
-    ``relock`` observer or ``correction`` counts as its trained operator here."""
-    learned = [choice.options.get(k) for k in ("relock", "correction")]
+    the prior are what is compared (a mixture's or a particle set's overall moments). A network the method runs by
+    name (:attr:`~mpflow.operators.updaters.base.Updater.learned_options`: ``ienkf``'s ``relock`` observer or
+    ``correction``) counts as its trained operator here."""
+    updater = UPDATERS.get(choice.method)
+    learned = [choice.options.get(k) for k in (updater.learned_options if updater else ())]
     name = choice.operator or next((v for v in learned if isinstance(v, str)), None)
     record = methods.operators.by_name(name) if name else None
     if record is None:
