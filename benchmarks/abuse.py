@@ -27,6 +27,15 @@ The "Must show" tables:
   ``max_observations_per_request``, ``max_forecast_steps``, ``max_samples_per_request``), halving after each
   413 — with its peak RSS growth and time.
 
+Issue 54's tables, the work that each request passes the cost model but that ran together (``--only priced``
+runs just these, on a server of their own):
+
+* **(e)** six concurrent accepted multi-second ``lorenz96`` d = 40 steps (three ``enkf`` N = 1024 integrating 800
+  RK4 sub-steps, three ``ienkf`` N = 1500 with 20 iterations) while tenant beta updates a Kalman stream: beta's
+  p50 against idle (target ≤ 3×) and its slowest update (target ≤ 2 s);
+* **(f)** eight concurrent one-step posts to the marginal ``mpf`` filter on ``stochastic_volatility`` at the
+  largest N the cost model accepts: the server's RSS peak growth (target ≤ 1 GB).
+
 Machine safety: this script never asks for a Gaussian prior whose per-particle factors would need more than
 :data:`PRIOR_GUARD_BYTES` (N · d² · 8 bytes), nor for a forecast that would by its measured footprint (N · d ·
 steps · :data:`FORECAST_BYTES_PER_VALUE`: a forecast of 1000 steps at N = 65536, d = 64 had taken 6 GB after 20 s,
@@ -70,6 +79,7 @@ from tests.harness.isolation import (
     healthz_during_particles,
     light_under_heavy,
     readyz_when_stuck,
+    rss_during_posts,
     tenant_server,
 )
 from tests.harness.server import ROOT, UserServer
@@ -316,6 +326,11 @@ def run_items(rig: Rig, sizes: Sizes, settings: Settings, log_path: Path) -> Non
     rig.measure("10", "API_KEY in log", lambda: attacks.upper_case_key_in_log(url, log_path))
     rig.measure("10", "websockets", lambda: attacks.many_websockets(url, sizes.websockets))
     rig.measure("10", "torch.load", lambda: attacks.weights_only_source(ROOT))
+    print("issue 54: the edge", flush=True)
+    rig.measure("54.4", "800 keyless dribbling heads", lambda: attacks.slow_heads(url, 800))
+    rig.measure("54.4", "connections past the cap", lambda: attacks.connection_cap(url, settings.max_connections, 8))
+    for label, plan in attacks.batch_ids(url, t) + attacks.bad_heads(url):
+        rig.measure("54.5-6", label, plan)
 
 
 def _particles(url: str, n: int, d: int) -> dict[str, Any]:
@@ -401,6 +416,39 @@ def run_tables(rig: Rig, sizes: Sizes, settings: Settings) -> dict[str, Any]:
     return {"a_light_under_heavy": table_a, "b_keyless_connections": table_b, "d_worst_accepted": table_d}
 
 
+def lorenz96_heavy() -> list[dict[str, Any]]:
+    """Table (e)'s six heavy streams (module docstring)."""
+    streams = []
+    for method, n, params, options in (
+        ("enkf", 1024, {"rk4_step": 0.0025}, {}),
+        ("ienkf", 1500, {}, {"iterations": 20}),
+    ):
+        spec = gaussian_stream(method, n, 40, model={"family": "lorenz96", "params": params})
+        streams += [{**spec, "method_options": options} if options else spec] * 3
+    return streams
+
+
+def run_priced(sizes: Sizes, log_dir: Path) -> dict[str, Any]:
+    """Issue 54's tables (e) and (f) on a server of their own (module docstring)."""
+    with tenant_server(log_dir / "priced.log") as server:
+        print("(e) a Kalman update under six multi-second lorenz96 steps", flush=True)
+        e = light_under_heavy(
+            server.url, lorenz96_heavy(), heavy_steps=1, heavy_dt=40.0, requests=sizes.light_requests * 10
+        )
+        print("(f) eight concurrent one-step posts of the N² marginal filter", flush=True)
+        spec = {
+            "model": {"family": "stochastic_volatility", "params": {}},
+            "prior": {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]},
+            "method": "mpf",
+        }
+        for n in range(6000, 999, -100):  # the largest N the cost model accepts (to 100)
+            f = rss_during_posts(server, {**spec, "num_particles": n}, 8)
+            if f["streams"]:
+                f["num_particles"] = n
+                break
+    return {"e_lorenz96_steps": e, "f_pair_filter_memory": f}
+
+
 def _alive(rig: Rig, spec: dict[str, Any], path: str) -> str:
     """``path`` if that stream is still stored (a restart keeps Redis), else a new one's (same spec)."""
     with httpx.Client(base_url=rig.url, headers=ALPHA, timeout=600) as alpha:
@@ -444,7 +492,62 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def priced_tables(result: dict[str, Any]) -> str:
+    """Issue 54's tables (e) and (f) (module docstring)."""
+    e, f = result["tables"]["e_lorenz96_steps"], result["tables"]["f_pair_filter_memory"]
+    heavy = ", ".join(
+        f"{h['method']} N={h['num_particles']}" + (f" {h['method_options']}" if h["method_options"] else "")
+        for h in e["heavy"][::3]
+    )
+    return "\n".join(
+        [
+            "## (e) A Kalman update under six multi-second lorenz96 steps",
+            "",
+            report.markdown_table(
+                [
+                    *("heavy (3 streams each, dt 40)", "heavy request p50 s", "idle p50 ms", "loaded p50 ms"),
+                    *("ratio (≤ 3)", "slowest update s (≤ 2)", "statuses", "/healthz max s"),
+                ],
+                [
+                    [
+                        heavy,
+                        _fmt(e["heavy_request_p50_s"]),
+                        _fmt(1000 * e["idle_p50_s"], 1),
+                        _fmt(1000 * e["loaded_p50_s"], 1),
+                        _fmt(e["ratio"]),
+                        _fmt(e["loaded_max_s"]),
+                        _fmt(e["light_statuses"]),
+                        _fmt(e["healthz_max_s"]),
+                    ]
+                ],
+            ),
+            "",
+            "## (f) Eight concurrent one-step posts of the marginal mpf filter (stochastic_volatility)",
+            "",
+            report.markdown_table(
+                [
+                    *("N (largest accepted)", "statuses", "RSS before MB", "RSS peak +MB (≤ 1024)"),
+                    *("RSS after +MB", "slowest post s"),
+                ],
+                [
+                    [
+                        f.get("num_particles"),
+                        _fmt(f["statuses"]),
+                        _fmt(f["rss_before_mb"], 0),
+                        _fmt(f["peak_growth_mb"], 0),
+                        _fmt(f["growth_after_mb"], 0),
+                        _fmt(f["slowest_s"]),
+                    ]
+                ],
+            ),
+            "",
+        ]
+    )
+
+
 def tables(result: dict[str, Any]) -> str:
+    if not result["items"]:
+        return priced_tables(result)
     out = ["## Items 1–10", ""]
     header = [
         "item",
@@ -489,7 +592,7 @@ def tables(result: dict[str, Any]) -> str:
             ],
             [
                 [
-                    f"{a['heavy']['method']} N={a['heavy']['num_particles']} d={a['heavy']['state_dim']}",
+                    f"{a['heavy'][0]['method']} N={a['heavy'][0]['num_particles']} d={a['state_dim']}",
                     a["heavy_limited_by"],
                     _fmt(1000 * a["idle_p50_s"], 1),
                     _fmt(1000 * a["loaded_p50_s"], 1),
@@ -558,6 +661,8 @@ def tables(result: dict[str, Any]) -> str:
                 for r in result["tables"]["d_worst_accepted"]
             ],
         ),
+        "",
+        priced_tables(result),
     ]
     return "\n".join(out)
 
@@ -574,19 +679,22 @@ def _strict(v: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = report.parser(NAME, __doc__ or "", "fewer connections, imports and sockets; shorter timeouts").parse_args(
-        argv
-    )
+    parser = report.parser(NAME, __doc__ or "", "fewer connections, imports and sockets; shorter timeouts")
+    parser.add_argument("--only", choices=["priced"], help="only issue 54's tables (e) and (f)")
+    args = parser.parse_args(argv)
     sizes, settings = Sizes.of(args.quick), Settings()
     load_before = os.getloadavg()
     t0 = time.monotonic()
+    rows, restarts, result_tables = [], 0, {}
     with tempfile.TemporaryDirectory(prefix="mpflow-abuse-") as tmp:
         log_dir = Path(tmp)
-        with attacked_server(log_dir) as rig:
-            run_items(rig, sizes, settings, rig.server.log_path)
-            result_tables = run_tables(rig, sizes, settings)
-            rows, restarts = rig.rows, rig.restarts
-        result_tables["c_readyz"] = run_readyz(sizes, settings, log_dir)
+        if args.only != "priced":
+            with attacked_server(log_dir) as rig:
+                run_items(rig, sizes, settings, rig.server.log_path)
+                result_tables = run_tables(rig, sizes, settings)
+                rows, restarts = rig.rows, rig.restarts
+            result_tables["c_readyz"] = run_readyz(sizes, settings, log_dir)
+        result_tables.update(run_priced(sizes, log_dir))
     result = {
         "benchmark": NAME,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -600,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         **report.machine_meta(load_before),
     }
     print(tables(result))
-    report.write_outputs(_strict(result), report.out_stem(args, NAME))
+    stem = report.out_stem(args, NAME)
+    report.write_outputs(_strict(result), stem.with_name(stem.name + "-priced") if args.only else stem)
     return 0
 
 

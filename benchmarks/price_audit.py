@@ -66,6 +66,7 @@ from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.mpf import marginal
 from mpflow.operators.rng import generator
 from mpflow.operators.updaters import Updater, base, enkf, get_updater, gpf, kalman, nvgd, svgd
+from mpflow.service.engine.lanes import PRICED_FLOPS_PER_SECOND
 from mpflow.service.engine.summary import summary
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -80,7 +81,7 @@ UNDERPRICED = 3.0
 #: Gflop/s (CPU) with the other jobs of the shared cores (2026-11-28), the memory-bound rows' times a few percent,
 #: so a constant fitted against the step's rate of the moment moves with it; the cost model's constants are fitted
 #: at this rate, the loaded side of that range (the step's median under the helpers' load)
-NOMINAL_RATE = 25e9
+NOMINAL_RATE = PRICED_FLOPS_PER_SECOND  # the engine's lanes convert prices to seconds at the same rate
 #: the forecast's horizons: the largest that fits, at most this many
 FORECAST_STEPS = 1000
 #: ``smc2``'s learned parameter: R of a 1-D ``lds``, log R ~ N(0, 1)

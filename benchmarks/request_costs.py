@@ -88,7 +88,8 @@ class Case:
 def _parts(spec: dict[str, Any], settings: Settings):
     d = len(spec["prior"]["mean"])
     model = make_model(spec["model"]["family"], spec["model"]["params"], d)
-    updater = get_updater(spec["method"], **settings.method_options.get(spec["method"], {}))
+    options = {**settings.method_options.get(spec["method"], {}), **spec.get("method_options", {})}
+    updater = get_updater(spec["method"], **options)
     return model, updater, prior_from_spec(spec["prior"]), spec["num_particles"], d
 
 
@@ -100,6 +101,7 @@ def cases(settings: Settings) -> list[Case]:
         ("create smc d=64", "lds", "smc", 64),
         ("create smc d=128", "lds", "smc", 128),
         ("create svgd d=8", "lds", "svgd", 8),
+        ("create mpf sv d=1 (marginal, N² pairs)", "stochastic_volatility", "mpf", 1),
     ):
         spec = stream(family, method, 1, d)
         model, updater, prior, _, _ = _parts(spec, settings)
@@ -118,10 +120,13 @@ def cases(settings: Settings) -> list[Case]:
     # POST observations: the number of steps grown (smc d = 64 at N = 16384; lorenz96 at 1000 RK4 sub-steps each;
     # gpf's default iterations at N = 16, d = 2, each priced at its fixed cost: max_iters = 500 of them a step)
     l96_dt = settings.max_integration_substeps * 0.05 / 0.05 / 1.001  # Δ = h = 0.05: dt sub-steps per step
+    # issue 54's multi-second step: ienkf's 20 iterations, each integrating dt = 40 sub-steps
+    ienkf_20 = {**stream("lorenz96", "ienkf", 1500, 40), "method_options": {"iterations": 20}}
     for name, spec, dt_, value in (
         ("observe smc d=64 N=16384", stream("lds", "smc", 16384, 64), 1.0, [0.0] * 64),
         ("observe lorenz96 d=40 N=1024 dt=999", stream("lorenz96", "smc", 1024, 40), l96_dt, [8.0] * 40),
         ("observe gpf d=2 N=16", stream("lds", "gpf", 16, 2), 1.0, [0.0] * 2),
+        ("observe ienkf lorenz96 d=40 N=1500 iterations=20", ienkf_20, 40.0, [8.0] * 40),
     ):
         model, updater, _, n, _ = _parts(spec, settings)
         item = {"value": value, "dt": dt_}

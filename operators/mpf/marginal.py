@@ -73,15 +73,20 @@ PAIR_FLOPS = 180.0
 #: of :data:`PAIR_FLOPS`: it added 11–14 % to the step of ``stochastic_volatility`` d = 1 at N = 256 (64 streams)
 #: and N = 4096 (one stream) on 2026-11-29, a quarter of the step's 2 n² pairs
 SHARE_PAIRS = 0.25
+#: float32 [n, n] arrays per dimension held at a step's peak: the [2n, n] log-densities and as many temporaries —
+#: measured, the peak RSS of one step of ``stochastic_volatility`` d = 1 rose 137 MB at N = 3000 and 549 MB at
+#: N = 6000 over the process before it (3.8 and 3.8 n² float32 arrays; issue 54's +549 MB against a price of 275 MiB)
+PAIR_COPIES = 4.0
 
 
 def work(d: int, n: int) -> tuple[float, float]:
     """(flops, peak bytes) of one stream's weights (the cost model): per dimension 2 n² pairs of a point and a
     component (the mixture density at the weighted points and at their pre-images), :data:`PAIR_FLOPS` each, and
     :data:`SHARE_PAIRS` n² pairs' worth for the shares of the error estimate, and the sorts of the points and the
-    cloud (20 n log₂ n each); the [2n, n] log-densities of every dimension in float32 (:func:`mixture_pairs`)."""
+    cloud (20 n log₂ n each); the [2n, n] log-densities of every dimension in float32 (:func:`mixture_pairs`) and as
+    many again for their log-sum's and the error estimate's temporaries (:data:`PAIR_COPIES`)."""
     flops = d * ((2.0 + SHARE_PAIRS) * n * n * PAIR_FLOPS + 2.0 * 20.0 * n * math.log2(max(n, 2)))
-    return flops, 2.0 * 4.0 * d * n * n
+    return flops, PAIR_COPIES * 4.0 * d * n * n
 
 
 class MarginalWeights(NamedTuple):

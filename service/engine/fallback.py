@@ -25,6 +25,7 @@ from mpflow.operators import smoothing
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import NonFiniteError, Updater
+from mpflow.service.engine.lanes import Priced
 from mpflow.service.engine.methods import Methods, weighted
 from mpflow.service.engine.numerics import FALLBACK_ERRORS, fallback_methods, finite_state
 from mpflow.service.engine.tensor_work import TensorWork
@@ -91,17 +92,20 @@ class Fallbacks:
         obs: torch.Tensor,
         i: int,
         error: BaseException,
+        price: Priced | None = None,
     ) -> tuple[StepResult, str]:
         """Step ``i`` (observation ``obs``) again from ``state`` with the first safe method that succeeds, after the
         stream's updater ``stream`` failed with ``error``: (its result in the form of the stream's method, the
-        fall-back's name); :class:`~mpflow.service.stream_errors.NonFiniteUpdateError` if none does."""
+        fall-back's name); :class:`~mpflow.service.stream_errors.NonFiniteUpdateError` if none does.
+        ``price``: the failed step's, which places the fall-back's step on the engine's lanes (a safe method costs
+        no more than the stream's own)."""
         method = meta["method"]
         tried: list[str] = []
         for name in fallback_methods(method, model):
             fallback, key = self.updater(name, meta)
             try:
                 start = await self.work.run(meta, hand_over, state, stream, fallback)
-                res = await self.engine.update(fallback, key, name, fallback.own_model(model), start, obs)
+                res = await self.engine.update(fallback, key, name, fallback.own_model(model), start, obs, price=price)
                 new = await self.work.run(meta, take_back, res.state, stream, fallback, state, obs[None], model)
                 if not await self.work.run(meta, finite_state, new):
                     raise NonFiniteError(f"{name} left non-finite values in the state")

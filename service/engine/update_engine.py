@@ -21,17 +21,19 @@ above. Without open announcements (callers that do not announce) the rule is the
 If a batched call fails (a ``ValueError`` or non-finite result caused by one stream), the jobs are re-run one
 by one so that only the guilty stream sees the error.
 
-Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.engine.lanes`). Each job is priced by
-:func:`~mpflow.service.engine.lanes.step_cost` (particles × dimension × a method factor) and queued on the fast lane or,
-at or above ``slow_lane_cost``, on the slow lane; each lane has its own dispatcher task and its own worker thread,
-and the rules above hold within each lane (jobs of one key share N, d and method, so a key never spans lanes; an
-announcement counts for every lane until its first step arrives, then for that step's lane only — so a light key
-does not wait for a heavy request's announced steps). A heavy stream's step then delays only other heavy steps: a
-light stream's step waits at most for the light batch ahead of it. The slow lane's thread runs at a lower CPU
-priority, so that on busy cores the event loop and the fast lane go first. Per-stream order is unchanged (a
-stream's jobs all go to one lane, one after the other). Each lane's worker (and each auxiliary thread) records the
-job it is on and since when (:meth:`UpdateEngine.busy`), which the watchdog (:mod:`mpflow.service.engine.watchdog`)
-compares with its deadline.
+Two lanes, so that heavy work cannot stall light work (:mod:`mpflow.service.engine.lanes`). Each job carries its
+price from the cost model (:class:`~mpflow.service.streams.costs.Cost`: operations and peak bytes; a run job its
+dearest step's) and is queued on the fast lane or, above :data:`~mpflow.service.engine.lanes.HEAVY_STEP_SHARE` of a
+request's budget, on the slow lane; each lane has its own dispatcher task and its own worker thread, and the rules
+above hold within each lane (an announcement counts for every lane until its first step arrives, then for that
+step's lane only — so a light key does not wait for a heavy request's announced steps). A batch stacks jobs only
+while their summed price stays within the lane's cap (:meth:`~mpflow.service.engine.lanes.LaneLimits.batch_cap`:
+one request's budget on the slow lane, a tenth of it on the fast lane); a job over the cap runs alone. A heavy
+stream's step then delays only other heavy steps: a light stream's step waits at most for the light batch ahead of
+it. The slow lane's thread runs at a lower CPU priority, so that on busy cores the event loop and the fast lane go
+first. Per-stream order is unchanged (a stream's jobs are awaited one after the other). Each lane's worker (and
+each auxiliary thread) records the job it is on and since when (:meth:`UpdateEngine.busy`), which the watchdog
+(:mod:`mpflow.service.engine.watchdog`) compares with its deadline.
 
 Torch runs off the event loop: batched updates on the lanes' worker threads (``torch.set_num_threads(1)``; the
 service gets its parallelism from batching, replicas and uvicorn workers, not intra-op threads), other tensor
@@ -73,7 +75,7 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters import Updater
-from mpflow.service.engine.lanes import LANES, SLOW, SLOW_LANE_COST, lane_of, lower_priority
+from mpflow.service.engine.lanes import LANES, SLOW, LaneLimits, Priced, lower_priority
 
 log = logging.getLogger("mpflow.engine")
 
@@ -183,6 +185,7 @@ class _Job:
     obs: torch.Tensor
     future: asyncio.Future
     after: Callable[[Any], Any] | None = None
+    price: Priced | None = None  # the cost model's price of the job (a run's: its dearest step's)
     arrived: float = field(default_factory=time.monotonic)
     run: list[tuple[ModelFamily, torch.Tensor]] | None = None  # a run job's (model, observation) of each step
 
@@ -276,7 +279,7 @@ class UpdateEngine:
         observer: BatchObserver | None = None,
         summarise: Callable[[ParticleState], list[Any]] | None = None,
         health_observer: HealthObserver | None = None,
-        slow_lane_cost: float = SLOW_LANE_COST,
+        limits: LaneLimits | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be positive, got {max_batch_size}")
@@ -287,7 +290,7 @@ class UpdateEngine:
         self.observer = observer
         self.health_observer = health_observer
         self.summarise = summarise  # per-stream values of a batched new state, computed once per call
-        self.slow_lane_cost = slow_lane_cost
+        self.limits = limits or LaneLimits()  # the lanes' thresholds, from one request's budget
         self._lanes = {name: _Lane(name) for name in LANES}
         self._unassigned = _Tally()  # open announcements (expect) that have not submitted a step yet
         self._running = False
@@ -366,25 +369,27 @@ class UpdateEngine:
         obs: torch.Tensor,
         announced: Announcement | None = None,
         after: Callable[[StepResult], Any] | None = None,
+        price: Priced | None = None,
     ) -> StepResult:
         """One step for one stream: state [B=1], obs of the family's observation shape (no batch dim);
         ``announced``: the caller's :meth:`expect` announcement, of which this consumes one step; ``after``:
         called on the worker thread with this stream's result right after its (batched) step — what the caller
         would otherwise do with the new state in a second hop (check it, summarise and encode it); its return
-        value is ``StepResult.after``, an exception it raises is this stream's (and this stream's only)."""
+        value is ``StepResult.after``, an exception it raises is this stream's (and this stream's only); ``price``: the
+        cost model's price of the step, which chooses its lane and bounds its batch (None: light, stacked freely)."""
         if not self._running or self._loop is None:
             raise RuntimeError("the update engine is not running")
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
-            coro = self.update(updater, updater_key, method, model, state, obs, after=after)
+            coro = self.update(updater, updater_key, method, model, state, obs, after=after, price=price)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-        n, d = state.particles.shape[-2:]
-        lane = self._lanes[lane_of(method, n, d, self.slow_lane_cost)]
+        lane = self._lanes[self.limits.lane_of(price)]
         if announced is not None:
             announced.consume(lane.tally)
         key = batch_key(updater_key, model, state, obs)
         future = asyncio.get_running_loop().create_future()
         assert lane.wakeup is not None
-        lane.pending.setdefault(key, deque()).append(_Job(key, method, updater, model, state, obs, future, after))
+        job = _Job(key, method, updater, model, state, obs, future, after, price)
+        lane.pending.setdefault(key, deque()).append(job)
         lane.wakeup.set()
         return await future
 
@@ -396,27 +401,28 @@ class UpdateEngine:
         steps: list[tuple[ModelFamily, torch.Tensor]],
         announced: Announcement | None = None,
         after: Callable[[RunResult], Any] | None = None,
+        price: Priced | None = None,
     ) -> RunResult:
         """Consecutive steps of one stream as one job (module docstring "Runs"): ``steps`` are (model of the step,
         observation) pairs, applied from ``state`` in order until the run's slice is used — the result says how
         many were applied (``len(result.steps)``) and, when one raised, its error; the caller submits the rest
         again. ``after``: called on the worker with the :class:`RunResult` (its return value is ``result.after``;
-        an exception it raises is this call's)."""
+        an exception it raises is this call's); ``price``: the cost model's price of the run's dearest step, which
+        chooses its lane."""
         if not self._running or self._loop is None:
             raise RuntimeError("the update engine is not running")
         if asyncio.get_running_loop() is not self._loop:  # called from another event loop's thread
-            coro = self.update_run(updater, method, state, steps, after=after)
+            coro = self.update_run(updater, method, state, steps, after=after, price=price)
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
         if not steps:
             raise ValueError("steps: a run has at least one step")
-        n, d = state.particles.shape[-2:]
-        lane = self._lanes[lane_of(method, n, d, self.slow_lane_cost)]
+        lane = self._lanes[self.limits.lane_of(price)]
         if announced is not None:  # the run's steps are all queued now: no other key waits for them
             announced.consume(lane.tally, len(steps))
         model, obs = steps[0]
         key = _RunKey()
         future = asyncio.get_running_loop().create_future()
-        job = _Job(key, method, updater, model, state, obs, future, after, run=list(steps))
+        job = _Job(key, method, updater, model, state, obs, future, after, price, run=list(steps))
         assert lane.wakeup is not None
         lane.pending[key] = deque([job])
         lane.wakeup.set()
@@ -457,7 +463,7 @@ class UpdateEngine:
             arrived = queue[0].arrived
             waits = self.batching and not nothing_coming and not isinstance(key, _RunKey)
             deadline = arrived + self.max_wait if waits else arrived
-            if len(queue) >= self.max_batch_size or deadline <= now:
+            if self._batch_length(lane, queue) < len(queue) or deadline <= now:
                 if arrived < best_arrival:
                     best_key, best_arrival = key, arrived
             else:
@@ -465,6 +471,20 @@ class UpdateEngine:
         if best_key is not None:
             return best_key, 0.0
         return None, first_deadline - now
+
+    def _batch_length(self, lane: _Lane, queue: deque[_Job]) -> int:
+        """How many of the queue's first jobs one call takes: at most ``max_batch_size``, and only while their summed
+        price stays within the lane's cap (:meth:`LaneLimits.batch_cap`); at least one (a job over the cap runs
+        alone). Fewer than the queue holds means the batch is full."""
+        cap, spent, count = self.limits.batch_cap(lane.name), 0.0, 0
+        for job in queue:
+            if count >= self.max_batch_size:
+                break
+            spent += 0.0 if job.price is None else self.limits.share(job.price)
+            if count and spent > cap:
+                break
+            count += 1
+        return count
 
     async def _dispatch_loop(self, lane: _Lane) -> None:
         """One lane's dispatcher: its ready batches, one at a time, on its worker."""
@@ -482,7 +502,7 @@ class UpdateEngine:
                     await asyncio.wait_for(wakeup.wait(), max(wait, 0.0))
                 continue
             queue = pending[key]
-            jobs = [queue.popleft() for _ in range(min(self.max_batch_size, len(queue)))]
+            jobs = [queue.popleft() for _ in range(self._batch_length(lane, queue))]
             if not queue:
                 del pending[key]
             jobs = [j for j in jobs if not j.future.done()]  # cancelled while queued

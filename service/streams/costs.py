@@ -185,6 +185,18 @@ def observations_cost(
     return total.then(draws_cost(samples, d)).plus_bytes(JSON_BYTES_PER_NUMBER * answer)
 
 
+def step_price(
+    model: ModelFamily, updater: Updater, n: int, steps: list[tuple[float, int | None]], lag: int = 0
+) -> Cost:
+    """The price of the dearest of ``steps`` — (dt, entries observed) each — applied alone (its work, p-values,
+    window, summary and ``per_step`` entry: :func:`observations_cost` of that one step): what the update engine's
+    lanes read to place and stack a step, or a run of steps that hands its worker back between steps
+    (:mod:`mpflow.service.engine.lanes`). Steps that differ only in their values cost the same, so each distinct
+    (dt, k) is priced once."""
+    priced = [observations_cost(model, updater, n, [step], 0, lag) for step in set(steps)]
+    return Cost(max(c.flops for c in priced), max(c.bytes for c in priced))
+
+
 def forecast_cost(model: ModelFamily, updater: Updater, n: int, steps: int, dt: float, samples: int) -> Cost:
     """``GET .../forecast``: the method's predictive over ``steps`` horizons (:meth:`Updater.forecast_work`) and the
     answer — per horizon the state's and the observation's mean, covariance and quantiles, and ``samples`` draws
@@ -310,6 +322,7 @@ __all__ = [
     "share",
     "smoothing_cost",
     "smoothing_stream_cost",
+    "step_price",
     "summary_cost",
     "window_step_cost",
 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from tests.harness.server import TENANT_KEYS, UserServer, drop_prefix, serve_as_user
 
@@ -63,15 +64,18 @@ def create(client: httpx.Client, spec: dict[str, Any]) -> tuple[int, str | None]
 
 
 class StreamDriver:
-    """Sends observation requests of ``steps`` observations each to one stream, ``seq`` after ``seq``."""
+    """Sends observation requests of ``steps`` observations each to one stream, ``seq`` after ``seq``; each step
+    lasting ``dt`` (None: the stream's own step, the bare value)."""
 
-    def __init__(self, client: httpx.Client, stream_id: str, d: int, steps: int = 1) -> None:
-        self.client, self.stream_id, self.d, self.steps = client, stream_id, d, steps
+    def __init__(self, client: httpx.Client, stream_id: str, d: int, steps: int = 1, dt: float | None = None) -> None:
+        self.client, self.stream_id, self.d, self.steps, self.dt = client, stream_id, d, steps, dt
         self.seq = 1
 
     def send(self) -> tuple[int, float]:
         """One request: (status, seconds)."""
-        body = {"seq": self.seq, "observations": [[0.1 * (self.seq + k)] * self.d for k in range(self.steps)]}
+        values = [[0.1 * (self.seq + k)] * self.d for k in range(self.steps)]
+        items = values if self.dt is None else [{"value": v, "dt": self.dt} for v in values]
+        body = {"seq": self.seq, "observations": items}
         t0 = time.perf_counter()
         r = self.client.post(f"/v1/streams/{self.stream_id}/observations", json=body)
         seconds = time.perf_counter() - t0
@@ -131,13 +135,19 @@ def p50(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def light_p50(driver: StreamDriver, requests: int) -> tuple[float, list[int]]:
-    """The p50 latency (seconds) of ``requests`` light updates one after the other, and their statuses."""
+def light_times(driver: StreamDriver, requests: int) -> tuple[list[float], list[int]]:
+    """The latencies (seconds) of ``requests`` light updates one after the other, and their statuses."""
     times, statuses = [], []
     for _ in range(requests):
         status, seconds = driver.send()
         statuses.append(status)
         times.append(seconds)
+    return times, statuses
+
+
+def light_p50(driver: StreamDriver, requests: int) -> tuple[float, list[int]]:
+    """The p50 latency (seconds) of ``requests`` light updates one after the other, and their statuses."""
+    times, statuses = light_times(driver, requests)
     return p50(times), statuses
 
 
@@ -156,21 +166,28 @@ def background(fn: Callable[[threading.Event], None], name: str) -> Iterator[Non
 
 def light_under_heavy(
     url: str,
-    heavy: dict[str, Any],
+    heavy: dict[str, Any] | list[dict[str, Any]],
     *,
     heavy_streams: int = 2,
     heavy_steps: int = 5,
+    heavy_dt: float | None = None,
     light: dict[str, Any] | None = None,
     requests: int = 30,
     warmup_seconds: float = 2.0,
 ) -> dict[str, Any]:
     """Tenant beta's light update p50 idle, then while tenant alpha keeps ``heavy_streams`` streams of ``heavy``
-    busy (each sending requests of ``heavy_steps`` observations back to back); ``/healthz`` probed throughout.
-    The heavy streams' creation is timed too (it is heavy work as well)."""
+    (or one stream of each spec of a list) busy, each sending requests of ``heavy_steps`` observations of
+    ``heavy_dt`` back to back; ``/healthz`` probed throughout. The heavy streams' creation is timed too (it is
+    heavy work as well); ``loaded_max_s`` is beta's slowest update under the load."""
+    specs = heavy if isinstance(heavy, list) else [heavy] * heavy_streams
     light = light or gaussian_stream("kalman", 256, 2)
     d_light = len(light["prior"]["mean"])
-    d_heavy = len(heavy["prior"]["mean"])
-    out: dict[str, Any] = {"heavy": {k: heavy[k] for k in ("method", "num_particles")} | {"state_dim": d_heavy}}
+    d_heavy = len(specs[0]["prior"]["mean"])
+    out: dict[str, Any] = {
+        "heavy": [{k: spec.get(k) for k in ("method", "num_particles", "method_options")} for spec in specs],
+        "heavy_dt": heavy_dt,
+        "state_dim": d_heavy,
+    }
     with (
         httpx.Client(base_url=url, headers=BETA, timeout=120) as beta,
         httpx.Client(base_url=url, headers=ALPHA, timeout=600) as alpha,
@@ -182,8 +199,8 @@ def light_under_heavy(
         out["idle_p50_s"], _ = light_p50(driver, requests)
         t0 = time.perf_counter()
         heavy_ids = []
-        for _ in range(heavy_streams):
-            status, sid = create(alpha, heavy)
+        for spec in specs:
+            status, sid = create(alpha, spec)
             out["heavy_create_status"] = status
             if sid is not None:
                 heavy_ids.append(sid)
@@ -194,7 +211,7 @@ def light_under_heavy(
         def drive(sid: str) -> Callable[[threading.Event], None]:
             def run(stop: threading.Event) -> None:
                 with httpx.Client(base_url=url, headers=ALPHA, timeout=600) as own:
-                    d = StreamDriver(own, sid, d_heavy, heavy_steps)
+                    d = StreamDriver(own, sid, d_heavy, heavy_steps, heavy_dt)
                     while not stop.is_set():
                         heavy_answers.append(d.send())
 
@@ -204,7 +221,8 @@ def light_under_heavy(
             for i, sid in enumerate(heavy_ids):
                 stack.enter_context(background(drive(sid), f"heavy-{i}"))
             time.sleep(warmup_seconds)
-            out["loaded_p50_s"], statuses = light_p50(driver, requests)
+            times, statuses = light_times(driver, requests)
+            out["loaded_p50_s"], out["loaded_max_s"] = p50(times), max(times)
         out["light_statuses"] = sorted(set(statuses))
         out["heavy_requests"] = len(heavy_answers)
         out["heavy_statuses"] = sorted({s for s, _ in heavy_answers})
@@ -214,6 +232,53 @@ def light_under_heavy(
         for sid in heavy_ids:
             alpha.delete(f"/v1/streams/{sid}")
     return out
+
+
+def rss_during_posts(server: UserServer, spec: dict[str, Any], posts: int) -> dict[str, Any]:
+    """Tenant alpha creates ``posts`` streams of ``spec`` (d = 1 observations) and warms one, then posts one
+    observation to each at once: the server's RSS (its processes but Redis) before, its peak growth while the
+    posts ran (sampled every 20 ms) and its growth after, and each post's (status, seconds)."""
+    procs = [psutil.Process(server.pid)]
+    procs += [c for c in procs[0].children(recursive=True) if "redis" not in c.name()]
+
+    def rss() -> int:
+        return sum(p.memory_info().rss for p in procs if p.is_running())
+
+    with httpx.Client(base_url=server.url, headers=ALPHA, timeout=600) as alpha:
+        ids = [sid for _, sid in (create(alpha, spec) for _ in range(posts)) if sid is not None]
+        out: dict[str, Any] = {"streams": len(ids)}
+        if ids:
+            out["warm_status"] = alpha.post(f"/v1/streams/{ids[0]}/observations", json={"observations": [[0.1]]})
+            out["warm_status"] = out["warm_status"].status_code
+    time.sleep(0.5)
+    base = rss()
+    peak, answers = [base], []
+
+    def watch(stop: threading.Event) -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss())
+            stop.wait(0.02)
+
+    def post(sid: str) -> None:
+        with httpx.Client(base_url=server.url, headers=ALPHA, timeout=600) as own:
+            t0 = time.perf_counter()
+            r = own.post(f"/v1/streams/{sid}/observations", json={"observations": [[0.2]]})
+            answers.append((r.status_code, time.perf_counter() - t0))
+
+    with background(watch, "rss"):
+        posters = [threading.Thread(target=post, args=(sid,), daemon=True) for sid in ids]
+        for t in posters:
+            t.start()
+        for t in posters:
+            t.join(600)
+    return {
+        **out,
+        "rss_before_mb": base / 2**20,
+        "peak_growth_mb": (peak[0] - base) / 2**20,
+        "growth_after_mb": (rss() - base) / 2**20,
+        "statuses": sorted({s for s, _ in answers}),
+        "slowest_s": max((t for _, t in answers), default=float("nan")),
+    }
 
 
 def readyz_when_stuck(url: str, heavy: dict[str, Any], *, steps: int, settle: float = 30.0) -> dict[str, Any]:

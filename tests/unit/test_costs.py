@@ -124,6 +124,23 @@ def updater_module(method: str):
     return {"gpf": gpf, "svgd": svgd, "nvgd": nvgd}[method]
 
 
+def test_nvgd_is_priced_per_launch_of_its_network():
+    """``nvgd``'s price at small N is its network's launches: each of ``max_iters`` outer iterations runs up to
+    ``inner_steps`` Adam steps (the witness's forward pass with its tangents, autograd's backward pass, the update:
+    ``ADAM_STEP_FLOPS`` each, measured by ``benchmarks/price_audit.py``) besides its own ``ITERATION_FLOPS`` — so
+    five more Adam steps in each of 10 iterations add 50 launches, 10 more iterations of 5 add 50 launches and 10
+    iterations' fixed cost, the arithmetic at N = 16 under 2 % of either."""
+    m = lds(2)
+
+    def price(max_iters: int, inner_steps: int) -> float:
+        return get_updater("nvgd", max_iters=max_iters, inner_steps=inner_steps).step_work(m, 16).flops
+
+    launches = price(10, 10) - price(10, 5)
+    assert launches == pytest.approx(50 * nvgd.ADAM_STEP_FLOPS, rel=0.02)
+    iterations = price(20, 5) - price(10, 5)
+    assert iterations == pytest.approx(50 * nvgd.ADAM_STEP_FLOPS + 10 * nvgd.ITERATION_FLOPS, rel=0.02)
+
+
 def test_small_iterative_streams_take_few_steps_a_request(monkeypatch):
     """At their iterations' fixed cost, a default ``gpf`` stream of 16 particles takes a few observations a request
     (its 500 iterations a step could take about 0.5 s), where the arithmetic alone let it take all 1000; a default
@@ -317,6 +334,16 @@ def test_mixture_evidence_and_marginal_price_their_pairs_as_measured():
     for n in (1024, 65536):  # M, K ≤ 1024
         flops, _ = mixture_evidence.work(lds(8), n)
         assert flops >= 1024 * 1024 * backward_simulation.KERNEL_TERM_FLOPS
-    flops, _ = marginal.work(1, 4096)
+    flops, peak = marginal.work(1, 4096)
     assert flops >= 2 * 4096**2 * marginal.PAIR_FLOPS
     assert marginal.PAIR_FLOPS >= 90
+    # its peak bytes: one step at N = 6000 grew the process by 549 MB (issue 54: priced 275 MiB, it ran over budget)
+    assert marginal.work(1, 6000)[1] >= 549e6 and peak == marginal.PAIR_COPIES * 4 * 4096**2
+
+
+def test_the_marginal_filters_largest_stream_fits_the_memory_budget():
+    """The largest N the defaults accept for ``mpf`` on ``stochastic_volatility`` d = 1 (its marginal filter, N²
+    pairs): a one-step update's priced bytes within ``MPFLOW_MAX_REQUEST_BYTES``, N = 6000 refused."""
+    model, updater = make_model("stochastic_volatility", {}, 1), get_updater("mpf")
+    n = costs.largest(SETTINGS, 6000, lambda m: costs.observations_cost(model, updater, m, [(1.0, None)], 0))
+    assert 4000 <= n < 6000
