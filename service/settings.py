@@ -39,6 +39,11 @@ bad value fails at start with a message naming the field.
 - ``loop_lag_limit_seconds``, ``worker_deadline_seconds``: ``/readyz`` answers 503 while the event loop lags
   beyond the first (and for a few seconds after), or a compute worker has been on one job longer than the second
   (:mod:`mpflow.service.engine.watchdog`).
+- ``header_timeout_s``, ``max_connections``: what a connection may hold of a process before it has sent a request
+  (:mod:`mpflow.service.connection_guard`, ``mpflow serve``'s protocol): a request head (request line and headers)
+  not complete this long after the connection opened, or after its previous response, is answered 408
+  ``header_timeout`` and closed; a connection past the process's ``max_connections`` (HTTP and WebSocket) is answered
+  503 ``too_many_connections`` and closed.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: the variable prometheus_client reads for the directory of the workers' shared metric files: ``mpflow serve``
@@ -82,6 +87,8 @@ _POSITIVE = (
     "max_integration_substeps",
     "loop_lag_limit_seconds",
     "worker_deadline_seconds",
+    "header_timeout_s",
+    "max_connections",
 )
 
 
@@ -127,6 +134,13 @@ class Settings(BaseSettings):
     # truthful health (service/engine/watchdog.py)
     loop_lag_limit_seconds: float = 1.0
     worker_deadline_seconds: float = 30.0
+    # connections before their request (service/connection_guard.py; issue 54)
+    header_timeout_s: float = Field(
+        10.0, description="seconds a connection has to send a whole request head, from its start or previous answer"
+    )
+    max_connections: int = Field(
+        2000, description="open connections (HTTP and WebSocket) per process; past it 503 too_many_connections"
+    )
 
     @field_validator(*_POSITIVE)
     @classmethod

@@ -5,7 +5,8 @@ point of ``python -m mpflow serve``. Worker processes: ``--workers``, else ``MPF
 :func:`default_workers` — one per CPU core this process may use, at most ``MAX_DEFAULT_WORKERS`` (each worker has
 its own event loop, engine and GIL; measured on 2 cores, 64 streams of ``mpf``: 634 updates/s with one worker, 1029
 with two). Workers on the embedded store share its one redis-server (:mod:`mpflow.service.store.embedded`). Every other
-setting comes from ``MPFLOW_*`` (see :mod:`mpflow.service.settings`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for
+setting comes from ``MPFLOW_*`` (see :mod:`mpflow.service.settings`; the connection limits are enforced by the HTTP
+protocol of :mod:`mpflow.service.connection_guard`); ``--redis-url`` sets ``MPFLOW_REDIS_URL`` for
 the worker processes. Without it the embedded Redis under ``./data`` is used. Logs are JSON lines on stderr.
 """
 
@@ -188,6 +189,7 @@ def serve(args: argparse.Namespace) -> int:
     """Run uvicorn until it stops (``mpflow.service.app:create_app`` in ``args.workers`` processes); 0."""
     import uvicorn
 
+    from mpflow.service.connection_guard import GuardedHttpToolsProtocol
     from mpflow.service.settings import Settings
 
     if args.redis_url:
@@ -210,6 +212,8 @@ def serve(args: argparse.Namespace) -> int:
             access_log=False,  # mpflow.access logs one JSON line per request
             log_config=log_config(settings.log_level),
             ws_max_size=settings.max_body_bytes,
+            # a deadline and a size for each request head, the connection cap, JSON for the parser's own 400
+            http=GuardedHttpToolsProtocol,
             # open dashboard feeds (SSE) and WebSockets would otherwise hold a stopping server until they end
             timeout_graceful_shutdown=5,
             timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,

@@ -16,7 +16,7 @@ from mpflow.operators.models import FAMILIES
 from mpflow.operators.state import ParticleState
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine.methods import weighted
-from mpflow.service.errors import not_found
+from mpflow.service.errors import invalid, not_found
 from mpflow.service.schemas import STREAM_ID_PATTERN
 from mpflow.service.store.stream_store import StreamStore
 
@@ -26,14 +26,22 @@ _STREAM_ID = re.compile(STREAM_ID_PATTERN)
 
 
 def valid_id(stream_id: str) -> bool:
-    """Whether ``stream_id`` could name a stream (one that cannot is answered 404 without asking the store)."""
+    """Whether ``stream_id`` could name a stream."""
     return _STREAM_ID.match(stream_id) is not None
 
 
-async def read(store: StreamStore, tenant: str, stream_id: str) -> tuple[dict[str, Any], bytes]:
-    """(meta, state bytes) of a stored stream; 404 for an unknown one (or one of another tenant)."""
+def check_id(stream_id: str) -> None:
+    """The 422 naming ``stream_id`` of an id (from a path) that no stream can have, with the message of every other
+    id field's (creation's, an import's, a batch update's); never echoed (a path may hold 64 KiB of it), never
+    looked up."""
     if not valid_id(stream_id):
-        raise not_found(stream_id)
+        raise invalid(f"stream_id: String should match pattern '{STREAM_ID_PATTERN}'")
+
+
+async def read(store: StreamStore, tenant: str, stream_id: str) -> tuple[dict[str, Any], bytes]:
+    """(meta, state bytes) of a stored stream; 404 for an unknown one (or one of another tenant), 422 for an id
+    that no stream can have."""
+    check_id(stream_id)
     got = await store.get(tenant, stream_id)
     if got is None:
         raise not_found(stream_id)
@@ -80,4 +88,14 @@ def particles(data: bytes) -> dict[str, torch.Tensor]:
     return {"particles": state.particles[0], "log_weights": lw}
 
 
-__all__ = ["ZERO_WEIGHT_LOG", "draw", "draws", "particles", "read", "samples", "summary_and_draws", "valid_id"]
+__all__ = [
+    "ZERO_WEIGHT_LOG",
+    "check_id",
+    "draw",
+    "draws",
+    "particles",
+    "read",
+    "samples",
+    "summary_and_draws",
+    "valid_id",
+]

@@ -62,11 +62,11 @@ def entries(per_step: Sequence[dict[str, Any]], observations: Sequence[Any]) -> 
 
 async def read(store: StreamStore, tenant: str, stream_id: str, limit: int | None, kept: int) -> bytes:
     """The JSON answer of ``GET .../history``: the latest ``limit`` steps (all that are kept when ``None``) of at
-    most ``kept`` (``MPFLOW_HISTORY_STEPS``); 422 naming ``limit`` above that, 404 for an unknown stream."""
+    most ``kept`` (``MPFLOW_HISTORY_STEPS``); 422 naming ``limit`` above that (or ``stream_id``, one that no stream
+    can have), 404 for an unknown stream."""
     if limit is not None and limit > kept:
         raise invalid(f"limit: at most {kept} steps are kept per stream (MPFLOW_HISTORY_STEPS), got {limit}")
-    if not views.valid_id(stream_id):
-        raise not_found(stream_id)
+    views.check_id(stream_id)
     got = await store.history(tenant, stream_id, kept if limit is None else limit)
     if got is None:
         raise not_found(stream_id)

@@ -1,4 +1,5 @@
-"""Issue 34's abuse items 1–10 as an attacker sends them, against a running server (``benchmarks/abuse.py``).
+"""Issue 34's abuse items 1–10, and issue 54's at the edge (slow request heads, the connection cap, batch ids, what
+the HTTP parser refuses), as an attacker sends them, against a running server (``benchmarks/abuse.py``).
 
 Each attack takes the server's base URL (tenants alpha ``key-a`` and beta ``key-b``, :mod:`tests.harness.isolation`)
 and returns an *outcome*: ``request`` (what was sent), ``status`` (the answer's HTTP status, or a short text such
@@ -25,7 +26,7 @@ import httpx
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.service.streams import snapshots
 
-from tests.harness.isolation import ALPHA, BETA, create, gaussian_stream
+from tests.harness.isolation import ALPHA, BETA, StreamDriver, create, gaussian_stream
 
 Outcome = dict[str, Any]
 
@@ -421,9 +422,333 @@ def weights_only_source(root: Path) -> Outcome:
     }
 
 
+# ------------------------------------------------------------------------------------------------ issue 54: the edge
+def _connect(url: str) -> socket.socket:
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    return socket.create_connection((host, port), timeout=10)
+
+
+def _first_line(answer: bytes) -> str:
+    line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+    return " ".join(line.split(" ")[:2]) if line.startswith("HTTP/") else (line[:40] or "closed without an answer")
+
+
+def error_of(answer: bytes) -> dict[str, Any] | None:
+    """The ``error`` object of a raw answer's JSON body, or None when the body is no such JSON."""
+    with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        if isinstance(error, dict) and set(error) == {"code", "message"}:
+            return error
+    return None
+
+
+def slow_heads(url: str, connections: int, *, every: float = 2.0, seconds: float = 30.0) -> Outcome:
+    """``connections`` keyless connections, each sending a request line, then one header line every ``every``
+    seconds, never the blank line that ends the head, for ``seconds``; meanwhile tenant beta lists its streams
+    every 0.25 s on a connection of its own. How many the server still held at the end and when it had dropped 90 %
+    of them, its answers to them (first lines, and whether each was the API's JSON error), and beta's answers.
+    Refused: 90 % were dropped within ``seconds`` and every one of beta's requests was answered 200."""
+    import select
+    import threading
+
+    other: list[tuple[int | str, float]] = []
+    stop = threading.Event()
+
+    def other_tenant() -> None:
+        with httpx.Client(base_url=url, headers=BETA, timeout=10) as beta:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    status: int | str = beta.get("/v1/streams").status_code
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                other.append((status, time.perf_counter() - t0))
+                stop.wait(0.25)
+
+    host = urlsplit(url).hostname
+    socks: dict[int, socket.socket] = {}
+    poller = select.poll()
+    t0 = time.perf_counter()
+    for _ in range(connections):
+        s = _connect(url)
+        s.sendall(f"GET /v1/streams HTTP/1.1\r\nHost: {host}\r\n".encode())
+        s.setblocking(False)
+        socks[s.fileno()] = s
+        poller.register(s, select.POLLIN)
+    opened = time.perf_counter() - t0
+    thread = threading.Thread(target=other_tenant, name="beta", daemon=True)
+    thread.start()
+    held, answers = set(socks), {fd: b"" for fd in socks}
+    dropped_90: float | None = None
+    start, line = time.monotonic(), 0
+    next_line = start + every
+    try:
+        while time.monotonic() - start < seconds and held:
+            for fd, _ in poller.poll(100):
+                try:
+                    data = socks[fd].recv(4096)
+                except OSError:
+                    data = b""
+                answers[fd] += data
+                if not data:
+                    held.discard(fd)
+                    poller.unregister(fd)
+            if dropped_90 is None and len(held) <= 0.1 * connections:
+                dropped_90 = time.monotonic() - start
+            if time.monotonic() >= next_line:
+                line += 1
+                for fd in list(held):
+                    with contextlib.suppress(OSError):
+                        socks[fd].send(f"X-Dribble-{line}: {line}\r\n".encode())
+                next_line += every
+    finally:
+        stop.set()
+        thread.join(15)
+        for s in socks.values():
+            s.close()
+    statuses: dict[str, int] = {}
+    for answer in answers.values():
+        key = _first_line(answer) + ("" if not answer or error_of(answer) else " (not the JSON error body)")
+        statuses[key] = statuses.get(key, 0) + 1
+    other_statuses = {str(s) for s, _ in other}
+    return {
+        "request": f"{connections} keyless connections, one header line every {every:g} s, for {seconds:g} s",
+        "status": statuses,
+        "seconds": time.monotonic() - start,
+        "opened_s": opened,
+        "still_open": len(held),
+        "dropped_90_percent_after_s": dropped_90,
+        "other_tenant": {
+            "requests": len(other),
+            "statuses": sorted(other_statuses),
+            "max_s": max((s for _, s in other), default=None),
+        },
+        "refused": dropped_90 is not None and other_statuses == {"200"},
+    }
+
+
+def connection_cap(url: str, held: int, extra: int) -> Outcome:
+    """``held`` connections with tenant alpha's key, each a complete head announcing a 10-byte body that never
+    comes (held by the server until its body deadline), then ``extra`` more sending the same; the answers of the
+    extra ones, read at once. Refused: the server answered some of them 503 with the API's JSON error body without
+    waiting for their bodies (a cap on open connections), and every answer is that body."""
+    host = urlsplit(url).hostname
+    head = (
+        f"POST /v1/streams HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer key-a\r\n"
+        "Content-Type: application/json\r\nContent-Length: 10\r\n\r\n"
+    ).encode()
+    socks: list[socket.socket] = []
+    t0 = time.perf_counter()
+    try:
+        for _ in range(held):
+            socks.append(_connect(url))
+            socks[-1].sendall(head)
+        answers: list[bytes] = []
+        for _ in range(extra):
+            s = _connect(url)
+            socks.append(s)
+            with contextlib.suppress(OSError):
+                s.sendall(head)
+            s.settimeout(1.0)
+            answer = b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(4096):
+                    answer += chunk
+            answers.append(answer)
+    finally:
+        for s in socks:
+            s.close()
+    statuses: dict[str, int] = {}
+    for answer in answers:
+        statuses[_first_line(answer)] = statuses.get(_first_line(answer), 0) + 1
+    errors = [error_of(a) for a in answers if a]
+    codes = sorted({e["code"] for e in errors if e is not None})
+    retry_after = sum(b"\r\nretry-after: 1\r\n" in a.lower() for a in answers)
+    return {
+        "request": f"{held} connections held (a body that never comes), then {extra} more",
+        "status": statuses,
+        "seconds": time.perf_counter() - t0,
+        "codes": codes,
+        "with_retry_after": retry_after,
+        "refused": statuses.get("HTTP/1.1 503", 0) > 0 and all(e is not None for e in errors),
+    }
+
+
+#: a batch update's ``stream_id`` that no stream can have, as raw JSON (a lone surrogate is a JSON escape)
+BAD_BATCH_IDS = {"lone surrogate": r'"\ud800"', "empty": '""', "key syntax": '"../../x}:{a}"'}
+
+
+def batch_ids(url: str, timeout: float) -> list[Plan]:
+    """``POST /v1/observations:batch`` with an update whose ``stream_id`` is :data:`BAD_BATCH_IDS`'s, each on its
+    own. Refused: 422 whose message names ``updates[0].stream_id``."""
+
+    def one(raw_id: str) -> Outcome:
+        body = '{"updates": [{"stream_id": ' + raw_id + ', "observations": [[0.1, 0.2]]}]}'
+        headers = {**ALPHA, "Content-Type": "application/json"}
+        out = send("POST", url, "/v1/observations:batch", timeout, headers=headers, content=body.encode())
+        names = str(out.get("detail", "")).startswith("updates[0].stream_id:")
+        return {**out, "refused": out["status"] == 422 and names}
+
+    return [(f"batch update stream_id {what} ({raw})", lambda raw=raw: one(raw)) for what, raw in BAD_BATCH_IDS.items()]
+
+
+#: requests the HTTP parser itself refuses (or that are too large a head), as raw bytes
+BAD_HEADS = {
+    "a 100 KB path": b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: mpflow\r\n\r\n",
+    "a malformed request line": b"NOT HTTP AT ALL\r\n\r\n",
+    "a header without a colon": b"GET /healthz HTTP/1.1\r\nHost: mpflow\r\nno colon here\r\n\r\n",
+    "a 200 KB header": b"GET /healthz HTTP/1.1\r\nHost: mpflow\r\nX-Big: " + b"v" * 200_000 + b"\r\n\r\n",
+}
+
+
+def bad_heads(url: str) -> list[Plan]:
+    """Each of :data:`BAD_HEADS` on a connection of its own: the answer's first line and body. Refused: a 4xx
+    with the API's JSON error body."""
+
+    def one(raw: bytes) -> Outcome:
+        t0 = time.perf_counter()
+        answer = b""
+        with _connect(url) as s:
+            with contextlib.suppress(OSError):
+                s.sendall(raw)
+            s.settimeout(5.0)
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    answer += chunk
+        error = error_of(answer)
+        status = _first_line(answer)
+        return {
+            "status": status,
+            "seconds": time.perf_counter() - t0,
+            "refused": status.startswith("HTTP/1.1 4") and error is not None,
+            "detail": error["message"] if error else answer[-120:].decode(errors="replace"),
+            "code": error["code"] if error else None,
+        }
+
+    return [(f"raw request: {what}", lambda raw=raw: one(raw)) for what, raw in BAD_HEADS.items()]
+
+
+# ------------------------------------------------------------------------------------------------ issue 54 item 3
+#: what :func:`heavy_reads`' readers read, one path each (cycled): the stream document, and every read of the state
+HEAVY_READ_PATHS = ("", "", "", "/smoothed", "/export", "/particles", "/samples?n=1000", "/forecast?steps=1")
+
+
+def heavy_reads(
+    url: str,
+    rss: Callable[[], int],
+    *,
+    n: int = 30000,
+    d: int = 2,
+    lag: int = 100,
+    readers: int = 8,
+    seconds: float = 20.0,
+    settle: float = 10.0,
+    paths: tuple[str, ...] = HEAVY_READ_PATHS,
+    timeout: float = 60.0,
+) -> Outcome:
+    """Reads are not priced: tenant alpha's ``smc`` stream of N = ``n``, d = ``d`` and ``smoothing_lag`` ``lag``
+    (84 MB of state at the defaults, accepted at creation) read by ``readers`` threads for ``seconds``, each on its
+    own connection and path of ``paths`` (``""``: ``GET /v1/streams/{id}``, a 1 KB answer), while tenant beta
+    updates a ``kalman`` d = 2 stream in a loop; ``rss()`` gives the server's resident bytes, read before, every
+    0.2 s during, and ``settle`` seconds after. Refused (bounded): beta saw no 5xx and no update slower than 2 s,
+    and the RSS came back within 500 MB of before."""
+    import statistics
+    import threading
+
+    out: dict[str, Any] = {}
+    with (
+        httpx.Client(base_url=url, headers=ALPHA, timeout=timeout) as alpha,
+        httpx.Client(base_url=url, headers=BETA, timeout=timeout) as beta,
+    ):
+        status, sid = create(alpha, gaussian_stream("smc", n, d, smoothing_lag=lag))
+        if sid is None:
+            return {"request": f"smc N={n} d={d} lag={lag}", "status": f"stream refused ({status})", "refused": True}
+        out["state_mb"] = alpha.get(f"/v1/streams/{sid}").json()["state_bytes"] / 1e6
+        _, light = create(beta, gaussian_stream("kalman", 256, 2))
+        assert light is not None, "the light stream was refused"
+        driver = StreamDriver(beta, light, 2)
+        for _ in range(5):  # warm-up
+            driver.send()
+        out["idle_p50_s"] = statistics.median(driver.send()[1] for _ in range(20))
+        time.sleep(1.0)
+        before = rss()
+        answers: list[tuple[str, int | str, float]] = []
+        updates: list[tuple[int | str, float]] = []
+        peak = [before]
+        stop = threading.Event()
+
+        def reader(path: str) -> None:
+            with httpx.Client(base_url=url, headers=ALPHA, timeout=timeout) as own:
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    try:
+                        got: int | str = own.get(f"/v1/streams/{sid}{path}").status_code
+                    except httpx.HTTPError as exc:
+                        got = type(exc).__name__
+                    answers.append((path or "/", got, time.perf_counter() - t0))
+
+        def memory() -> None:
+            while not stop.wait(0.2):
+                peak[0] = max(peak[0], rss())
+
+        threads = [threading.Thread(target=memory, name="rss", daemon=True)]
+        threads += [
+            threading.Thread(target=reader, args=(paths[i % len(paths)],), name=f"reader-{i}", daemon=True)
+            for i in range(readers)
+        ]
+        t0 = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        while time.perf_counter() - t0 < seconds:
+            try:
+                updates.append(driver.send())
+            except httpx.HTTPError as exc:
+                updates.append((type(exc).__name__, timeout))
+        stop.set()
+        for thread in threads:
+            thread.join(timeout + 5)
+        read_s = time.perf_counter() - t0
+        time.sleep(settle)
+        after = rss()
+        alpha.delete(f"/v1/streams/{sid}")
+        beta.delete(f"/v1/streams/{light}")
+    reads: dict[str, dict[str, Any]] = {}
+    for path, got, s in answers:
+        entry = reads.setdefault(path, {"n": 0, "statuses": {}, "worst_s": 0.0})
+        entry["n"] += 1
+        entry["statuses"][str(got)] = entry["statuses"].get(str(got), 0) + 1
+        entry["worst_s"] = max(entry["worst_s"], s)
+    light_statuses = sorted({str(s) for s, _ in updates})
+    worst = max((s for _, s in updates), default=float("nan"))
+    no_5xx = all(isinstance(s, int) and s < 500 for s, _ in updates)
+    return {
+        "request": f"{readers} readers of an smc N={n} d={d} lag={lag} stream for {seconds:g} s",
+        "status": {"light": light_statuses, "reads": {p: e["statuses"] for p, e in reads.items()}},
+        "seconds": read_s,
+        "refused": no_5xx and worst <= 2.0 and after - before <= 500e6,
+        **out,
+        "light_updates": len(updates),
+        "light_p50_s": statistics.median(s for _, s in updates) if updates else float("nan"),
+        "light_worst_s": worst,
+        "light_statuses": light_statuses,
+        "reads": reads,
+        "rss_before_mb": before / 1e6,
+        "rss_peak_mb": peak[0] / 1e6,
+        "rss_after_mb": after / 1e6,
+    }
+
+
 __all__ = [
+    "BAD_BATCH_IDS",
+    "BAD_HEADS",
+    "HEAVY_READ_PATHS",
     "aborted_upload",
+    "bad_heads",
+    "batch_ids",
+    "connection_cap",
+    "error_of",
     "forge",
+    "heavy_reads",
     "item1",
     "item3",
     "item5",
@@ -434,6 +759,7 @@ __all__ = [
     "keyless_uploads",
     "many_websockets",
     "send",
+    "slow_heads",
     "upper_case_key_in_log",
     "weights_only_source",
 ]
