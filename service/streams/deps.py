@@ -1,5 +1,5 @@
 """What the stream service's parts share — the settings, the store, the update engine and its tensor-work
-placement, the methods, the stepper, the tenant quotas — built once per app by
+placement, the methods, the stepper, the tenant quotas, the reads of stored states — built once per app by
 :class:`~mpflow.service.streams.service.StreamService` and handed to each part whole.
 
 A part (:class:`StreamPart`: observations, forecasts, smoothing, snapshots) takes one :class:`StreamDeps` and reads
@@ -18,6 +18,7 @@ from mpflow.service.engine.update_engine import UpdateEngine
 from mpflow.service.settings import Settings
 from mpflow.service.store.quotas import TenantUsage
 from mpflow.service.store.stream_store import StreamStore
+from mpflow.service.streams.state_reads import StateReads
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class StreamDeps:
     work: TensorWork
     stepper: Stepper
     usage: TenantUsage
+    reads: StateReads
 
 
 class StreamPart:
@@ -44,6 +46,7 @@ class StreamPart:
         self.work: TensorWork = deps.work
         self.stepper: Stepper = deps.stepper
         self.usage: TenantUsage = deps.usage
+        self.reads: StateReads = deps.reads
 
 
 __all__ = ["StreamDeps", "StreamPart"]

@@ -6,7 +6,8 @@ the particles for the other methods); here they become the answer: per horizon j
 quantiles — the Gaussian's m + z_q σ where the predictive is exact, else the weighted particles' (the definitions
 of :mod:`mpflow.service.engine.summary`) — and, on request, n draws of each (from the Gaussian, or the particles
 resampled by weight). Draws come from a generator seeded from (stream seed, step), so the same stream at the same
-step gives the same forecast.
+step gives the same forecast. The read is priced with its stored state and placed by that price
+(:mod:`mpflow.service.streams.state_reads`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.predictive import Predictive
-from mpflow.service.engine import views
 from mpflow.service.engine.numerics import finite_json
 from mpflow.service.engine.summary import QUANTILES, batch_weighted_quantiles
 from mpflow.service.errors import invalid, too_large
@@ -29,6 +29,7 @@ from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
 from mpflow.service.streams.deps import StreamPart
 from mpflow.service.streams.documents import state_names
+from mpflow.service.streams.state_reads import reading
 
 _Z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(QUANTILES, dtype=torch.float64))
 
@@ -117,9 +118,10 @@ class Forecasts(StreamPart):
         if samples > self.settings.max_samples_per_request:
             limit = self.settings.max_samples_per_request
             raise too_large(f"samples: at most {limit} draws (MPFLOW_MAX_SAMPLES_PER_REQUEST), got {samples}")
-        meta, data = await views.read(self.store, tenant, stream_id)
+        peeked = await self.reads.peek(tenant, stream_id)  # priced before its state is fetched (.state_reads)
+        meta = peeked.meta
         model, updater = await self.work.off_loop(self.methods.resolve, meta)
-        check_work(self.settings, meta, model, updater, steps, dt, samples)
+        cost = check_work(self.settings, meta, model, updater, steps, dt, samples)
         try:
             step_model = model.at_step(dt, None, "")
         except ValueError as exc:
@@ -127,7 +129,7 @@ class Forecasts(StreamPart):
 
         names = state_names(meta)
 
-        def compute() -> dict[str, Any]:
+        def compute(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
             step = int(state.step[0])
             g = generator(forecast_seed(int(meta["seed"]), step))
@@ -144,7 +146,7 @@ class Forecasts(StreamPart):
                 )
             return doc
 
-        return await self.work.off_loop(compute)
+        return await self.reads.run(peeked, reading(peeked.size, cost), compute, off_loop=True)
 
 
 __all__ = ["Forecasts", "check_work", "document", "forecast_seed"]

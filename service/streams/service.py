@@ -11,6 +11,8 @@ list and delete streams (docs/API.md). It only wires the modules that do the wor
 * :mod:`mpflow.service.streams.snapshots` — ``GET .../export`` and ``POST /v1/streams:import``;
 * :mod:`mpflow.service.engine.views` and :mod:`mpflow.service.streams.documents` — what reads show, and the JSON
   documents;
+* :mod:`mpflow.service.streams.state_reads` — what a read of a stored state costs and where it runs (the stream
+  document reads the summary kept in the meta, not the state);
 * :mod:`mpflow.service.streams.history` — the per-step history a stream keeps (``GET .../history``);
 * :mod:`mpflow.service.store.quotas` — each tenant's streams and stored bytes, reserved before every write that
   grows them.
@@ -42,11 +44,12 @@ from mpflow.service.store.quotas import TenantUsage
 from mpflow.service.store.stream_store import StreamStore
 from mpflow.service.streams import costs, creation, history
 from mpflow.service.streams.deps import StreamDeps
-from mpflow.service.streams.documents import document, list_entry
+from mpflow.service.streams.documents import LIST_FIELDS, document, list_entry
 from mpflow.service.streams.forecasts import Forecasts
 from mpflow.service.streams.observations import Observations, check_samples, run_batch
 from mpflow.service.streams.smoothed import Smoothing
 from mpflow.service.streams.snapshots import Snapshots
+from mpflow.service.streams.state_reads import SUMMARY, StateReads, reading
 
 
 class StreamService:
@@ -76,7 +79,8 @@ class StreamService:
         self.fallbacks = Fallbacks(self.methods, engine, self.work, on_fallback)
         self.stepper = Stepper(engine, self.work, self.fallbacks)
         self.usage = TenantUsage(store, settings.max_streams_per_tenant, settings.max_stored_bytes_per_tenant)
-        deps = StreamDeps(settings, store, engine, self.methods, self.work, self.stepper, self.usage)
+        self.reads = StateReads(settings, store, self.work)
+        deps = StreamDeps(settings, store, engine, self.methods, self.work, self.stepper, self.usage, self.reads)
         self.observations = Observations(deps)
         self.forecasts = Forecasts(deps)
         self.snapshots = Snapshots(deps)
@@ -86,7 +90,8 @@ class StreamService:
         meta, state, summary = await self.work.off_loop(creation.prepare, self.settings, self.methods, req)
         stream_id = req.stream_id or uuid.uuid4().hex
         blob = await self.work.run(meta, state.to_bytes)
-        await self.usage.create(tenant, stream_id, meta, blob)  # 429 over a quota, 409 for a taken id
+        # the summary is kept beside the state: GET /v1/streams/{id} reads it, not the state (.state_reads)
+        await self.usage.create(tenant, stream_id, {**meta, SUMMARY: summary}, blob)  # 429 over a quota, 409 taken id
         domain = meta["operator_domain"]
         if domain is not None and not domain["inside"] and self.on_outside_domain is not None:
             self.on_outside_domain(meta["model"]["family"], meta["operator"])
@@ -101,16 +106,21 @@ class StreamService:
         return await run_batch(observe, tenant, req, limit, self.on_store_error)
 
     async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
-        meta, data = await views.read(self.store, tenant, stream_id)
-        summary, _ = await self.work.run(meta, views.summary_and_draws, meta, data, 0)
+        """The stream document from the meta hash alone, its kept summary included; a stream stored without one
+        is summarised from its state once (:mod:`mpflow.service.streams.state_reads`)."""
+        peeked = await self.reads.peek(tenant, stream_id, inline_bytes=-1)
+        meta, summary = peeked.meta, peeked.meta.get(SUMMARY)
+        if summary is None:
+            meta, summary = await self.reads.summary(peeked, _summary)
         return document(stream_id, meta, summary)
 
     async def samples(self, tenant: str, stream_id: str, n: int) -> torch.Tensor:
         """``n`` draws [n, d] (encoded by the route, in chunks when large: :mod:`mpflow.service.api.json_stream`)."""
         check_samples(self.settings, n)
-        meta, data = await views.read(self.store, tenant, stream_id)
-        costs.check_draws(self.settings, "n", n, meta)
-        return await self.work.run(meta, views.samples, meta, data, n, draws=n)
+        peeked = await self.reads.peek(tenant, stream_id)
+        cost = costs.check_draws(self.settings, "n", n, peeked.meta)
+        price = reading(peeked.size, cost)
+        return await self.reads.run(peeked, price, lambda meta, data: views.samples(meta, data, n), draws=n)
 
     async def forecast(self, tenant: str, stream_id: str, steps: int, dt: float, samples: int) -> dict[str, Any]:
         return await self.forecasts.forecast(tenant, stream_id, steps, dt, samples)
@@ -130,9 +140,9 @@ class StreamService:
         return await history.read(self.store, tenant, stream_id, limit, self.settings.history_steps)
 
     async def particles(self, tenant: str, stream_id: str) -> dict[str, torch.Tensor]:
-        meta, data = await views.read(self.store, tenant, stream_id)
-        n, d = int(meta["num_particles"]), int(meta["state_dim"])
-        costs.check(
+        peeked = await self.reads.peek(tenant, stream_id)
+        n, d = int(peeked.meta["num_particles"]), int(peeked.meta["state_dim"])
+        cost = costs.check(
             self.settings,
             "stream_id",
             n,
@@ -140,19 +150,26 @@ class StreamService:
             f"sending this stream's {n} particles of d = {d} as JSON",
             "; read draws with GET .../samples?n=, or the whole state with GET .../export",
         )
-        return await self.work.run(meta, views.particles, data)
+        return await self.reads.run(peeked, reading(peeked.size, cost), lambda _, data: views.particles(data))
 
     async def delete(self, tenant: str, stream_id: str) -> None:
-        if not views.valid_id(stream_id) or not await self.store.delete(tenant, stream_id):
+        views.check_id(stream_id)
+        if not await self.store.delete(tenant, stream_id):
             raise not_found(stream_id)
         await self.usage.release(tenant, stream_id)
 
     async def list(self, tenant: str, limit: int, cursor: str | None) -> dict[str, Any]:
-        try:
-            items, next_cursor = await self.store.list(tenant, limit, cursor)
+        try:  # the listed fields only: a page carries no summaries (nor states)
+            fields = [f for f in LIST_FIELDS if f != "stream_id"]
+            items, next_cursor = await self.store.list(tenant, limit, cursor, fields)
         except ValueError as exc:
             raise invalid(str(exc)) from None
         return {"streams": [list_entry(it) for it in items], "next_cursor": next_cursor}
+
+
+def _summary(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """The summary of a stored state (blocking)."""
+    return views.summary_and_draws(meta, data, 0)[0]
 
 
 __all__ = ["StreamService"]

@@ -5,9 +5,10 @@ The stream's method computes them from the window its state carries (``Updater.s
 :mod:`mpflow.operators.smoothing` — exact RTS for ``kalman``, FFBSm or backward simulation for ``smc``, the
 ensemble RTS smoother for the other methods); here they become the answer. The work is priced before it starts
 (:func:`~mpflow.service.streams.costs.smoothing_cost`: 413 naming ``smoothing_lag`` over the budget, which creation
-already refused); a read using more than :data:`~mpflow.service.streams.costs.HEAVY_SHARE` of the budget runs on
-the engine's thread for heavy reads (:meth:`~mpflow.service.engine.update_engine.UpdateEngine.run_heavy`), so that
-concurrent large reads wait for one another and not the auxiliary threads other requests need. A stream without
+already refused), with the fetch and decode of its stored state; a read using more than
+:data:`~mpflow.service.streams.costs.HEAVY_SHARE` of the budget fetches its state in the process's heavy-read slot and
+runs on the engine's thread for heavy reads (:mod:`mpflow.service.streams.state_reads`), so that concurrent large
+reads wait for one another and not the auxiliary threads, or the store calls, other requests need. A stream without
 a window is answered 409 ``smoothing_disabled``, saying how to make one that has it.
 """
 
@@ -17,11 +18,11 @@ from typing import Any
 
 import torch
 from mpflow.operators.state import ParticleState
-from mpflow.service.engine import views
 from mpflow.service.engine.numerics import finite_json
 from mpflow.service.errors import ApiError, invalid
 from mpflow.service.streams import costs
 from mpflow.service.streams.deps import StreamPart
+from mpflow.service.streams.state_reads import state_cost
 
 
 def disabled(stream_id: str) -> ApiError:
@@ -44,7 +45,8 @@ class Smoothing(StreamPart):
     """Answers ``GET .../smoothed`` (module docstring)."""
 
     async def smoothed(self, tenant: str, stream_id: str) -> dict[str, Any]:
-        meta, data = await views.read(self.store, tenant, stream_id)
+        peeked = await self.reads.peek(tenant, stream_id)  # priced before its state is fetched (.state_reads)
+        meta = peeked.meta
         lag = int(meta.get("smoothing_lag") or 0)
         if lag == 0:
             raise disabled(stream_id)
@@ -55,7 +57,7 @@ class Smoothing(StreamPart):
             self.settings, "smoothing_lag", lag, lambda m: costs.smoothing_cost(model, updater, n, m), what
         )
 
-        def compute() -> dict[str, Any]:
+        def compute(meta: dict[str, Any], data: bytes) -> dict[str, Any]:
             state = ParticleState.from_bytes(data)
             with torch.inference_mode():
                 out = updater.smoothed(state)
@@ -66,9 +68,9 @@ class Smoothing(StreamPart):
                 raise invalid("smoothing_lag: the smoothed marginals are not finite in floating point")
             return doc
 
-        if costs.heavy(self.settings, cost):  # a large window: on the heavy reads' own thread, one at a time
-            return await self.work.heavy(compute)
-        return await self.work.off_loop(compute)
+        # smoothing_cost holds the window four times over already: the state's part adds its work, not its bytes
+        price = state_cost(peeked.size).then(cost)
+        return await self.reads.run(peeked, price, compute, off_loop=True)
 
 
 __all__ = ["Smoothing", "disabled", "document"]
