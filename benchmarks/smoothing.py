@@ -20,8 +20,12 @@ the max over a window of 20 numbers is above 0.1 sd for most single runs. The co
 ``smc`` smooths by FFBSm up to N = 512 and by backward simulation (FFBSi by rejection) above;
 ``smc FFBSm`` forces FFBSm at the larger N, for the comparison at equal N in one run.
 
-Then the wall time of one ``smoothed`` (the work of one ``GET .../smoothed``) of an ``smc`` stream at N = 4096 after
-L + 5 steps, L = 10 and 100, by FFBSm and by FFBSi on the same state, in one run (``--quick``: L = 10 only).
+Then the time of one ``smoothed`` (the work of one ``GET .../smoothed``) of an ``smc`` stream after L + 5 steps —
+N = 4096 at L = 10 and 100, and N = 512 and 2048 at L = 100 — by FFBSm (O(N² L)) and by FFBSi (O(N L)) on the same
+state, in one run: wall and CPU seconds (one thread), FFBSi as it runs and in its worst case (every rejection
+proposal refused: all its fall-backs, what its price covers), and each one's price in the cost model's flops
+(``smooth_flops``). ``--quick``: L = 10 only; ``--reads``: the reads at L = 100, N = 256, 512 and 2048 alone,
+medians of ``--repeats`` 3 (``benchmarks/results/smoothing_reads.json``).
 
 Output: the tables on stdout, ``benchmarks/results/smoothing.{json,png}`` (``smoothing-quick.*`` with ``--quick``:
 4 seeds, a shorter ladder).
@@ -44,6 +48,7 @@ from mpflow.operators.smoothing import particles
 from mpflow.operators.updaters import get_updater
 
 from benchmarks import report
+from benchmarks.smoothing_price import rejecting_every_proposal, seconds
 from tests.harness.rts import LAG, PARAMS, PRIOR, data, exact_draws, numpy_rts
 
 NAME = "smoothing"
@@ -60,8 +65,11 @@ LADDERS = {
 QUICK_LADDERS = {"kalman": (256,), EXACT: (256,), "enkf": (256, 2048), "smc": (256, 1024)}
 #: FFBSm forced above its limit: the comparison's method name
 FORCED = "smc FFBSm"
-#: the lags and particle count of the read timing
-READ_LAGS, READ_N = (10, 100), 4096
+#: the (lag, particle count) of each read timed: the default N of a smoothing ``smc`` stream, and both sides of the
+#: long lag's range (FFBSm's limit, and the N whose FFBSm read the issue measured at seconds)
+READS = ((10, 4096), (100, 512), (100, 2048), (100, 4096))
+#: ``--reads``: the reads at L = 100 alone, and at N = 256, where FFBSm's N² and FFBSi's N cross
+SHORT_READS = ((100, 256), (100, 512), (100, 2048))
 TOLERANCE = 0.1
 
 
@@ -75,7 +83,7 @@ def smoothed_run(method: str, n: int, seed: int, ys: list) -> tuple[Any, float]:
         return SimpleNamespace(means=torch.tensor(draws.mean(0)), covs=torch.tensor(covs)), time.perf_counter() - t0
     t0 = time.perf_counter()
     updater, state = filtered("smc" if method == FORCED else method, n, seed, ys, LAG)
-    with smoother(method == FORCED):
+    with smoother(True if method == FORCED else None):
         out = updater.smoothed(state)
     return out, time.perf_counter() - t0
 
@@ -91,38 +99,55 @@ def filtered(method: str, n: int, seed: int, ys: list, lag: int) -> tuple[Any, A
 
 
 @contextlib.contextmanager
-def smoother(ffbsm: bool) -> Iterator[None]:
-    """``smc``'s smoothing by FFBSm at every N while the block runs (``ffbsm``), else as shipped."""
+def smoother(ffbsm: bool | None) -> Iterator[None]:
+    """``smc``'s smoothing while the block runs: by FFBSm at every N (``ffbsm`` True), by FFBSi at every N (False),
+    else (None) as shipped."""
     limit = particles.FFBSM_MAX_PARTICLES
-    particles.FFBSM_MAX_PARTICLES = 1 << 62 if ffbsm else limit
+    particles.FFBSM_MAX_PARTICLES = limit if ffbsm is None else (1 << 62 if ffbsm else 0)
     try:
         yield
     finally:
         particles.FFBSM_MAX_PARTICLES = limit
 
 
-def read_times(lags: tuple[int, ...]) -> list[dict[str, Any]]:
-    """Seconds of one ``smoothed`` of an ``smc`` stream at N = :data:`READ_N` by FFBSm and FFBSi, same state."""
+def read_times(reads: tuple[tuple[int, int], ...], repeats: int = 1) -> list[dict[str, Any]]:
+    """One ``smoothed`` of an ``smc`` stream per (L, N) of ``reads`` by FFBSm, and by FFBSi as it runs and in its
+    worst case, on the same state: seconds (medians of ``repeats``) and prices (module docstring)."""
+    model = make_model("lds", PARAMS, 2)
     rows = []
-    for lag in lags:
-        updater, state = filtered("smc", READ_N, 0, data(lag + 5), lag)
-        row = {"lag": lag, "N": READ_N}
-        for name, ffbsm in (("ffbsm", True), ("ffbsi", False)):
-            with smoother(ffbsm):
-                t0 = time.perf_counter()
-                updater.smoothed(state)
-                row[name] = time.perf_counter() - t0
+    for lag, n in reads:
+        updater, state = filtered("smc", n, 0, data(lag + 5), lag)
+        row: dict[str, Any] = {"lag": lag, "N": n}
+        for name, ffbsm, worst in (("ffbsm", True, False), ("ffbsi", False, False), ("ffbsi_worst", False, True)):
+            with smoother(ffbsm), rejecting_every_proposal() if worst else contextlib.nullcontext():
+                took = seconds(lambda u=updater, s=state: u.smoothed(s), repeats)
+                row[name], row[name + "_cpu"] = took.wall, took.cpu
+                row[name + "_priced"] = updater.smoother.smooth_flops(model, lag, n)
         rows.append(row)
-        print(f"read L={lag}: FFBSm {row['ffbsm']:.2f} s, FFBSi {row['ffbsi']:.3f} s", flush=True)
+        print(
+            f"read L={lag} N={n}: FFBSm {row['ffbsm']:.2f} s, FFBSi {row['ffbsi']:.3f} s "
+            f"(worst case {row['ffbsi_worst']:.3f} s)",
+            flush=True,
+        )
     return rows
 
 
 def read_table(rows: list[dict[str, Any]]) -> str:
     cells = [
-        (r["lag"], r["N"], f"{r['ffbsm']:.2f}", f"{r['ffbsi']:.3f}", f"{r['ffbsm'] / r['ffbsi']:.0f}") for r in rows
+        (
+            r["lag"],
+            r["N"],
+            f"{r['ffbsm']:.2f}",
+            f"{r['ffbsi']:.3f}",
+            f"{r['ffbsi_worst']:.3f}",
+            f"{r['ffbsm'] / r['ffbsi']:.1f}",
+            f"{r['ffbsm_priced']:.3g}",
+            f"{r['ffbsi_priced']:.3g}",
+        )
+        for r in rows
     ]
-    header = ("lag L", "N", "FFBSm s", "FFBSi s", "ratio")
-    return report.markdown_table(header, cells, "rrrrr")
+    header = ("lag L", "N", "FFBSm s", "FFBSi s", "FFBSi worst s", "FFBSm / FFBSi", "FFBSm priced", "FFBSi priced")
+    return report.markdown_table(header, cells, "rrrrrrrr")
 
 
 def scores(out: Any, means: np.ndarray, covs: np.ndarray) -> dict[str, float]:
@@ -205,12 +230,21 @@ def plot(rows: list[dict[str, Any]]):
 def main(argv: list[str] | None = None) -> None:
     p = report.parser(NAME, __doc__, "4 seeds, a shorter ladder")
     p.add_argument("--seeds", type=int, default=None, help="single runs per method and N (default 8)")
+    p.add_argument("--reads", action="store_true", help="only the reads at L = 100, N = 256, 512 and 2048")
+    p.add_argument("--repeats", type=int, default=None, help="timings per read, their median (default 1; --reads 3)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     seeds = args.seeds or (4 if args.quick else 8)
     load = os.getloadavg()
+    if args.reads:
+        reads = read_times(SHORT_READS, args.repeats or 3)
+        print()
+        print(read_table(reads))
+        result = {"benchmark": NAME + "_reads", "reads": reads, "meta": report.machine_meta(load)}
+        report.write_outputs(result, report.out_stem(args, NAME + "_reads"))
+        return
     rows = measure(QUICK_LADDERS if args.quick else LADDERS, seeds)
-    reads = read_times(READ_LAGS[:1] if args.quick else READ_LAGS)
+    reads = read_times(READS[:1] if args.quick else READS, args.repeats or 1)
     print()
     print(table(rows, seeds))
     print()

@@ -113,6 +113,13 @@ def step_rate(repeats: int) -> tuple[float, Timing]:
     return STEP_FLOPS, seconds(step, repeats)
 
 
+def rejecting_every_proposal():
+    """While it is held, backward simulation's worst case: every rejection proposal refused (its log-ratio lowered
+    by 10⁶), so every trajectory runs all :data:`REJECTION_TRIALS` and the exact and Metropolis–Hastings fall-backs."""
+    rejecting = bs.Sampler.log_ratio
+    return mock.patch.object(bs.Sampler, "log_ratio", lambda self, i, j: rejecting(self, i, j) - 1e6)
+
+
 def read_times(repeats: int, n: int = READ_N, family: str = "lds") -> tuple[Timing, Timing, float]:
     """(times as it runs, times in the worst case, priced flops) of one ``smoothed`` of a ``family`` stream (d = 2,
     the data of :mod:`tests.harness.rts`) at N = ``n``, L = 100."""
@@ -121,8 +128,7 @@ def read_times(repeats: int, n: int = READ_N, family: str = "lds") -> tuple[Timi
         state, _ = updater.update(state, torch.tensor([y]), model)
     window, core = smoothing.split(state)
     typical = seconds(lambda: updater.smoother.smooth(updater, window, core), repeats)
-    rejecting = bs.Sampler.log_ratio
-    with mock.patch.object(bs.Sampler, "log_ratio", lambda self, i, j: rejecting(self, i, j) - 1e6):
+    with rejecting_every_proposal():
         worst = seconds(lambda: updater.smoother.smooth(updater, window, core), repeats)
     return typical, worst, updater.smoother.smooth_flops(model, READ_LAG, n)
 

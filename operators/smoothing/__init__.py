@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+from mpflow.operators.kept import Fixed, Kept
 from mpflow.operators.state import ParticleState, StepInfo
 
 if TYPE_CHECKING:  # the updaters import this package
@@ -78,9 +79,18 @@ class FixedLagSmoother:
         how the method smooths may depend on it)."""
         raise NotImplementedError
 
-    def check(self, window: dict[str, torch.Tensor], n: int) -> None:
-        """ValueError naming the field when a window read from outside (a snapshot) cannot be used (the shapes and
-        dtypes are checked against a fresh stream's; this checks the values)."""
+    def kept(self, updater: Updater, window: dict[str, torch.Tensor], state: ParticleState) -> Kept:
+        """What the window's values hold (:mod:`mpflow.operators.kept`), for a window read from outside (a snapshot;
+        its shapes and dtypes are checked against a fresh stream's): here, that its rows of steps not yet taken are
+        zero, as :meth:`empty` made them — the rest is each smoother's. ``state``: the stream's state without it."""
+        idle = lag_of(window) - valid_rows(window, int(state.step[0]))
+        what = "zero in the rows of steps not yet taken"
+        return Kept(fixed=[Fixed(field_name(k), v[:, :idle], v.new_zeros(()), what) for k, v in window.items()])
+
+
+def field_name(name: str) -> str:
+    """The serialised name of the window's field ``name`` (``extras.lag.<name>``), as a refusal names it."""
+    return f"extras.{PREFIX}{name}"
 
 
 def split(state: ParticleState) -> tuple[dict[str, torch.Tensor], ParticleState]:
@@ -127,6 +137,7 @@ __all__ = [
     "Smoothed",
     "attach",
     "check_lag",
+    "field_name",
     "lag_of",
     "pushed",
     "split",

@@ -30,12 +30,14 @@ another method (a fall-back) has no ancestry: its particles are taken as their o
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.kept import Bound, Cloud, Fixed, Kept
 from mpflow.operators.rng import generators_from_state, side_streams
-from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, valid_rows
+from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, field_name, valid_rows
 from mpflow.operators.smoothing.backward_simulation import (
     KERNEL_TERM_FLOPS,
     TRAJECTORIES_PER_PARTICLE,
@@ -58,12 +60,19 @@ ZERO_WEIGHT_LOG = -1e30
 #: measured at the benchmark's lds (one core), 10 steps: N = 256 FFBSm 0.014 s, FFBSi 0.046; 512: 0.086, 0.061;
 #: 1024: 0.41, 0.12 — FFBSm is kept to 512, where it costs about as much and has no sampling error of its own.
 #: At L = 100 (``benchmarks/smoothing_price.py``, CPU, six runs on 2026-11-28): FFBSm at 512 0.24 to 0.37 s, FFBSi
-#: at 513 0.17 to 0.23 s as it runs and 0.44 to 0.59 s in its worst case — priced 8.6e9 and 7.3e9
+#: at 513 0.17 to 0.23 s as it runs and 0.44 to 0.59 s in its worst case — priced 8.6e9 and 7.3e9. Measured again
+#: with the kernel in blocks of :data:`CHUNK` = 128 (``python -m benchmarks.smoothing --reads``, 2026-11-29, one
+#: thread): N = 512, L = 100, FFBSm 0.30 s, FFBSi 0.17 s as it runs and 0.39 s at worst; N = 256 0.17 and 0.09, 0.25
+#: — FFBSm stays below backward simulation's worst case, the price's, so the switch stays at 512
 FFBSM_MAX_PARTICLES = 512
 #: the tag of the side stream of the stream's generator that a read's backward simulation draws from
 SIDE_STREAM_TAG = 0x5A00_7401
-#: particles of step s + 1 whose kernel row is computed at once (the N × CHUNK matrix bounds the memory)
-CHUNK = 512
+#: particles of step s + 1 whose kernel rows are computed at once (the N × CHUNK matrix bounds the memory). 128 keeps
+#: a block and its temporaries in the core's cache: an FFBSm read at N = 512, L = 100 took 0.34 s CPU with 128 and
+#: 64, 0.79 with 256 and 0.88 with 512 (one thread, 2026-11-29, ``python -m benchmarks.smoothing --reads``'s state;
+#: 0.70 to 0.83 s in its three runs at 512) — at 512 its time was up to 2.4 times what its price buys; at N = 256
+#: all four took 0.08 to 0.10 s
+CHUNK = 128
 #: floating-point operations' worth of one particle's link in the genealogy's walk (a scatter-add of its weight to
 #: its parent, the softmax and log around it) and of its share of the step's weighted moments beyond their 4 d²
 #: counted. Measured, not counted: ``benchmarks/smoothing_price.py`` times a read of a static family's ``smc``
@@ -89,6 +98,12 @@ def transition_density(model: ModelFamily) -> bool:
     window's :func:`noise_factor`, so the price follows the path a read takes."""
     factor = noise_factor(model, model.state_dim, 1)[0]
     return bool(torch.diagonal(factor).gt(0).all())
+
+
+def stored_log_weights(log_weights: torch.Tensor) -> torch.Tensor:
+    """The log-weights [B, N] a window row keeps of a step's: normalised (float64), a zero weight (−inf) as
+    :data:`ZERO_WEIGHT_LOG`, the most negative float32 order of magnitude — every stored number is finite."""
+    return torch.log_softmax(log_weights.to(F64), -1).clamp_min(ZERO_WEIGHT_LOG)
 
 
 def backward_weights(
@@ -147,8 +162,7 @@ class ParticleSmoother(FixedLagSmoother):
             mapped = model.to(F64).transition_mean(before.particles.to(F64))
         return {
             "particles": after.particles,
-            # a zero weight (−inf) as the most negative float32 order of magnitude: every stored number is finite
-            "log_weights": torch.log_softmax(after.log_weights.to(F64), -1).clamp_min(ZERO_WEIGHT_LOG),
+            "log_weights": stored_log_weights(after.log_weights),
             "ancestors": ancestors if ancestors is not None else torch.arange(N).expand(B, N),
             "mapped": mapped,
             "noise_factor": factor,
@@ -203,10 +217,29 @@ class ParticleSmoother(FixedLagSmoother):
             backward = trajectory_flops(TRAJECTORIES_PER_PARTICLE * n, n, d)
         return lag * (backward + 4.0 * n * d * d)
 
-    def check(self, window: dict[str, torch.Tensor], n: int) -> None:
-        a = window["ancestors"]
-        if a.numel() and not bool(((a >= 0) & (a < n)).all()):
-            raise ValueError(f"state.extras.lag.ancestors: particle indices from 0 to {n - 1}")
+    def kept(self, updater: Updater, window: dict[str, torch.Tensor], state: ParticleState) -> Kept:
+        """Besides the idle rows' zeros: each valid row's cloud (its particles and normalised log-weights), the
+        ancestor indices within 0 … N − 1, each Q factor lower-triangular with a non-negative diagonal (zero: no
+        density), and the newest row the state's own cloud (:meth:`entry` wrote it from the state)."""
+        kept = super().kept(updater, window, state)
+        n = valid_rows(window, int(state.step[0]))
+        if n == 0:
+            return kept
+        rows = {k: v[:, v.shape[1] - n :] for k, v in window.items()}
+        particles, log_weights = field_name("particles"), field_name("log_weights")
+        kept.clouds.append(Cloud(particles, rows["particles"], log_weights, rows["log_weights"]))
+        factor = rows["noise_factor"]
+        kept.bounds += [
+            Bound(field_name("ancestors"), rows["ancestors"], 0, state.particles.shape[1] - 1),
+            Bound(field_name("noise_factor"), torch.diagonal(factor, dim1=-2, dim2=-1), 0.0, math.inf),
+        ]
+        lw = stored_log_weights(state.log_weights).to(rows["log_weights"].dtype)
+        kept.fixed += [
+            Fixed(field_name("noise_factor"), factor.triu(1), factor.new_zeros(()), "lower-triangular (Q's factor)"),
+            Fixed(particles, rows["particles"][:, -1], state.particles, "its newest row the state's particles"),
+            Fixed(log_weights, rows["log_weights"][:, -1], lw, "its newest row the state's normalised log-weights"),
+        ]
+        return kept
 
 
 __all__ = [
@@ -217,5 +250,6 @@ __all__ = [
     "ffbsm",
     "genealogy_weights",
     "noise_factor",
+    "stored_log_weights",
     "transition_density",
 ]

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from mpflow.operators import gaussian
-from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, valid_rows
+from mpflow.operators.kept import Kept
+from mpflow.operators.smoothing import FixedLagSmoother, Smoothed, field_name, valid_rows
 from mpflow.operators.state import ParticleState, StepInfo
 
 if TYPE_CHECKING:
@@ -103,6 +104,15 @@ class GaussianRTS(FixedLagSmoother):
 
     def window_bytes(self, lag: int, n: int, d: int) -> float:
         return 8.0 * lag * (2 * d + 3 * d * d)
+
+    def kept(self, updater: Updater, window: dict[str, torch.Tensor], state: ParticleState) -> Kept:
+        """Besides the idle rows' zeros: each valid row's filtered and predicted covariances P_s, P⁻_s symmetric
+        positive semi-definite (the means and cross-covariances are bounded as every number of a state is)."""
+        kept = super().kept(updater, window, state)
+        n = valid_rows(window, int(state.step[0]))
+        for name in ("cov", "pred_cov"):
+            kept.covariances[field_name(name)] = window[name][:, window[name].shape[1] - n :]
+        return kept
 
     def smooth_flops(self, model: ModelFamily, lag: int, n: int) -> float:
         return lag * 40.0 * model.state_dim**3  # a pseudo-inverse (an eigendecomposition) and four products per row

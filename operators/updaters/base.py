@@ -65,6 +65,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 from mpflow.operators import evidence, gaussian, smoothing
+from mpflow.operators.kept import Kept
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
 from mpflow.operators.rng import Generators, StreamRNG, copied, generators_from_state, generators_state
@@ -367,6 +368,15 @@ class Updater:
         moments (``kalman`` and ``ukf``: their exact Gaussian)."""
         shared = self.to_particles(state)
         return gaussian.moments(shared.particles.to(torch.float64), shared.log_weights)
+
+    def kept(self, state: ParticleState, model: ModelFamily) -> Kept:
+        """What the method's own tensors of ``state`` (without its smoothing window: ``smoother.kept`` says what
+        that holds) hold under ``model``, for the checks of a state read from outside — a snapshot's
+        (:mod:`mpflow.operators.kept`; the core tensors are the service's). Here: an exact Gaussian's covariance
+        (``cov``, as ``kalman`` and ``ukf`` keep it) and the step-0 prior's (:func:`prior_extras`); a method that
+        keeps more says so."""
+        covariances = {f"extras.{k}": state.extras[k] for k in ("cov", "prior_covs") if k in state.extras}
+        return Kept(covariances=covariances)
 
     def smoothed(self, state: ParticleState) -> smoothing.Smoothed:
         """p(x_s | o_1..t) for the last min(L, t) steps of one stream (B = 1) that keeps a window; ValueError naming

@@ -21,6 +21,7 @@ import math
 
 import torch
 from mpflow.operators import sqmc
+from mpflow.operators.kept import Cloud, Kept
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.mpf.correction import from_dimensions, to_dimensions
 from mpflow.operators.rng import Generators, rand
@@ -40,6 +41,15 @@ def carried(state: ParticleState) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     B, N, d = state.particles.shape
     return to_dimensions(state.extras[POINTS]), state.extras[LOG_WEIGHTS].reshape(B * d, N).to(F64)
+
+
+def kept(state: ParticleState) -> Kept:
+    """What the carried cloud holds (:mod:`mpflow.operators.kept`), where the state carries one: per dimension j a
+    weighted cloud {x_ij, w_ij} — the points' column j with the normalised log-weights of row j."""
+    if POINTS not in state.extras:
+        return Kept()
+    points = state.extras[POINTS].transpose(-1, -2)[..., None]  # [B, d, N, 1]
+    return Kept(clouds=[Cloud(f"extras.{POINTS}", points, f"extras.{LOG_WEIGHTS}", state.extras[LOG_WEIGHTS])])
 
 
 def carry(state: ParticleState, points: torch.Tensor, log_weights: torch.Tensor | None = None) -> ParticleState:

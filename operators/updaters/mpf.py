@@ -41,6 +41,7 @@ import math
 
 import torch
 from mpflow.operators import evidence, gaussian, mixture_evidence
+from mpflow.operators.kept import Kept
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.models.tempered import tempered
@@ -387,6 +388,10 @@ class MPFUpdater(Updater):
         mean, cov = gaussian.moments(x, state.log_weights)
         log_q = gaussian.log_prob(x, mean, gaussian.cholesky(cov)).to(state.log_density.dtype)
         return state.replace(log_density=log_q)
+
+    def kept(self, state: ParticleState, model: ModelFamily) -> Kept:
+        """Besides the base's, the marginal particle filter's carried cloud (:func:`factorised.kept`)."""
+        return super().kept(state, model) | factorised.kept(state)
 
     def _observed_update(
         self,

@@ -39,6 +39,7 @@ import math
 
 import torch
 from mpflow.operators import evidence, gaussian
+from mpflow.operators.kept import Kept
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.mpf.correction import to_dimensions
 from mpflow.operators.rng import Generators, rand, randn
@@ -295,6 +296,10 @@ class SMCUpdater(Updater):
     def from_particles(self, state: ParticleState, density=None) -> ParticleState:
         """A carried per-dimension cloud (:func:`factorised.adopted`) becomes the particles another method set."""
         return factorised.adopted(state)
+
+    def kept(self, state: ParticleState, model: ModelFamily) -> Kept:
+        """Besides the base's, the carried per-dimension cloud (:func:`factorised.kept`)."""
+        return super().kept(state, model) | factorised.kept(state)
 
     def resume(self, new: ParticleState, before: ParticleState, obs: torch.Tensor, model: ModelFamily) -> ParticleState:
         """A fall-back's result: one filter per dimension (:meth:`factorises`) carries its particles, with their

@@ -24,7 +24,8 @@ Stream description (each refusal is a 422 ``snapshot: stream.<field>: …`` nami
   phrases of at most :data:`MAX_DOMAIN_PHRASE_LENGTH` characters, ``inside`` exactly when there are none;
 * ``state_names``: as at creation (:func:`~mpflow.service.streams.creation.check_state_names`);
 * ``smoothing_lag``: 0 … 100 (absent: 0); the window's bytes within the cost model, as at creation, and its
-  values as its method's smoother reads them (:func:`check_window`: ``smc``'s ancestor indices within 0 … N − 1).
+  values as its method's smoother reads them (:mod:`.snapshot_tensors`: the clouds of ``smc``'s window, their
+  ancestor indices within 0 … N − 1, the RTS window's covariances).
 * ``pit_alert``: null (the default level) or a number in (0, 1), as at creation; ``pit`` and ``pit_step``, the
   latest observed step's predictive p-values (:func:`check_pit`): both null, or ``pit_step`` 1 … ``step`` and
   ``pit`` one entry per entry of the family's observation (for a family whose observation has a free size,
@@ -43,7 +44,9 @@ snapshot's own particles), with the same shapes and dtypes — made small (:func
 a few particles tell which dimensions count particles). A state never gains a tensor after step 0 (checked for
 every method in tests/unit/test_snapshot_checks.py), so the reference lists every tensor a genuine snapshot
 holds. The summary of an imported state must lie in the
-float32 range as a new stream's must (:func:`~mpflow.service.engine.numerics.within_float32`).
+float32 range as a new stream's must (:func:`~mpflow.service.engine.numerics.within_float32`). The values of
+every other tensor the method keeps — its smoothing window, ``smc2``'s θ-cloud, its extras — are
+:mod:`.snapshot_tensors`' to check.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ import torch
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.priors import ParticlePrior, Prior, prior_from_spec
 from mpflow.operators.registry import NAME_RE
-from mpflow.operators.smoothing import check_lag, split
+from mpflow.operators.smoothing import check_lag
 from mpflow.operators.state import ParticleState
-from mpflow.operators.updaters import UPDATERS, Updater
+from mpflow.operators.updaters import UPDATERS
 from mpflow.service.engine.methods import Methods, check_stream_options
 from mpflow.service.engine.numerics import finite_state
 from mpflow.service.errors import ApiError, invalid
@@ -255,17 +258,6 @@ def check_core(stream: dict[str, Any], state: ParticleState) -> None:
         raise refuse("state.extras.prior_weights: non-negative weights that sum to 1")
 
 
-def check_window(updater: Updater, state: ParticleState, n: int) -> None:
-    """The values of the state's smoothing window, as its method's smoother reads them (its shapes and dtypes are
-    :func:`check_fields`')."""
-    window, _ = split(state)
-    if window:
-        try:
-            updater.smoother.check(window, n)
-        except ValueError as exc:
-            raise refuse(str(exc)) from None
-
-
 def normalised(log_weights: torch.Tensor) -> bool:
     """Whether each row's weights sum to 1 within :data:`LOG_WEIGHT_TOLERANCE` (in log space, float64)."""
     total = torch.logsumexp(log_weights.to(torch.float64), dim=-1)
@@ -326,7 +318,6 @@ __all__ = [
     "check_method",
     "check_numbers",
     "check_pit",
-    "check_window",
     "model_and_prior",
     "normalised",
     "reference_fields",

@@ -17,7 +17,9 @@ Import refuses, with a 4xx saying why and before anything is written: what is no
 a checksum that does not match, another format version; a signature that is missing or does not verify under
 this deployment's key (422 ``untrusted_snapshot``) unless the caller asked ``trust=foreign`` — a snapshot of
 another deployment, taken on the caller's word; then every field of the description and every tensor of the
-state is validated as creation validates a new stream (:mod:`mpflow.service.streams.snapshot_checks`: limits are 413),
+state is validated as creation validates a new stream (:mod:`mpflow.service.streams.snapshot_checks`: limits are 413;
+the values of every tensor the method keeps — the smoothing window, ``smc2``'s θ-cloud, the extras —
+:mod:`mpflow.service.streams.snapshot_tensors`),
 an operator this server does not have or has with other content is 422 ``operator_unavailable``, and the state
 must take a step of the method (a step without a measurement, computed and thrown away) and have a summary in
 the float32 range. The imported stream gets the caller's tenant, the given or a new id, the state bytes of the
@@ -37,17 +39,18 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.operators.updaters import Updater
 from mpflow.service.engine import summary as summaries
-from mpflow.service.engine import views
 from mpflow.service.engine.numerics import within_float32
 from mpflow.service.errors import ApiError
 from mpflow.service.stream_errors import OperatorUnavailableError
 from mpflow.service.streams import costs
 from mpflow.service.streams import snapshot_checks as checks
+from mpflow.service.streams import snapshot_tensors as tensors
 from mpflow.service.streams.creation import check_smoothing, state_size
 from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import document, now
 from mpflow.service.streams.pit import DEFAULT_PIT_ALERT
 from mpflow.service.streams.snapshot_signing import SnapshotKey, key_id, signature, verifies
+from mpflow.service.streams.state_reads import SUMMARY, reading, snapshot_cost
 
 FORMAT = "mpflow-snapshot-v1"
 MEDIA_TYPE = "application/octet-stream"
@@ -193,15 +196,18 @@ class Snapshots(StreamPart):
 
     async def export(self, tenant: str, stream_id: str) -> bytes:
         """The snapshot of the caller's stream (404 for an unknown one or another tenant's)."""
-        meta, data = await views.read(self.store, tenant, stream_id)
-        operator = meta.get("operator")
+        peeked = await self.reads.peek(tenant, stream_id)  # priced before its state is fetched (.state_reads)
+        operator = peeked.meta.get("operator")
+        extra: dict[str, Any] = {}
         if operator is not None:
             record = self.methods.operators.by_name(operator)
-            content_hash = record.content_hash if record is not None else meta.get("operator_content_hash")
+            content_hash = record.content_hash if record is not None else peeked.meta.get("operator_content_hash")
             if content_hash is None:
                 raise OperatorUnavailableError(f"operator: {operator!r} is not installed on this server")
-            meta = {**meta, "operator_content_hash": content_hash}
-        return await self.work.run(meta, encode, meta, data, await self.key.get())
+            extra["operator_content_hash"] = content_hash
+        key = await self.key.get()
+        price = reading(peeked.size, snapshot_cost(peeked.size))
+        return await self.reads.run(peeked, price, lambda meta, data: encode({**meta, **extra}, data, key))
 
     async def import_(self, tenant: str, body: bytes, stream_id: str | None, trust: str = "signed") -> dict[str, Any]:
         """Recreate a snapshot's stream for ``tenant`` under ``stream_id`` (a new id when None): its document."""
@@ -212,7 +218,8 @@ class Snapshots(StreamPart):
         summary = await self.work.run(meta, summaries.summary, state)
         if not within_float32(summary):
             raise checks.refuse("state: its summary (mean, covariance, quantiles) lies beyond the float32 range")
-        await self.usage.create(tenant, stream_id, meta, data)  # 429 over a quota, 409 for a taken id
+        # the summary is kept beside the state: GET /v1/streams/{id} reads it, not the state (.state_reads)
+        await self.usage.create(tenant, stream_id, {**meta, SUMMARY: summary}, data)  # 429 over a quota, 409 taken id
         return document(stream_id, meta, summary)
 
     def _check_operator(self, stream: dict[str, Any]) -> None:
@@ -252,7 +259,7 @@ class Snapshots(StreamPart):
         except ValueError as exc:  # the method refuses this model or prior, as at creation
             raise checks.refuse(f"stream: {exc}") from None
         checks.check_fields(state, expected)
-        checks.check_window(updater, state, stream["num_particles"])
+        tensors.check_tensors(updater, model, state)  # the window, the θ-cloud, the extras: their values
         try:
             n, d = stream["num_particles"], stream["state_dim"]
             check_smoothing(self.settings, model, updater, n, lag, stream["method"])

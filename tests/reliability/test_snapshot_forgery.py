@@ -9,7 +9,13 @@ one real Redis and one key prefix, with API keys on and **no** ``MPFLOW_SNAPSHOT
   nothing is ever created;
 * a flipped byte in a signed snapshot is refused (its checksum; recomputed, its signature); a snapshot signed
   under another deployment's key is refused without ``trust=foreign`` and imported with it, continuing as the
-  original does.
+  original does;
+* every tensor the method keeps is checked as creation would make it (issue 54,
+  :mod:`mpflow.service.streams.snapshot_tensors`): a smoothing window whose log-weights are not normalised or whose
+  particles were moved to 3e38, a learning stream's parameter cloud with unnormalised weights, a parameter outside
+  its prior's support or spread to 3e38 — refused with ``trust=foreign`` too, 422 naming the tensor, nothing
+  created; the genuine snapshots of both import with it and answer ``/smoothed`` and the parameters as the
+  originals do.
 """
 
 from __future__ import annotations
@@ -47,6 +53,57 @@ def _spread_3e38(particles: torch.Tensor) -> torch.Tensor:
     out[:, ::2, 0] = 3e38
     return out
 
+
+#: a smoothing ``smc`` stream (4 steps kept; 3 taken when exported: one row of its window idle) and a stream that
+#: learns its observation noise R (``smc2``: a θ-cloud of 64 Kalman filters)
+SMOOTHING_STREAM = {**STREAM, "smoothing_lag": 4}
+LEARNING_STREAM = {
+    "model": {
+        "family": "lds",
+        "params": {
+            "A": [[0.9]],
+            "B": [[1.0]],
+            "Q": [[1.0]],
+            "R": {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}},
+        },
+    },
+    "prior": {"type": "gaussian", "mean": [0.0], "cov": [[1.0]]},
+    "num_particles": 64,
+    "seed": 5,
+}
+LEARNING_OBS = [[0.8], [1.9], [-0.4]]
+
+
+def _window_3e38(particles: torch.Tensor) -> torch.Tensor:
+    """Half of every window row's particles moved to 3e38 (``/smoothed`` would answer means of ~1e38)."""
+    out = particles.clone()
+    out[:, :, ::2, 0] = 3e38
+    return out
+
+
+def _theta_3e38(theta: torch.Tensor) -> torch.Tensor:
+    out = theta.clone()
+    out[:, ::2] = 3e38
+    return out
+
+
+#: forgery of a kept tensor → (the stream exported, changes of its state, the field the validation names)
+KEPT_FORGERIES = {
+    "window log-weights not normalised": (
+        "smoothing",
+        {"extras.lag.log_weights": lambda t: t + 1.0},
+        "extras.lag.log_weights",
+    ),
+    "window particles 3e38": ("smoothing", {"extras.lag.particles": _window_3e38}, "extras.lag.particles"),
+    "window ancestors beyond N": ("smoothing", {"extras.lag.ancestors": lambda t: t + 64}, "extras.lag.ancestors"),
+    "parameter weights not normalised": (
+        "learning",
+        {"extras.param_log_weights": lambda t: t - 1.0},
+        "extras.param_log_weights",
+    ),
+    "parameter outside its support": ("learning", {"extras.param.R": lambda t: -t}, "extras.param.R"),
+    "parameters 3e38": ("learning", {"extras.param.R": _theta_3e38}, "extras.param.{R}"),
+}
 
 #: forgery → (changes of the description, changes of the state, the field the validation names)
 FORGERIES = {
@@ -94,6 +151,22 @@ def snapshot(servers) -> bytes:
         r = c.get(f"/v1/streams/{sid}/export")
         assert r.status_code == 200
         return r.content
+
+
+@pytest.fixture(scope="module")
+def kept_snapshots(servers) -> dict[str, tuple[str, bytes]]:
+    """Genuine exports (server A) of the smoothing and the learning stream, 3 steps in: name → (id, snapshot)."""
+    out = {}
+    with _client(servers[0]) as c:
+        for name, body, obs in (("smoothing", SMOOTHING_STREAM, OBS[:3]), ("learning", LEARNING_STREAM, LEARNING_OBS)):
+            r = c.post("/v1/streams", json=body)
+            assert r.status_code == 201, r.text
+            sid = r.json()["stream_id"]
+            assert c.post(f"/v1/streams/{sid}/observations", json={"observations": obs}).status_code == 200
+            r = c.get(f"/v1/streams/{sid}/export")
+            assert r.status_code == 200
+            out[name] = (sid, r.content)
+    return out
 
 
 def _stored_key(redis: str, prefix: str) -> bytes | None:
@@ -195,3 +268,37 @@ def test_another_deployments_snapshot_needs_the_explicit_option(servers, snapsho
         _continues_alike(c, (sid, genuine))
         r = _import(c, foreign, f"bad-{uuid.uuid4().hex[:8]}", trust="anything")
         assert r.status_code == 422 and r.json()["error"]["message"].startswith("trust"), r.text[:300]
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_FORGERIES))
+def test_each_forged_kept_tensor_is_refused_even_foreign(servers, kept_snapshots, name):
+    which, tensor_changes, field = KEPT_FORGERIES[name]
+    snapshot = kept_snapshots[which][1]
+    state = ParticleState.from_bytes(snapshot).fields()
+    forged = forge(snapshot, tensors={k: edit(state[k]) for k, edit in tensor_changes.items()})
+    sid = f"kept-{uuid.uuid4().hex[:8]}"
+    with _client(servers[1]) as c:
+        r = _import(c, forged, sid, trust="foreign")
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (name, r.text[:300])
+        assert r.json()["error"]["message"].startswith(f"snapshot: state.{field}: "), (name, r.text[:300])
+        assert len(r.content) < 2000
+        assert c.get(f"/v1/streams/{sid}").status_code == 404  # nothing half-applied
+
+
+def test_genuine_kept_tensors_round_trip_foreign(servers, kept_snapshots):
+    """The same checks pass the genuine snapshots, imported as another deployment's: the copy's smoothed window and
+    learned parameters are the original's."""
+    a, b, _ = servers
+    with _client(a) as ca, _client(b) as cb:
+        for name, (original, snapshot) in kept_snapshots.items():
+            sid = f"honest-{name}-{uuid.uuid4().hex[:8]}"
+            r = _import(cb, forge(snapshot, key=OTHER_KEY), sid, trust="foreign")
+            assert r.status_code == 201, (name, r.text[:300])
+            if name == "smoothing":
+                mine, theirs = (c.get(f"/v1/streams/{i}/smoothed") for c, i in ((ca, original), (cb, sid)))
+                assert mine.status_code == theirs.status_code == 200, theirs.text[:300]
+                assert len(mine.json()["steps"]) == 3
+                assert [s["mean"] for s in mine.json()["steps"]] == [s["mean"] for s in theirs.json()["steps"]]
+            else:
+                mine, theirs = (c.get(f"/v1/streams/{i}").json() for c, i in ((ca, original), (cb, sid)))
+                assert mine["summary"]["params"] == theirs["summary"]["params"]

@@ -196,6 +196,18 @@ def test_smc_above_the_ffbsm_limit_smooths_by_backward_simulation(monkeypatch):
     assert flops[1] / flops[0] > 3.5 and flops[3] / flops[2] < 2.2  # N² up to the limit, N above it
 
 
+def test_ffbsm_is_the_same_whatever_its_chunk(monkeypatch):
+    """FFBSm's kernel is computed CHUNK columns at a time (cache-sized blocks: the time of a read at N = 512); each
+    column's normaliser is its own, so the blocks change the time, not the marginals."""
+    from mpflow.operators.smoothing import particles
+
+    updater, state, blocked = run("smc", 0, data(), n=300)  # 300: blocks of 128, 128 and 44
+    monkeypatch.setattr(particles, "CHUNK", 1024)
+    whole = updater.smoothed(state)
+    torch.testing.assert_close(blocked.means, whole.means, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(blocked.covs, whole.covs, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(("method", "tol"), [("ukf", 1e-6), ("gpf", 1e-3)])
 def test_gaussian_methods_on_a_linear_gaussian_model_are_the_rts_smoother(method, tol):
     """``ukf`` keeps the exact Gaussian; ``gpf``'s moment-matched cloud is exact in its moments up to float32."""
