@@ -266,7 +266,7 @@ def filter_on_server(
             per_step: list[dict[str, Any]] = []
             names: list[str] = []
             t0 = time.perf_counter()
-            for answer in stream.filter(list(steps), batch=batch):
+            for answer in stream.filter(list(steps), batch=batch, per_step_params=True):  # as in-process
                 per_step += answer["per_step"]
                 names = state_names(answer, len(answer["summary"]["mean"]))
                 tick(len(answer["per_step"]))

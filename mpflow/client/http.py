@@ -477,6 +477,7 @@ class Stream(_StreamBase):
         dt: float | None = None,
         u: Sequence[float] | None = None,
         columns: Sequence[Any] | None = None,
+        per_step_params: bool = False,
     ) -> Posterior:
         """``POST .../observations``: the stream document (``per_step``, ``duplicate``, ``samples``).
         ``observations`` is a list (or array) of steps (``None`` items: no measurement; NaN or None entries:
@@ -485,8 +486,9 @@ class Stream(_StreamBase):
         ``dt`` (time since the previous step) or ``u`` (inputs) it is one observation:
         ``update([0.3, None], dt=0.5, u=[1.0])``. What cannot be sent (±inf, strings, ...) raises
         :class:`MpflowError` naming the entry before anything is sent. Retried on timeouts, connection errors and
-        503 only when ``seq`` is given (module docstring)."""
-        body = update_body(_steps(observations, dt, u, columns), seq, return_samples)
+        503 only when ``seq`` is given (module docstring). ``per_step_params``: a stream that learns its parameters
+        (``smc2``) gives them in every ``per_step`` entry too, not only in the summary (docs/API.md)."""
+        body = update_body(_steps(observations, dt, u, columns), seq, return_samples, per_step_params)
         return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
 
     def get(self) -> Posterior:
@@ -546,6 +548,7 @@ class Stream(_StreamBase):
         t0: float = 0.0,
         *,
         columns: Sequence[Any] | None = None,
+        per_step_params: bool = False,
     ) -> Any:
         """Send the observations ``batch`` steps per request, each with its ``seq`` (the first one is the stream's
         step + 1, read when the iteration starts), and yield the stream document after each request. ``None`` is a
@@ -563,13 +566,22 @@ class Stream(_StreamBase):
         default (``batch``: at most the server's MPFLOW_MAX_OBSERVATIONS_PER_REQUEST), and the answer is the
         per-step estimates, one row per step (:func:`~mpflow.client.frames.steps_frame`: ``mean_<name>``,
         ``std_<name>``, ``q0.05_<name>`` …, ``log_evidence_increment``, ``ess`` and any other field of the
-        ``per_step`` entries)."""
+        ``per_step`` entries: a learned parameter's ``params_<name>_mean`` … with ``per_step_params``, as by
+        :meth:`update`)."""
+        asked = {"per_step_params": per_step_params}
         if is_table(observations):
-            return _estimates(list(self._filter(observations, batch or FRAME_BATCH, return_samples, t0, columns)))
-        return self._filter(observations, batch or 1, return_samples, t0, columns)
+            steps = self._filter(observations, batch or FRAME_BATCH, return_samples, t0, columns, **asked)
+            return _estimates(list(steps))
+        return self._filter(observations, batch or 1, return_samples, t0, columns, **asked)
 
     def _filter(
-        self, observations: Any, batch: int, return_samples: int, t0: float, columns: Sequence[Any] | None
+        self,
+        observations: Any,
+        batch: int,
+        return_samples: int,
+        t0: float,
+        columns: Sequence[Any] | None,
+        per_step_params: bool = False,
     ) -> Iterator[dict[str, Any]]:
         _check_batch(batch)
         steps = _filter_steps(observations, columns, _Clock(t0))
@@ -579,7 +591,7 @@ class Stream(_StreamBase):
             while chunk:
                 part = batches.part(chunk)
                 try:
-                    answer = self.update(part, seq=seq, return_samples=return_samples)
+                    answer = self.update(part, seq=seq, return_samples=return_samples, per_step_params=per_step_params)
                 except MpflowError as exc:
                     batches.refused(exc, len(part))
                     continue
@@ -686,9 +698,10 @@ class AsyncStream(_StreamBase):
         dt: float | None = None,
         u: Sequence[float] | None = None,
         columns: Sequence[Any] | None = None,
+        per_step_params: bool = False,
     ) -> Posterior:
         """As :meth:`Stream.update`."""
-        body = update_body(_steps(observations, dt, u, columns), seq, return_samples)
+        body = update_body(_steps(observations, dt, u, columns), seq, return_samples, per_step_params)
         doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
         return self._keep(doc)
 
@@ -735,15 +748,20 @@ class AsyncStream(_StreamBase):
         t0: float = 0.0,
         *,
         columns: Sequence[Any] | None = None,
+        per_step_params: bool = False,
     ) -> Any:
         """As :meth:`Stream.filter`; ``observations`` may be a sync or an async iterable (``async for answer in
         stream.filter(...)``); a DataFrame's estimates are awaited: ``frame = await stream.filter(df)``."""
+        asked = {"per_step_params": per_step_params}
         if is_table(observations):
-            return self._estimates(observations, batch or FRAME_BATCH, t0, columns)
-        return self._filter(observations, batch or 1, return_samples, t0, columns)
+            return self._estimates(observations, batch or FRAME_BATCH, t0, columns, **asked)
+        return self._filter(observations, batch or 1, return_samples, t0, columns, **asked)
 
-    async def _estimates(self, frame: Any, batch: int, t0: float, columns: Sequence[Any] | None) -> Any:
-        return _estimates([answer async for answer in self._filter(frame, batch, 0, t0, columns)])
+    async def _estimates(
+        self, frame: Any, batch: int, t0: float, columns: Sequence[Any] | None, per_step_params: bool = False
+    ) -> Any:
+        steps = self._filter(frame, batch, 0, t0, columns, per_step_params=per_step_params)
+        return _estimates([answer async for answer in steps])
 
     async def _filter(
         self,
@@ -752,6 +770,7 @@ class AsyncStream(_StreamBase):
         return_samples: int,
         t0: float,
         columns: Sequence[Any] | None,
+        per_step_params: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         _check_batch(batch)
         clock = _Clock(t0)
@@ -765,7 +784,9 @@ class AsyncStream(_StreamBase):
             while chunk:
                 part = batches.part(chunk)
                 try:
-                    answer = await self.update(part, seq=seq, return_samples=return_samples)
+                    answer = await self.update(
+                        part, seq=seq, return_samples=return_samples, per_step_params=per_step_params
+                    )
                 except MpflowError as exc:
                     batches.refused(exc, len(part))
                     continue

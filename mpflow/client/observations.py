@@ -133,12 +133,17 @@ def table_steps(observations: Any, columns: Sequence[Any] | None = None) -> list
     return [{"value": row, "dt": dt} for row, dt in zip(rows, dts, strict=True)]
 
 
-def update_body(observations: Sequence[Any], seq: int | None, return_samples: int) -> dict[str, Any]:
+def update_body(
+    observations: Sequence[Any], seq: int | None, return_samples: int, per_step_params: bool = False
+) -> dict[str, Any]:
     """The body of ``POST /v1/streams/{id}/observations`` — and the frame of the stream WebSocket — for ``observations``
-    (each step checked and encoded by :func:`steps_json`), ``seq`` and ``return_samples`` (sent when set)."""
+    (each step checked and encoded by :func:`steps_json`), ``seq``, ``return_samples`` and ``per_step_params`` (sent
+    when set)."""
     body: dict[str, Any] = {"observations": steps_json(observations)}
     if seq is not None:
         body["seq"] = seq
     if return_samples:
         body["return_samples"] = return_samples
+    if per_step_params:
+        body["per_step_params"] = True
     return body

@@ -57,11 +57,26 @@ PARAM_STATS = ("mean", "sd", "q05", "q95")
 
 
 def _param_arrays(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
-    """``{name: {stat: [n]}}`` of the learned parameters of n summaries or per-step entries (empty without any)."""
-    names = sorted(entries[0].get("params") or {}) if entries else []
+    """``{name: {stat: [n]}}`` of the learned parameters of n summaries or per-step entries (empty without any; NaN
+    for an entry without them: an answer gives them per step only when asked, ``per_step_params``)."""
+    names = sorted({n for e in entries for n in e.get("params") or {}})
     return {
-        n: {s: np.array([e["params"][n][s] for e in entries], dtype=np.float64) for s in PARAM_STATS} for n in names
+        n: {
+            s: np.array([(e.get("params") or {}).get(n, {}).get(s, np.nan) for e in entries], dtype=np.float64)
+            for s in PARAM_STATS
+        }
+        for n in names
     }
+
+
+def _with_last_params(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """An answer's ``per_step`` entries, the last one given the answer's ``summary.params`` where it has none: the
+    posterior after the answer's last step (an answer gives it per step only when asked, ``per_step_params``)."""
+    per_step = list(answer.get("per_step") or [])
+    params = (answer.get("summary") or {}).get("params")
+    if per_step and params is not None and "params" not in per_step[-1]:
+        per_step[-1] = {**per_step[-1], "params": params}
+    return per_step
 
 
 def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
@@ -82,7 +97,9 @@ class StepTable:
     ``log_evidence_increment`` [n] (NaN where a step did not report one), ``log_evidence_sd`` [n] (its standard
     error where the method reports one — ``mpf``'s marginal filter —, else NaN), ``pit`` [n, k] (each observed
     entry's predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
-    ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters."""
+    ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters: every step's
+    where the answers were asked for them (``per_step_params``), else each answer's last step's (from its summary)
+    and NaN at the others."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
         dim = len(per_step[0]["mean"]) if per_step else len(names or [])
@@ -101,7 +118,7 @@ class StepTable:
     def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
         """The steps of several observation answers in order (e.g. everything ``Stream.filter`` yielded)."""
         answers = list(answers)
-        per_step = [s for a in answers for s in a.get("per_step") or []]
+        per_step = [s for a in answers for s in _with_last_params(a)]
         dim = len(per_step[0]["mean"]) if per_step else 0
         return cls(per_step, state_names(answers[-1], dim) if answers and per_step else None)
 
@@ -299,7 +316,7 @@ class Posterior(dict):
     @property
     def steps(self) -> StepTable:
         """The per-step summaries of this answer (empty for a stream document or a duplicate)."""
-        return StepTable(self.get("per_step") or [], self.names)
+        return StepTable(_with_last_params(self), self.names)
 
     def to_pandas(self) -> Any:
         """A ``DataFrame`` with one row per dimension: ``mean``, ``std`` and each quantile (needs pandas)."""

@@ -26,6 +26,8 @@ re-run any filter from the first observation (which SMC²'s PMMH kernel does:
 
 The filtered state integrates over θ: its particles are the N = M·N_x pairs (θ_j, x_{j,i}) with weights ω_j w_{j,i}
 (Kalman: N_x draws of N(m_j, P_j) per θ_j, weight ω_j / N_x), so every summary is of p(x_m | o_≤m) (eq. P6).
+A step's predictive p-values mix every θ's own predictive by ω̄ (eq. P7, :meth:`SMC2Updater.pit`), and
+:func:`cloud_health` says how much of the θ-cloud is left (its ESS, its distinct values, whether it collapsed).
 
 State (extras, besides the particles): ``param.<name>`` [B, M] θ values (float64), ``param_log_weights`` [B, M]
 (normalised), ``param_support.<name>`` [B, 3] (the support's kind — 0 ℝ, 1 (lo, ∞), 2 (lo, hi) — lo and hi, for the
@@ -36,16 +38,17 @@ filter's particles and within-θ weights are the state's own, in M blocks of N_x
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from mpflow.operators import gaussian
+from mpflow.operators.kept import Bound, Cloud, Fixed, Kept
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.models.param_priors import from_unconstrained, to_unconstrained
 from mpflow.operators.models.priors import GaussianMixture, Prior
 from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.exact_kalman import kalman_predict
-from mpflow.operators.rng import Generators, rand, randn
+from mpflow.operators.rng import Generators, generators_from_state, rand, randn
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
 from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive
@@ -56,6 +59,13 @@ KERNELS = ("jitter", "liu_west")
 PARAM = "param."
 SUPPORT = "param_support."
 PARAM_LOG_WEIGHTS = "param_log_weights"
+#: a θ-cloud is degenerate (:func:`cloud_health`) with fewer effective or distinct θ-particles than this
+MIN_DISTINCT = 10
+#: two θ-particles are one value when each unconstrained coordinate u agrees to this fraction of the cloud's
+#: max(1, max_j |u_j|) (:func:`cloud_health`)
+DISTINCT_RESOLUTION = 1e-6
+#: a θ-cloud is degenerate when some parameter's weighted sd of u is below this fraction of max(1, |ū|)
+MIN_RELATIVE_SD = 1e-3
 
 
 def param_names(extras: dict[str, torch.Tensor]) -> list[str]:
@@ -94,6 +104,48 @@ def support_bounds(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lo = torch.where(kind > 0, code[:, 1], -math.inf)
     hi = torch.where(kind > 1, code[:, 2], math.inf)
     return lo, hi
+
+
+class CloudHealth(NamedTuple):
+    """The θ-cloud of every stream of a batch (:func:`cloud_health`): its ESS [B] (float64), its distinct θ-particles
+    [B] (int64) and whether it is degenerate [B] (bool)."""
+
+    ess: torch.Tensor
+    distinct: torch.Tensor
+    degenerate: torch.Tensor
+
+
+def cloud_health(extras: dict[str, torch.Tensor]) -> CloudHealth | None:
+    """How much of the θ-cloud {θ_j, ω_j} is left (docs/methods.md "smc2", degeneracy), from a state's extras; None
+    for a state without unknown parameters. In the unconstrained coordinates u of each parameter (the jitter's, eq.
+    P5):
+
+    * ESS = 1 / Σ_j ω_j² of the θ-weights the state holds (after any rejuvenation of its last step);
+    * distinct: the θ-particles that differ, two being one value when every u agrees to within
+      :data:`DISTINCT_RESOLUTION`·max(1, max_j |u_j|) — resampling's copies, which a jitter scaled by a collapsed
+      cloud's own sd (eq. P5) moves by less than that;
+    * degenerate: ESS or distinct below :data:`MIN_DISTINCT`, or some parameter's weighted sd of u below
+      :data:`MIN_RELATIVE_SD`·max(1, |ū|) (the cloud is one point at 0.1 %: the jitter, a fraction of that sd, can
+      no longer move it towards what the data say — docs/methods.md "Limits").
+    """
+    names = param_names(extras)
+    if not names:
+        return None
+    lw = extras[PARAM_LOG_WEIGHTS].to(torch.float64)
+    w = torch.softmax(lw, -1)
+    us = []
+    for n in names:
+        lo, hi = support_bounds(extras[SUPPORT + n].to(torch.float64))
+        us.append(to_unconstrained(extras[PARAM + n].to(torch.float64), lo[:, None], hi[:, None]))
+    u = torch.stack(us, -1).nan_to_num(0.0, posinf=1e300, neginf=-1e300)  # [B, M, p]
+    scale = u.abs().amax(1, keepdim=True).clamp(1.0, 1e300)
+    keys = torch.round(u / (DISTINCT_RESOLUTION * scale)).to(torch.int64)
+    distinct = torch.tensor([len(torch.unique(k, dim=0)) for k in keys], dtype=torch.int64)
+    mean = (w[..., None] * u).sum(1)
+    sd = (w[..., None] * (u - mean[:, None]) ** 2).sum(1).clamp_min(0).sqrt()
+    flat = (sd < MIN_RELATIVE_SD * mean.abs().clamp_min(1.0)).any(-1)
+    e = ess(lw).to(torch.float64)
+    return CloudHealth(e, distinct, (e < MIN_DISTINCT) | (distinct < MIN_DISTINCT) | flat)
 
 
 class SMC2Updater(Updater):
@@ -145,6 +197,26 @@ class SMC2Updater(Updater):
         """Whether each θ-particle carries an exact Kalman filter: a linear-Gaussian family and a Gaussian prior."""
         return model.linear_gaussian and isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1
 
+    # ------------------------------------------------------------------ a state read from outside
+    def kept(self, state: ParticleState, model: ModelFamily) -> Kept:
+        """Besides the base's: the θ-cloud — the θ-particles θ_j [B, M, P] (``param.<name>``) with their weights ω_j
+        (``param_log_weights``: normalised, eq. P4), each θ within its prior's support and each stored support
+        (``param_support.<name>``) the model's — and the per-θ Kalman filters' covariances P_j (``theta_cov``)."""
+        kept = super().kept(state, model)
+        names = param_names(state.extras)
+        lw = state.extras[PARAM_LOG_WEIGHTS]
+        theta = torch.stack([state.extras[PARAM + n] for n in names], -1) if names else lw[..., None][..., :0]
+        kept.clouds.append(Cloud(f"extras.{PARAM}{{{', '.join(names)}}}", theta, f"extras.{PARAM_LOG_WEIGHTS}", lw))
+        for name in names:
+            lo, hi = model.unknown[name].support
+            kept.bounds.append(Bound(f"extras.{PARAM}{name}", state.extras[PARAM + name], lo, hi))
+            code = state.extras[SUPPORT + name]
+            expected = torch.tensor(support_code(lo, hi), dtype=code.dtype)
+            kept.fixed.append(Fixed(f"extras.{SUPPORT}{name}", code, expected, "the support of the model's prior"))
+        if "theta_cov" in state.extras:
+            kept.covariances["extras.theta_cov"] = state.extras["theta_cov"]
+        return kept
+
     # ------------------------------------------------------------------ init
     def _init(self, state: ParticleState, prior: Prior, model: ModelFamily, gens: Generators) -> ParticleState:
         B, N, d = state.particles.shape
@@ -177,15 +249,18 @@ class SMC2Updater(Updater):
 
     def _step(self, state: ParticleState, obs: torch.Tensor | None, model: ModelFamily, gens: Generators):
         """One step of every θ-particle's filter (``obs`` None: predict only), the θ-weights and, below the
-        threshold, the θ-particles' resampling and jitter (module docstring)."""
+        threshold, the θ-particles' resampling and jitter (module docstring). ``info.extras["theta_ess_fraction"]``
+        [B]: the θ-ESS over M after the reweighting, before any rejuvenation (the service's health metric)."""
         B, N, d = state.particles.shape
         names = param_names(state.extras)
         M = state.extras[PARAM_LOG_WEIGHTS].shape[1]
         Nx = N // M
         if obs is None and not model.dynamic:  # a static state without a measurement: nothing changes
-            return state, StepInfo(torch.zeros(B, dtype=torch.float64), ess(state.log_weights).to(torch.float64))
-        theta = {n: state.extras[PARAM + n].reshape(B * M) for n in names}
-        per_theta = model.at_values(theta, B * M)
+            fraction = {"theta_ess_fraction": ess(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64)) / M}
+            return state, StepInfo(
+                torch.zeros(B, dtype=torch.float64), ess(state.log_weights).to(torch.float64), extras=fraction
+            )
+        per_theta = self._at_thetas(state, model)
         obs_r = None if obs is None else obs.repeat_interleave(M, 0)
         if obs_r is not None and bool(torch.isnan(obs_r).any()):
             per_theta, obs_r = per_theta.observed_part(obs_r)
@@ -216,16 +291,60 @@ class SMC2Updater(Updater):
             x, lwx = inner
             joint = (lw[..., None] + lwx).reshape(B, N)
             x = x.reshape(B, N, d)
-        info = StepInfo(increment if obs is not None else torch.zeros_like(increment), ess(joint).to(torch.float64))
+        info = StepInfo(
+            increment if obs is not None else torch.zeros_like(increment),
+            ess(joint).to(torch.float64),
+            extras={"theta_ess_fraction": ess_theta.to(torch.float64) / M},
+        )
         new = state.replace(particles=x.to(state.particles.dtype), log_weights=joint.to(state.log_weights.dtype))
         return new.replace(extras=extras), info
 
+    # ------------------------------------------------------------------ predictive p-values
+    def pit(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor | None:
+        """The step's predictive p-values [B, k] under the θ-mixture of the predictives of eq. P2–P3 (eq. P7):
+
+            u_j = Σ_θ ω̄_θ P(O_j ≤ o_j | o_<m, θ),
+
+        ω̄ the normalised θ-weights before the step (those the evidence increment of eq. P4 averages with), each θ's
+        term its own filter's predictive observed under its own θ (a learned R included): for a Kalman filter per θ
+        Φ((o_j − (H m_θ⁻)_j) / √(H P_θ⁻ Hᵀ + R(θ))_jj), for a particle filter Σ_i w_{θ,i} F_j(o_j | x_{θ,i}, θ) over
+        its predicted particles — drawn with a copy of each stream's generator, so the very draws the update makes.
+        The rows of the model at every θ (:meth:`_at_thetas`) are read by the base's p-value
+        (:meth:`Updater._pit_of`), then mixed; NaN where o_j was not observed, None for a family without a CDF."""
+        B, N, d = state.particles.shape
+        M = state.extras[PARAM_LOG_WEIGHTS].shape[1]
+        gens = generators_from_state(state.rng)  # a copy of the stream's generators: they are not advanced
+        per_theta = self._at_thetas(state, model)
+        if "theta_mean" in state.extras:
+            m, P = self._kalman_predicted(state, per_theta, B, M, d)
+            zero = torch.zeros(B * M, 1, dtype=state.log_weights.dtype)
+            predicted = state.replace(particles=m[:, None], log_weights=zero, extras={"mean": m, "cov": P})
+        else:
+            x, lwx = self._particles_predicted(state, per_theta, gens, B, M, N // M, d)
+            predicted = state.replace(particles=x, log_weights=lwx, extras={})
+        pit = self._pit_of(predicted, obs.repeat_interleave(M, 0), per_theta, _theta_rows(gens, M))
+        if pit is None:
+            return None
+        w = torch.softmax(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64), -1)
+        return torch.einsum("bm,bmk->bk", w, pit.reshape(B, M, -1))
+
     @staticmethod
-    def _kalman(state, per_theta, obs_r, B, M, d):
-        """Every θ-particle's Kalman predict and, with an observation, update (eq. P2): ((mean, cov), log p̂)."""
+    def _at_thetas(state: ParticleState, model: ModelFamily) -> ModelFamily:
+        """The model at every θ-particle: B·M rows, row b·M + j stream b's θ_j."""
+        B, M = state.extras[PARAM_LOG_WEIGHTS].shape
+        return model.at_values({n: state.extras[PARAM + n].reshape(B * M) for n in param_names(state.extras)}, B * M)
+
+    @staticmethod
+    def _kalman_predicted(state, per_theta, B, M, d):
+        """Every θ-particle's Kalman predict p(x_m | o_<m, θ_j) = N(m_j⁻, P_j⁻): ([B·M, d], [B·M, d, d])."""
         m = state.extras["theta_mean"].reshape(B * M, d)
         P = state.extras["theta_cov"].reshape(B * M, d, d)
-        m, P = kalman_predict(m, P, per_theta)
+        return kalman_predict(m, P, per_theta)
+
+    @classmethod
+    def _kalman(cls, state, per_theta, obs_r, B, M, d):
+        """Every θ-particle's Kalman predict and, with an observation, update (eq. P2): ((mean, cov), log p̂)."""
+        m, P = cls._kalman_predicted(state, per_theta, B, M, d)
         if obs_r is None:
             log_pred = torch.zeros(B * M, dtype=torch.float64)
         else:
@@ -235,12 +354,18 @@ class SMC2Updater(Updater):
         return (m.reshape(B, M, d), P.reshape(B, M, d, d)), log_pred
 
     @staticmethod
-    def _particles(state, per_theta, obs_r, gens, B, M, Nx, d):
-        """Every θ-particle's bootstrap filter step (eq. P3): ((x [B, M, N_x, d], within-θ log-weights), log p̂)."""
+    def _particles_predicted(state, per_theta, gens, B, M, Nx, d):
+        """Every θ-particle's predicted cloud x_{j,i} ~ p(x_m | x_{j,i}, θ_j): (x [B·M, N_x, d], within-θ
+        log-weights [B·M, N_x]), θ-particle j of stream b drawing from stream b's generator."""
         x = state.particles.reshape(B * M, Nx, d)
         lwx = torch.log_softmax(state.log_weights.to(torch.float64).reshape(B * M, Nx), -1)
-        row_gens = [g for g in _rows(gens) for _ in range(M)]  # θ-particle j of stream b draws from stream b's
-        x = per_theta.transition(x, row_gens)
+        return per_theta.transition(x, _theta_rows(gens, M)), lwx
+
+    @classmethod
+    def _particles(cls, state, per_theta, obs_r, gens, B, M, Nx, d):
+        """Every θ-particle's bootstrap filter step (eq. P3): ((x [B, M, N_x, d], within-θ log-weights), log p̂)."""
+        x, lwx = cls._particles_predicted(state, per_theta, gens, B, M, Nx, d)
+        row_gens = _theta_rows(gens, M)
         if obs_r is None:
             return (x.reshape(B, M, Nx, d), lwx.reshape(B, M, Nx)), torch.zeros(B * M, dtype=torch.float64)
         ll = torch.nan_to_num(per_theta.log_likelihood(obs_r, x).to(torch.float64), nan=-math.inf)
@@ -311,6 +436,25 @@ class SMC2Updater(Updater):
         params = sum(v[0].numel() for v in model.params.values())
         return StepWork(base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params))
 
+    #: the p-values' Kalman algebra per θ-particle (:meth:`pit_work`) against its count: M small d × d products in
+    #: float64 run far below the cost model's 25 Gflop/s — the predict and predictive covariance (4 d³ + 2 d² k +
+    #: 2 d k²) of M = 1024 θ-particles on ``lds`` with R learned took 10 to 24 times their count's time at d = 8,
+    #: 11 at 16, 6 to 8 at 32, 4 to 5 at 64 (1.7 to 4 ms, 15 ms, 45 to 83 ms, 0.37 to 0.41 s; three runs on the
+    #: loaded development machine, 2026-12-07; below d = 8 the base's per-particle share covers it)
+    KALMAN_PIT_FACTOR = 12.0
+
+    def pit_work(self, model: ModelFamily, n: int, dt: float = 1.0, k: int | None = None) -> StepWork:
+        """:meth:`pit`: the base's (the n pairs predicted again, a particle filter per θ, and their CDFs) plus, for a
+        Kalman filter per θ-particle (at most n of them), its predict F P Fᵀ + Q and predictive covariance
+        H P⁻ Hᵀ + R(θ) — 4 d³ + 2 d² k + 2 d k² counted, :data:`KALMAN_PIT_FACTOR` times that — and the model's
+        parameters at every θ, both in float64."""
+        d = model.state_dim
+        k = model.observation_size() if k is None else k
+        base = super().pit_work(model, n, dt, k)
+        kalman = self.KALMAN_PIT_FACTOR * (4.0 * d**3 + 2.0 * d * d * k + 2.0 * d * k * k)
+        params = sum(v[0].numel() for v in model.params.values())
+        return StepWork(base.flops + n * kalman, base.bytes + 8.0 * n * (2 * d * d + k * k + params))
+
     # ------------------------------------------------------------------ forecasts
     def forecast(self, state: ParticleState, model: ModelFamily, steps: int, gen: torch.Generator) -> Predictive:
         """The predictive of the pairs (θ_j, x_{j,i}): each propagated under its own θ_j (module docstring), as one
@@ -335,6 +479,12 @@ class SMC2Updater(Updater):
 
 def _rows(gens: Generators) -> list:
     return list(gens) if not isinstance(gens, list) else gens
+
+
+def _theta_rows(gens: Generators, M: int) -> list:
+    """The generators of the B·M rows of the model at every θ-particle (:meth:`SMC2Updater._at_thetas`): stream
+    b's for each of its M θ-particles."""
+    return [g for g in _rows(gens) for _ in range(M)]
 
 
 def _torch_gens(gens: Generators) -> list[torch.Generator]:
@@ -366,4 +516,4 @@ class _PerParticle:
         return None if o is None else o.transpose(0, 1)
 
 
-__all__ = ["PARAM", "PARAM_LOG_WEIGHTS", "SMC2Updater", "param_names", "theta_count"]
+__all__ = ["PARAM", "PARAM_LOG_WEIGHTS", "CloudHealth", "SMC2Updater", "cloud_health", "param_names", "theta_count"]

@@ -22,6 +22,10 @@ benchmarks can build many apps in one process).
 ``mpflow_update_ess_fraction`` (histogram; method) is each stream-step's effective sample size over N: for ``smc``
 its weights' before resampling, for ``mpf`` the flow's health (the ESS of the weights that would correct its step,
 :mod:`mpflow.operators.mpf.health`), 1 for methods with uniform particles.
+``mpflow_update_theta_ess_fraction`` (histogram; method) is, for a stream that learns unknown parameters
+(``smc2``), each stream-step's ESS of its parameter particles over their number M after the step's reweighting and
+before any resampling (:func:`mpflow.operators.updaters.smc2.cloud_health` says what is left after): near 1/M the
+parameter cloud collapsed onto one value at that step.
 ``mpflow_update_move_acceptance`` (histogram; method) is the acceptance rate of the posterior moves of each stream-step
 that ran them (:mod:`mpflow.operators.mpf.posterior_moves`): a second health signal, near 0 when the moves stall.
 ``mpflow_update_rescues_total`` (counter; method) counts the stream-steps whose observation was inconsistent with
@@ -137,6 +141,14 @@ class Metrics:
             buckets=_ESS_BUCKETS,
             registry=r,
         )
+        self.theta_ess_fraction = Histogram(
+            "mpflow_update_theta_ess_fraction",
+            "per stream-step of a stream that learns unknown parameters (smc2): the effective sample size of its "
+            "parameter particles over their number, after the step's reweighting, before any resampling",
+            ["method"],
+            buckets=_ESS_BUCKETS,
+            registry=r,
+        )
         self.move_acceptance = Histogram(
             "mpflow_update_move_acceptance",
             "per stream-step that ran posterior moves (mpf on a static family): the Metropolis acceptance rate of its "
@@ -184,7 +196,13 @@ class Metrics:
             for method in family_methods:
                 self.updates.labels(family, method)
         for method in methods:
-            for per_method in (self.update_duration, self.ess_fraction, self.move_acceptance, self.rescues):
+            for per_method in (
+                self.update_duration,
+                self.ess_fraction,
+                self.theta_ess_fraction,
+                self.move_acceptance,
+                self.rescues,
+            ):
                 per_method.labels(method)
 
     def observe_watchdog(self, lag: float, busy: dict[str, float]) -> None:
@@ -211,12 +229,17 @@ class Metrics:
         self, method: str, ess_fraction: torch.Tensor, extras: dict[str, torch.Tensor] | None = None
     ) -> None:
         """The engine's health observer: ESS / N of every stream of one operator call and, from the call's
-        ``extras``, the acceptance rates of its posterior moves and the streams it rescued."""
+        ``extras``, the θ-ESS / M of a stream learning its parameters, the acceptance rates of its posterior moves
+        and the streams it rescued."""
         extras = extras or {}
         rescued = extras.get("rescued")
         if rescued is not None and bool(rescued.any()):
             self.rescues.labels(method).inc(int(rescued.sum()))
-        for histogram, rates in ((self.ess_fraction, ess_fraction), (self.move_acceptance, extras.get("acceptance"))):
+        for histogram, rates in (
+            (self.ess_fraction, ess_fraction),
+            (self.theta_ess_fraction, extras.get("theta_ess_fraction")),
+            (self.move_acceptance, extras.get("acceptance")),
+        ):
             if rates is not None:
                 labelled = histogram.labels(method)
                 for value in rates.tolist():

@@ -13,7 +13,9 @@ weights w_i (uniform for every method but ``smc`` and ``mpf`` with ``flow_fracti
   views, not a cloud with an effective size — and log_evidence = log p̂(o_1..o_step) (0 at step 0);
 * ``params`` — a stream that learns unknown model parameters (``smc2``): per parameter, the mean, sd and the 0.05
   and 0.95 quantiles of its θ-particles θ_j under their weights ω_j (the weighted empirical CDF as above), the
-  posterior p(θ | o_1..o_step) (docs/methods.md eq. P6).
+  posterior p(θ | o_1..o_step) (docs/methods.md eq. P6); beside it how much of that θ-cloud is left —
+  ``params_ess`` (1 / Σ ω_j²), ``params_distinct`` (its distinct θ-particles) and ``params_degenerate``
+  (:func:`mpflow.operators.updaters.smc2.cloud_health`).
 
 Draws (``n`` may exceed N):
 
@@ -40,15 +42,19 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from mpflow.operators import gaussian
 from mpflow.operators.rng import generator
 from mpflow.operators.samplers import GaussianFlowResampler
 from mpflow.operators.state import ParticleState, StepInfo
-from mpflow.operators.updaters.smc2 import PARAM, PARAM_LOG_WEIGHTS, param_names
+from mpflow.operators.updaters.smc2 import PARAM, PARAM_LOG_WEIGHTS, cloud_health, param_names
 
 QUANTILES = (0.05, 0.5, 0.95)
+#: the fields of a summary about the learned parameters (:func:`parameter_summaries`): every answer's ``summary``
+#: carries them; a ``per_step`` entry only when the request asks (``per_step_params``, docs/API.md)
+PARAM_FIELDS = ("params", "params_ess", "params_distinct", "params_degenerate")
 CHOLESKY_RATIO = 4
 
 
@@ -148,25 +154,31 @@ def summaries(state: ParticleState) -> list[dict]:
     ]
     if params is not None:
         for doc, p in zip(docs, params, strict=True):
-            doc["params"] = p
+            doc.update(p)
     return docs
 
 
-def parameter_summaries(state: ParticleState) -> list[dict[str, dict[str, float]]] | None:
-    """Per stream of a batch, ``{name: {"mean", "sd", "q05", "q95"}}`` of the unknown parameters a ``smc2`` state
-    learns (its ``param.<name>`` θ-particles and ``param_log_weights``); None for a state without any."""
+def parameter_summaries(state: ParticleState) -> list[dict[str, Any]] | None:
+    """Per stream of a batch, the :data:`PARAM_FIELDS` of the unknown parameters a ``smc2`` state learns (its
+    ``param.<name>`` θ-particles and ``param_log_weights``): ``params`` ``{name: {"mean", "sd", "q05", "q95"}}``,
+    and the θ-cloud's ``params_ess``, ``params_distinct`` and ``params_degenerate``; None for a state without
+    any."""
     names = param_names(state.extras)
     if not names:
         return None
+    health = cloud_health(state.extras)
     w = torch.softmax(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64), -1)  # [B, M]
     theta = torch.stack([state.extras[PARAM + n].to(torch.float64) for n in names], -1)  # [B, M, p]
     mean = (w[..., None] * theta).sum(1)
     sd = (w[..., None] * (theta - mean[:, None]) ** 2).sum(1).clamp_min(0).sqrt()
     q = batch_weighted_quantiles(theta, w, (0.05, 0.95))  # [B, 2, p]
+    stats = {"mean": mean, "sd": sd, "q05": q[:, 0], "q95": q[:, 1]}  # each [B, p]
     return [
         {
-            n: {"mean": float(mean[b, i]), "sd": float(sd[b, i]), "q05": float(q[b, 0, i]), "q95": float(q[b, 1, i])}
-            for i, n in enumerate(names)
+            "params": {n: {k: float(v[b, i]) for k, v in stats.items()} for i, n in enumerate(names)},
+            "params_ess": float(health.ess[b]),
+            "params_distinct": int(health.distinct[b]),
+            "params_degenerate": bool(health.degenerate[b]),
         }
         for b in range(state.batch_size)
     ]
@@ -188,14 +200,15 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
     ``relocked`` when the stream re-locks (``ienkf`` with ``relock``: whether this step re-seeded the ensemble),
-    ``params`` when the stream learns unknown parameters (:func:`parameter_summaries`).
+    the :data:`PARAM_FIELDS` when the stream learns unknown parameters (:func:`parameter_summaries`; the answer
+    keeps them only where the request asks, ``per_step_params``).
     ``state_summary``: this state's :func:`summary` when it is computed anyway (its mean and std are reused)."""
     if state_summary is None:
         mean, cov = Posterior.of(state).moments()
         state_summary = {"mean": mean.tolist(), "std": torch.diagonal(cov).clamp_min(0).sqrt().tolist()}
         params = parameter_summaries(state)
         if params is not None:
-            state_summary["params"] = params[0]
+            state_summary.update(params[0])
     entry = {
         "step": int(state.step[0]),
         "mean": state_summary["mean"],
@@ -204,8 +217,7 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": None if gaussian_state(state) else float(info.ess[row]),
     }
-    if "params" in state_summary:
-        entry["params"] = state_summary["params"]
+    entry.update({k: state_summary[k] for k in PARAM_FIELDS if k in state_summary})
     pit = info.extras.get("pit")
     if pit is not None:
         entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
@@ -255,6 +267,7 @@ def draw(state: ParticleState, n: int, *, weighted: bool, seed: int, gaussian_po
 
 
 __all__ = [
+    "PARAM_FIELDS",
     "QUANTILES",
     "batch_weighted_quantiles",
     "draw",

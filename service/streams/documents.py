@@ -8,6 +8,7 @@ from typing import Any
 
 from mpflow.operators.models import FAMILIES
 from mpflow.service.engine.methods import capabilities
+from mpflow.service.engine.summary import PARAM_FIELDS
 from mpflow.service.streams import pit
 
 #: the metadata fields of an entry of ``GET /v1/streams``
@@ -68,12 +69,18 @@ def observation_document(
     samples: list | None,
     *,
     duplicate: bool,
+    per_step_params: bool = False,
 ) -> dict[str, Any]:
     """The answer to an observation request: the stream document, ``duplicate``, ``per_step``, the draws asked
-    for, and ``fallback`` (the last fall-back method) when some step was computed by a safe method instead."""
+    for, and ``fallback`` (the last fall-back method) when some step was computed by a safe method instead. A
+    stream's learned parameters (``summary.params`` and the θ-cloud's health, ``PARAM_FIELDS``) are in the summary
+    once; in each ``per_step`` entry only with ``per_step_params`` (the request's field: they made a 1000-step
+    ``smc2`` answer five times longer)."""
     doc = document(stream_id, meta, summary)
     doc["duplicate"] = duplicate
-    doc["per_step"] = per_step
+    doc["per_step"] = (
+        per_step if per_step_params else [{k: v for k, v in e.items() if k not in PARAM_FIELDS} for e in per_step]
+    )
     if samples is not None:
         doc["samples"] = samples
     fell_back = [step["fallback"] for step in per_step if "fallback" in step]

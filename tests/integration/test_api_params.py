@@ -1,5 +1,7 @@
 """Unknown model parameters through the real app and real Redis (docs/API.md "Unknown parameters"): a parameter given
-as a prior makes a ``smc2`` stream whose every answer carries ``summary.params``; the stream survives export and
+as a prior makes a ``smc2`` stream whose every answer carries ``summary.params`` and the health of its parameter
+cloud (``params_ess``, ``params_distinct``, ``params_degenerate``), per step only when asked (``per_step_params``);
+its p-values are its own θ-mixture's predictive; a cloud's θ-ESS is in /metrics; the stream survives export and
 import byte for byte; bad priors, methods that cannot learn and steps of another duration are refused with the field
 named and nothing created; the particle count θ × x is bounded by the cost model (413 naming the limit); the client
 reads the parameters as numpy arrays and pandas tables; the forecast carries the observation predictive, each
@@ -9,9 +11,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from mpflow.service.client import Client
 from mpflow.service.results import StepTable
+from scipy.stats import norm
 
 from tests.integration.test_api_streams import run
 from tests.integration.test_client import server  # noqa: F401  (fixture)
@@ -45,7 +49,7 @@ def test_a_prior_makes_a_learning_stream_with_params_in_every_answer(redis_url):
     ans = answer.json()
     assert answer.status_code == 200 and ans["step"] == len(OBS)
     assert [s["step"] for s in ans["per_step"]] == list(range(1, len(OBS) + 1))
-    assert all(set(s["params"]["R"]) == {"mean", "sd", "q05", "q95"} for s in ans["per_step"])
+    assert all("params" not in s for s in ans["per_step"])  # once per answer, in its summary
     r = ans["summary"]["params"]["R"]
     assert r["q05"] <= r["mean"] <= r["q95"] and r["sd"] > 0
     assert got.json()["summary"]["params"] == ans["summary"]["params"]
@@ -191,7 +195,16 @@ def test_the_client_reads_params_as_numpy_and_pandas(server):  # noqa: F811
         stream = client.create_stream(model=lds_request()["model"], prior=GAUSS1, num_particles=128, seed=2)
         answers = list(stream.filter(OBS, batch=3))
         stream.delete()
+        stream = client.create_stream(model=lds_request()["model"], prior=GAUSS1, num_particles=128, seed=2)
+        asked = list(stream.filter(OBS, batch=3, per_step_params=True))
+        stream.delete()
     last = answers[-1]
+    # per step only where asked: else each answer's last step (its summary's) and NaN between
+    every = StepTable.of(asked).params["R"]["mean"]
+    assert np.isfinite(every).all() and every[-1] == asked[-1].params["R"]["mean"]
+    sparse = StepTable.of(answers).params["R"]["mean"]
+    np.testing.assert_array_equal(np.isfinite(sparse), [False, False, True, False, False, True, False, True])
+    np.testing.assert_array_equal(sparse[[2, 5, 7]], every[[2, 5, 7]])  # the same stream, the same numbers
     assert set(last.params) == {"R"} and set(last.params["R"]) == {"mean", "sd", "q05", "q95"}
     frame = last.params_to_pandas()
     assert list(frame.index) == ["R"] and frame.loc["R", "mean"] == last.params["R"]["mean"]
@@ -200,3 +213,60 @@ def test_the_client_reads_params_as_numpy_and_pandas(server):  # noqa: F811
     assert table.params["R"]["mean"][-1] == last.params["R"]["mean"]
     columns = table.to_pandas().columns
     assert {"param_R_mean", "param_R_sd", "param_R_q05", "param_R_q95"} <= set(columns)
+
+
+def test_the_p_value_is_the_theta_mixture_of_the_learned_r(redis_url):
+    """o under R ≈ 0.01 (log R ~ N(log 0.01, 0.1²)), A = B = 1, Q = 0.01, x_0 ~ N(0, 0.01): the step's p-value is
+    ∫ Φ(o / √(0.01 + 0.01 + R)) p(R) dR (Gauss–Hermite over log R; the M = 1024 θ-particles are draws of that prior),
+    0.9987 at o 3 predictive sd up, where the family's R = 1 gave 0.70; the stream's summary reports it too."""
+    prior_r = {"prior": {"type": "lognormal", "mean": math.log(0.01), "sd": 0.1}}
+    model = {"family": "lds", "params": {"A": [[1.0]], "B": [[1.0]], "Q": [[0.01]], "R": prior_r}}
+    req = {"model": model, "prior": {"type": "gaussian", "mean": [0.0], "cov": [[0.01]]}, "stream_id": "pit"}
+    o = 3 * math.sqrt(0.03)
+
+    async def body(app, c):
+        await c.post("/v1/streams", json={**req, "method": "smc2", "seed": 4})
+        return await c.post("/v1/streams/pit/observations", json={"observations": [[o]]})
+
+    answer = run(redis_url, body)
+    assert answer.status_code == 200, answer.text
+    z, w = np.polynomial.hermite_e.hermegauss(40)
+    r = np.exp(math.log(0.01) + 0.1 * z)
+    exact = float((w / w.sum() * norm.cdf(np.float32(o) / np.sqrt(0.02 + r))).sum())
+    pit = answer.json()["per_step"][0]["pit"][0]
+    assert abs(pit - exact) < 2e-4, (pit, exact)
+    assert exact > 0.998 and answer.json()["summary"]["pit"] == [pit]
+
+
+def test_a_collapsing_cloud_reports_its_ess_and_distinct_values(redis_url):
+    """The collapse scenario: ``lds`` A = B = 1 with Q and R learned (lognormal(0, 1) each), seven identical
+    readings then a jump. Every answer's summary carries the θ-cloud's ESS (at most M) and distinct count beside
+    ``params``, and whether it is degenerate; per step only with ``per_step_params``, each step's there; /metrics has
+    a θ-ESS fraction per stream-step; an unknown request field is still refused."""
+    model = {"family": "lds", "params": {"A": [[1.0]], "B": [[1.0]], "Q": LOGNORMAL, "R": LOGNORMAL}}
+    req = {"model": model, "prior": GAUSS1, "stream_id": "jump", "num_particles": 256, "seed": 5}
+    url = "/v1/streams/jump/observations"
+
+    async def body(app, c):
+        created = (await c.post("/v1/streams", json=req)).json()
+        same = (await c.post(url, json={"observations": [[1.0]] * 7})).json()
+        jump = (await c.post(url, json={"observations": [[6.0]], "per_step_params": True})).json()
+        refused = await c.post(url, json={"observations": [[1.0]], "per_step_param": True})
+        return created, same, jump, refused, (await c.get("/metrics")).text, (await c.get("/v1/streams/jump")).json()
+
+    created, same, jump, refused, metrics, got = run(redis_url, body)
+    m = 256
+    for doc in (created, same, jump, got):
+        s = doc["summary"]
+        assert set(s["params"]) == {"Q", "R"}
+        assert 1 <= s["params_ess"] <= m + 1e-6 and 1 <= s["params_distinct"] <= m, s
+        assert s["params_degenerate"] is False  # a prior of sd 1 in log θ: 8 steps leave a wide cloud
+    assert created["summary"]["params_distinct"] == m and abs(created["summary"]["params_ess"] - m) < 1e-6
+    assert all(not {"params", "params_ess", "params_distinct"} & set(e) for e in same["per_step"])
+    (entry,) = jump["per_step"]
+    assert {k: entry[k] for k in ("params", "params_ess", "params_distinct", "params_degenerate")} == {
+        k: jump["summary"][k] for k in ("params", "params_ess", "params_distinct", "params_degenerate")
+    }
+    assert got["summary"]["params_ess"] == jump["summary"]["params_ess"]
+    assert refused.status_code == 422 and "per_step_param" in refused.text
+    assert 'mpflow_update_theta_ess_fraction_count{method="smc2"} 8.0' in metrics, metrics
