@@ -25,7 +25,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
 from mpflow.operators.models.plugins import CATALOGUE_ORDER
@@ -37,9 +37,11 @@ from mpflow.service.api import websocket as ws
 from mpflow.service.api.auth import Authenticator, redact_secrets_in_logs
 from mpflow.service.api.metrics import Metrics
 from mpflow.service.api.middleware import AuthGate, BodyLimit, Observe
+from mpflow.service.api.query import known_query_only
 from mpflow.service.dashboard import router as dashboard
 from mpflow.service.dashboard.events import Feeds
 from mpflow.service.engine.catalogue import OperatorCatalogue, methods_for
+from mpflow.service.engine.lanes import LaneLimits
 from mpflow.service.engine.methods import check_method_options
 from mpflow.service.engine.stepping import row_views
 from mpflow.service.engine.update_engine import UpdateEngine
@@ -84,6 +86,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         observer=app.state.metrics.observe_batch,
         summarise=row_views,
         health_observer=app.state.metrics.observe_health,
+        limits=LaneLimits(settings.max_request_flops, settings.max_request_bytes),
     )
     await engine.start()
     watchdog = Watchdog(
@@ -175,9 +178,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sockets = ws.open_sockets(settings)  # WebSockets open, per tenant (MPFLOW_MAX_WEBSOCKETS*)
     app.state.operators = OperatorCatalogue(settings.operator_dir_list)
     errors.install(app, on_store_error=app.state.metrics.store_errors.inc)
+    only_known = [Depends(known_query_only)]  # a /v1 route refuses query parameters it does not take (422)
     for router in ROUTERS:  # one per resource (mpflow.service.api)
-        app.include_router(router)
-    app.include_router(dashboard)  # the page at / and the live feed /v1/streams/{id}/events
+        app.include_router(router, dependencies=only_known)
+    app.include_router(dashboard, dependencies=only_known)  # the page at / and the live feed /v1/streams/{id}/events
     # added last = outermost: Observe sees every request, including the gate's 401s and BodyLimit's 413s and 408s;
     # the gate runs before BodyLimit, so no body is read for a request without a valid key
     app.add_middleware(

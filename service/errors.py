@@ -5,8 +5,8 @@ request validation errors, Starlette's HTTP errors, :class:`~mpflow.service.stor
 anything unexpected into that body. Malformed (or unparseable: nested thousands deep) JSON is 400 ``malformed_json``;
 every other fault of the request — a field of the wrong type, a value the model family refuses, an unknown
 operator — is 422 ``invalid_request`` with a message that names the field (``observations[0]: ...``): one code
-for one kind of fault, whether pydantic or the operators found it; an unreachable store is 503 with
-``Retry-After``.
+for one kind of fault, whether pydantic or the operators found it; a JSON body sent with another ``Content-Type``
+(or none) is 415 ``unsupported_media_type`` naming the header; an unreachable store is 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -114,11 +114,15 @@ def _loc(loc: Sequence[Any]) -> str:
 
 
 def validation_message(errors: Sequence[dict[str, Any]]) -> str:
-    """One line per error, each starting with the field it is about."""
+    """One line per error, each starting with the field it is about — down to the entry where the validator named
+    one (a ``ValueError`` with a ``subfield``, e.g. ``[1]`` of ``observations[3]``: ``observations[3][1]: ...``)."""
     lines = []
     for e in errors[:10]:
         msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
         loc = _loc(e.get("loc", ()))
+        sub = getattr((e.get("ctx") or {}).get("error"), "subfield", None)
+        if isinstance(sub, str) and msg.startswith(f"{sub}: "):
+            loc, msg = f"{loc}{sub}", msg.removeprefix(f"{sub}: ")
         lines.append(msg if msg.startswith(f"{loc}:") else f"{loc}: {msg}")
     if len(errors) > 10:
         lines.append(f"... and {len(errors) - 10} more")
@@ -130,6 +134,33 @@ def from_validation_errors(errors: Sequence[dict[str, Any]]) -> ApiError:
     if any(e.get("type") == "json_invalid" for e in errors):
         return ApiError(400, "malformed_json", "body: not valid JSON; send a JSON object")
     return invalid(validation_message(errors))
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` is JSON as FastAPI reads a body: ``application/json`` or ``application/*+json``."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def wrong_media_type(request: Request, errors: Sequence[dict[str, Any]]) -> ApiError | None:
+    """415 ``unsupported_media_type`` for a route that takes a JSON body when the request's ``Content-Type`` is not
+    JSON (curl's default ``application/x-www-form-urlencoded``), or is missing while a body came: FastAPI then left
+    the body unparsed, so that it failed validation as "Input should be a valid dictionary" (issue 58, item 3)."""
+    route = request.scope.get("route")
+    if getattr(route, "body_field", None) is None or getattr(route, "dependant", None) is None:
+        return None
+    given = request.headers.get("content-type")
+    if is_json(given):
+        return None
+    if given is None and not any(e.get("loc") == ("body",) and isinstance(e.get("input"), bytes) for e in errors):
+        return None  # no header and no body: the missing body's own 422
+    what = f"is {given.split(';')[0].strip()[:80]!r}" if given else "is missing"
+    return ApiError(
+        415,
+        "unsupported_media_type",
+        f"content-type: the Content-Type header {what}; this route takes a JSON body: send it with "
+        "'Content-Type: application/json' (curl: -H 'Content-Type: application/json', or --json)",
+    )
 
 
 def _routes(app: Any) -> list[Any]:
@@ -160,7 +191,7 @@ def install(app: FastAPI, on_store_error: Callable[[], None] | None = None) -> N
         return respond(exc)
 
     async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return respond(from_validation_errors(exc.errors()))
+        return respond(wrong_media_type(request, exc.errors()) or from_validation_errors(exc.errors()))
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _CODES.get(exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_"))

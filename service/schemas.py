@@ -23,9 +23,12 @@ from mpflow.operators.models import FAMILIES
 from mpflow.operators.smoothing import MAX_LAG as MAX_SMOOTHING_LAG
 from mpflow.operators.updaters import CAPABILITIES, UPDATERS
 from mpflow.service.engine.numerics import FALLBACK_ORDER
+from mpflow.service.store.stream_store import NAME_PATTERN
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
-STREAM_ID_PATTERN = r"^[A-Za-z0-9._~-]{1,128}$"
+#: every stream id the API takes — at creation, in a path, a batch's update, an import's ``stream_id`` — is checked
+#: against this one pattern, the store's (422 naming the field, before anything is looked up)
+STREAM_ID_PATTERN = NAME_PATTERN
 MAX_SEED = 2**63 - 1
 #: the largest float32: particles and operators compute in float32, so a larger number is infinite to them
 FLOAT32_MAX = 3.4028234663852886e38
@@ -36,12 +39,6 @@ MAX_MIXTURE_COMPONENTS = 1024
 #: the longest name of a state dimension (``state_names``)
 MAX_STATE_NAME_LENGTH = 64
 _OUT_OF_RANGE = f"beyond ±{FLOAT32_MAX:.4g}, the float32 range the service computes in; rescale the values"
-
-
-def _in_float32_range(value: float) -> float:
-    if not -FLOAT32_MAX <= value <= FLOAT32_MAX:
-        raise ValueError(_OUT_OF_RANGE)
-    return value
 
 
 _NUMBER = {"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX}
@@ -55,25 +52,54 @@ Vector = Annotated[list[FiniteFloat], Field(fail_fast=True)]
 Matrix = Annotated[list[Vector], Field(fail_fast=True)]
 
 
-def _array(value: Any, max_depth: int, gaps: bool = False) -> Any:
+class EntryError(ValueError):
+    """A ``ValueError`` about one entry of a field: ``subfield`` (``[3][1]``, ``.value[0]``) is appended to the field's
+    name in the answer (:func:`mpflow.service.errors.validation_message`: ``observations[3][1]: ...``)."""
+
+    def __init__(self, subfield: str, message: str):
+        super().__init__(f"{subfield}: {message}" if subfield else message)
+        self.subfield, self.message = subfield, message
+
+
+def _literal(value: float) -> str:
+    """The JSON literal of a non-finite number, as a client wrote it (``1e400`` reads as Infinity)."""
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _array(value: Any, max_depth: int, gaps: bool = False, path: str = "") -> Any:
     """A finite number, or a list of them, or a list of such lists (up to ``max_depth`` levels), each list
     holding only numbers or only lists. NaN/inf, numbers beyond the float32 range, strings, booleans and
-    objects are refused; ``gaps``: ``null`` stands in for a number (an entry not observed)."""
+    objects are refused with an :class:`EntryError` naming the entry (below ``path``, where ``value`` is in the
+    field); ``gaps``: ``null`` stands in for a number (an entry not observed), which the refusal of NaN/inf says to
+    send. The entry's path is built only on the way out of a refusal: nothing per number of a valid body."""
+    try:
+        return _entries(value, max_depth, gaps)
+    except EntryError as exc:
+        if not path:
+            raise
+        raise EntryError(path + exc.subfield, exc.message) from None
+
+
+def _entries(value: Any, max_depth: int, gaps: bool) -> Any:
     if gaps and value is None:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float | list):
-        raise ValueError("expected a number or an array of numbers")
+        raise EntryError("", "expected a number or an array of numbers")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("contains NaN or infinite values; send finite numbers only")
-    if isinstance(value, int | float):
-        _in_float32_range(value)
+        fix = "send null for a missing entry" if gaps else "send finite numbers only"
+        raise EntryError("", f"{_literal(value)} is not a number; {fix}")
+    if isinstance(value, int | float) and not -FLOAT32_MAX <= value <= FLOAT32_MAX:
+        raise EntryError("", _OUT_OF_RANGE)
     if isinstance(value, list):
         if max_depth == 0:
-            raise ValueError("arrays nested too deeply")
+            raise EntryError("", "arrays nested too deeply")
         if any(isinstance(v, list) for v in value) and not all(isinstance(v, list) for v in value):
-            raise ValueError("mixes numbers and arrays at one level")
-        for v in value:
-            _array(v, max_depth - 1, gaps)
+            raise EntryError("", "mixes numbers and arrays at one level")
+        for i, v in enumerate(value):
+            try:
+                _entries(v, max_depth - 1, gaps)
+            except EntryError as exc:
+                raise EntryError(f"[{i}]{exc.subfield}", exc.message) from None
     return value
 
 
@@ -94,9 +120,9 @@ def _param(value: Any) -> Any:
 STEP_KEYS = ("value", "dt", "u")
 
 
-def _observation_value(value: Any) -> Any:
+def _observation_value(value: Any, path: str = "") -> Any:
     """``null`` (no measurement), an array (up to a matrix; ``null`` entries: not observed), or a logistic
-    minibatch {"x": matrix, "y": vector}."""
+    minibatch {"x": matrix, "y": vector}; ``path``: where it is in the step (``.value`` of an object)."""
     if isinstance(value, dict):
         if set(value) != {"x", "y"}:
             raise ValueError(
@@ -109,10 +135,10 @@ def _observation_value(value: Any) -> Any:
         if None in y or any(None in row for row in x):
             # as the published schema says: a minibatch is whole (null for the whole step: no measurement)
             raise ValueError('a minibatch\'s "x" and "y" are numbers only; send null for a step without one')
-        _array(x, 2)
-        _array(y, 1)
+        _array(x, 2, path=f"{path}.x")
+        _array(y, 1, path=f"{path}.y")
         return value
-    return _array(value, 2, gaps=True)
+    return _array(value, 2, gaps=True, path=path)
 
 
 def _observation(value: Any) -> Any:
@@ -124,15 +150,15 @@ def _observation(value: Any) -> Any:
     unknown = [k for k in value if k not in STEP_KEYS]
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(repr(k)[:40] for k in unknown[:5])}; allowed: value, dt, u")
-    _observation_value(value["value"])
+    _observation_value(value["value"], ".value")
     if "dt" in value and (isinstance(value["dt"], list) or value["dt"] is None):
         raise ValueError("dt: expected a number, the time since the previous step")
     if "dt" in value:
-        _array(value["dt"], 0)
+        _array(value["dt"], 0, path=".dt")
     if "u" in value and not isinstance(value["u"], list):
         raise ValueError("u: expected an array of numbers, the step's inputs")
     if "u" in value:
-        _array(value["u"], 1)
+        _array(value["u"], 1, path=".u")
     return value
 
 
@@ -364,6 +390,12 @@ class ObservationsRequest(_Request):
     seq: int | None = Field(default=None, ge=1, description="1-based step number of the first observation")
     observations: list[Observation] = Field(min_length=1, fail_fast=True, description="time steps, applied in order")
     return_samples: int = Field(default=0, ge=0, description="posterior draws to return after the last step")
+    per_step_params: bool = Field(
+        default=False,
+        description="a stream with unknown parameters (smc2): also give each per_step entry the parameters' "
+        "posterior after that step (params, params_ess, params_distinct, params_degenerate); by default they are "
+        "in the answer's summary only, the posterior after the last step",
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -373,7 +405,7 @@ class ObservationsRequest(_Request):
 
 
 class BatchUpdate(ObservationsRequest):
-    stream_id: str
+    stream_id: str = Field(pattern=STREAM_ID_PATTERN, description="the stream to update")
 
     model_config = ConfigDict(
         extra="forbid",
@@ -422,7 +454,30 @@ _PARAMS_DESCRIPTION = (
 )
 
 
-class Summary(BaseModel):
+class ParamCloud(BaseModel):
+    """How much of a smc2 stream's cloud of parameter particles is left (docs/API.md "Unknown parameters"): present
+    beside ``params`` — in every answer's summary, and in a per_step entry where the request asked for
+    per_step_params."""
+
+    params_ess: float | None = Field(
+        default=None,
+        description="the effective sample size 1 / sum w_j^2 of the parameter particles' weights (at most "
+        "theta_particles; reset to it when the stream resamples and moves them)",
+    )
+    params_distinct: int | None = Field(
+        default=None,
+        description="the distinct parameter particles: two are one value when each parameter agrees to a relative "
+        "1e-6 in its unconstrained coordinate (log for a positive one, logit for an interval)",
+    )
+    params_degenerate: bool | None = Field(
+        default=None,
+        description="true when the cloud has collapsed: params_ess or params_distinct below 10, or some parameter's "
+        "sd (unconstrained coordinate) below 1e-3 of its magnitude (at least 1); the stream can no longer learn "
+        "it — recreate it with a wider prior or more theta_particles",
+    )
+
+
+class Summary(ParamCloud):
     mean: list[float]
     cov: list[list[float]]
     std: list[float]
@@ -444,7 +499,7 @@ class Summary(BaseModel):
     pit_flags: list[bool] | None = Field(default=None, description="per entry of pit: whether it is flagged")
 
 
-class StepSummary(BaseModel):
+class StepSummary(ParamCloud):
     step: int
     mean: list[float]
     std: list[float]
@@ -455,7 +510,9 @@ class StepSummary(BaseModel):
     )
     log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
     ess: float | None = Field(description="the step's effective sample size (docs/API.md); null for kalman and ukf")
-    params: dict[str, ParamPosterior] | None = Field(default=None, description=_PARAMS_DESCRIPTION)
+    params: dict[str, ParamPosterior] | None = Field(
+        default=None, description=_PARAMS_DESCRIPTION + ", only where the request asked for per_step_params"
+    )
     pit: list[float | None] | None = Field(
         default=None,
         description="predictive p-value of each observed entry: P(O_j <= o_j | o_1..o_{m-1}) under the method's "

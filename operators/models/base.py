@@ -195,9 +195,12 @@ class ModelFamily:
         """One step's observation from JSON, gaps included: ``None`` is a step without a measurement
         (:meth:`missing_observation`), an array with ``None`` entries a partial observation — NaN at the gaps,
         for families whose likelihood can condition on the observed entries alone (``partial_observations``;
-        ValueError naming ``field`` for the others). Everything else is :meth:`parse_observation`'s."""
+        ValueError naming ``field`` for the others). A bare number is the observation ``[number]`` of a family whose
+        observation is one number (``obs_shape`` (1,)). Everything else is :meth:`parse_observation`'s."""
         if value is None:
             return self.missing_observation(dtype)
+        if isinstance(value, int | float) and not isinstance(value, bool) and tuple(self.obs_shape) == (1,):
+            value = [value]
         if not _has_gaps(value):
             return self.parse_observation(value, field, dtype)
         whole = isinstance(value, list) and not any(v is not None for v in _leaves(value))

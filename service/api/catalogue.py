@@ -14,7 +14,7 @@ from mpflow.service.schemas import ModelsResponse, OperatorsResponse
 router = APIRouter(prefix="/v1", tags=["streams"])
 
 
-@router.get("/models", response_model=ModelsResponse, responses=error_responses(401), tags=["catalogue"])
+@router.get("/models", response_model=ModelsResponse, responses=error_responses(401, 422), tags=["catalogue"])
 async def list_models(tenant: Tenant, settings: AppSettings) -> Response:
     """The model families this server runs — parameters, state dimensions, the shape of one observation, the
     methods that can run each — and every method with what it can do (`capabilities`: a weighted cloud, exact,
@@ -24,7 +24,7 @@ async def list_models(tenant: Tenant, settings: AppSettings) -> Response:
     return JSONResponse({"families": families, "methods": list(methods), "capabilities": methods})
 
 
-@router.get("/operators", response_model=OperatorsResponse, responses=error_responses(401), tags=["catalogue"])
+@router.get("/operators", response_model=OperatorsResponse, responses=error_responses(401, 422), tags=["catalogue"])
 async def list_operators(tenant: Tenant, operators: Operators) -> Response:
     """The trained `mpf` operators installed on this server, with the family and dimension each was trained for
     and its measured accuracy."""

@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["streams"])
 @router.post(
     "/streams/{stream_id}/observations",
     response_model=ObservationResult,
-    responses=error_responses(400, 401, 404, 409, 413, 422, 429, 503),
+    responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429, 503),
     summary="Apply observations (seq: exactly once)",
 )
 async def observe(stream_id: str, body: ObservationsRequest, tenant: Tenant, streams: Streams, log: Log) -> Response:
@@ -32,7 +32,7 @@ async def observe(stream_id: str, body: ObservationsRequest, tenant: Tenant, str
 @router.post(
     "/observations:batch",
     response_model=BatchResponse,
-    responses=error_responses(400, 401, 413, 422),
+    responses=error_responses(400, 401, 413, 415, 422),
     summary="Observations for many streams (each update on its own)",
 )
 async def observe_batch(body: BatchRequest, tenant: Tenant, streams: Streams) -> Response:

@@ -24,7 +24,7 @@ router = APIRouter(prefix="/v1", tags=["streams"])
     "/streams",
     status_code=201,
     response_model=StreamDocument,
-    responses=error_responses(400, 401, 409, 413, 422, 429, 503),
+    responses=error_responses(400, 401, 409, 413, 415, 422, 429, 503),
     summary="Create a stream",
 )
 async def create_stream(body: CreateStreamRequest, tenant: Tenant, streams: Streams, log: Log) -> Response:

@@ -29,6 +29,7 @@ from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import NonFiniteError, Updater
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine.fallback import Fallbacks
+from mpflow.service.engine.lanes import Priced
 from mpflow.service.engine.methods import updater_key
 from mpflow.service.engine.numerics import FALLBACK_ERRORS, finite_json, finite_rows, finite_state
 from mpflow.service.engine.tensor_work import TensorWork
@@ -50,16 +51,40 @@ def row_views(state: ParticleState) -> list[tuple[dict[str, Any], bool]]:
 Step = tuple[torch.Tensor, ModelFamily]
 
 
+#: what to do for steps of another duration with a stream that learns parameters (issue 58, item 2)
+_AS_VALUES = (
+    "create a stream with those parameters given as values (numbers or matrices, not priors) for steps of any dt"
+)
+
+
+def unit_steps_only(model: ModelFamily) -> str:
+    """Why a stream with unknown parameters takes steps of duration 1 only: its θ-particles (``smc2``) are a batch of
+    models moved by one transition each, which no step of another duration re-discretises."""
+    names = ", ".join(f"model.params.{n}" for n in sorted(model.unknown))
+    return f"a stream with unknown parameters ({names} given as priors) takes steps of duration 1 only"
+
+
+def check_learning_time(model: ModelFamily) -> None:
+    """At creation: refuse a model with unknown parameters whose parameters say its steps are of irregular duration —
+    an ``lds`` in continuous time (``F``, ``Qc``), whose only use over the discrete ``A``, ``Q`` is steps of other
+    durations than 1, which such a stream can never take (a ValueError naming ``model.params.F``). Nothing else in a
+    creation request says what ``dt`` the observations will bring: other streams are refused per step
+    (:func:`parse_step`)."""
+    if model.unknown and model.dynamic and getattr(model, "continuous", False):
+        raise ValueError(
+            f"model.params.F: an lds in continuous time (F, Qc) is for steps of any dt, but {unit_steps_only(model)}; "
+            "give the discrete transition A and Q (the continuous model over one unit of time) to learn the "
+            f"parameters, or {_AS_VALUES}"
+        )
+
+
 def parse_step(model: ModelFamily, item: Any, field: str) -> Step:
     """One item of ``observations`` (docs/API.md): a value, or ``{"value", "dt", "u"}``; ValueError naming the
     field."""
     if isinstance(item, dict) and "value" in item:
         obs = model.read_observation(item["value"], f"{field}.value", torch.float64)
         if model.unknown and model.dynamic and item.get("dt", 1.0) != 1.0:
-            raise ValueError(
-                f"{field}.dt: a stream with unknown parameters ({', '.join(sorted(model.unknown))}) takes steps of "
-                "duration 1; send dt = 1 or give the parameters as values"
-            )
+            raise ValueError(f"{field}.dt: {unit_steps_only(model)}; send dt = 1 (or no dt), or {_AS_VALUES}")
         u = item.get("u")
         inputs = None if u is None else torch.tensor(u, dtype=torch.float64)
         return obs, model.at_step(item.get("dt", 1.0), inputs, field)
@@ -166,21 +191,23 @@ class Stepper:
         parsed: list[Step],
         n_samples: int,
         announced: Announcement | None = None,
+        price: Priced | None = None,
     ) -> Applied:
         """Apply the steps (:func:`parse`) in order from ``state``, as runs on the engine (module docstring); each
         step's check and summary run on the worker right after it, and the last one's also encode the new state and
-        draw ``n_samples``."""
+        draw ``n_samples``; ``price``: the cost model's price of the dearest step, which places the steps on the
+        engine's lanes (:mod:`mpflow.service.engine.lanes`)."""
         method, last = meta["method"], len(parsed) - 1
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
         i, final, res = 0, None, None
         while final is None:
             if i == last:  # one step: a job of the engine's micro-batches, with other streams' steps
-                run = await self._last_step(meta, updater, state, parsed[i], n_samples, announced)
+                run = await self._last_step(meta, updater, state, parsed[i], n_samples, announced, price)
             else:
                 steps = [(model, obs) for obs, model in parsed[i:]]
                 after = functools.partial(_after_run, meta, n_samples, last - i)
-                run = await self.engine.update_run(updater, method, state, steps, announced, after=after)
+                run = await self.engine.update_run(updater, method, state, steps, announced, after=after, price=price)
             entries, final = run.after or ([], None)
             per_step += entries
             i += len(run.steps)
@@ -195,7 +222,7 @@ class Stepper:
                     raise invalid(f"observations[{i}]: {run.error}") from None
                 raise run.error
             # NaN/inf particles, a collapsed covariance: a safe method instead, for this step
-            res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, run.error)
+            res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, run.error, price)
             if i == last:
                 final = await self.work.run(meta, _after_last, meta, n_samples, res)
                 per_step.append(final[2])
@@ -217,6 +244,7 @@ class Stepper:
         step: Step,
         n_samples: int,
         announced: Announcement | None,
+        price: Priced | None,
     ) -> RunResult:
         """The request's last step alone, micro-batched with other streams' steps, as a run of one (its error, if
         it raised)."""
@@ -224,11 +252,20 @@ class Stepper:
         after = functools.partial(_after_last, meta, n_samples)
         try:
             res = await self.engine.update(
-                updater, updater_key(meta), meta["method"], model, state, obs, announced, after
+                updater, updater_key(meta), meta["method"], model, state, obs, announced, after, price
             )
         except Exception as exc:
             return RunResult([], exc)
         return RunResult([res], None, ([res.after[2]], res.after))
 
 
-__all__ = ["Applied", "Stepper", "checked_summary", "finish", "parse", "row_views"]
+__all__ = [
+    "Applied",
+    "Stepper",
+    "check_learning_time",
+    "checked_summary",
+    "finish",
+    "parse",
+    "row_views",
+    "unit_steps_only",
+]

@@ -21,6 +21,7 @@ from mpflow.operators.updaters import UPDATERS, Updater
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine.methods import Choice, Methods
 from mpflow.service.engine.numerics import finite_state, within_float32
+from mpflow.service.engine.stepping import check_learning_time
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.schemas import MAX_STATE_NAME_LENGTH, CreateStreamRequest
 from mpflow.service.settings import Settings
@@ -165,6 +166,7 @@ def prepare(
         prior = prior_from_spec(spec, dirs=methods.operators.dirs)  # a sampler by its registered name only
         model_spec = req.model.model_dump()
         model = methods.model(model_spec, prior.dim, model_dtype(req.method))
+        check_learning_time(model)  # unknown parameters with a model for steps of any dt: refused now, not per step
         choice = methods.choose(req, model)
         # the particle count the default was measured with, within this server's limit
         n = asked or min(choice.num_particles or DEFAULT_PARTICLES, settings.max_particles)

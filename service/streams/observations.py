@@ -32,6 +32,7 @@ from mpflow.service.streams import costs, history, pit
 from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import now, observation_document
 from mpflow.service.streams.publish import update_event
+from mpflow.service.streams.state_reads import SUMMARY
 
 
 def check_samples(settings: Settings, n: int) -> None:
@@ -47,8 +48,9 @@ def check_work(
     updater: Updater,
     req: ObservationsRequest,
     budget: costs.Budget | None = None,
-) -> costs.Cost:
-    """The request's estimated cost; 413 before any tensor work for a step that integrates in too many sub-steps
+) -> tuple[costs.Cost, costs.Cost]:
+    """The request's estimated cost and the price of its dearest step (:func:`costs.step_price`, what the update
+    engine's lanes read); 413 before any tensor work for a step that integrates in too many sub-steps
     (its ``dt``) or a request over the cost model's budget (:mod:`mpflow.service.streams.costs`), naming
     ``observations`` and how many fit; with a ``budget`` shared by a batch's updates, also when the batch's updates
     together are over it."""
@@ -56,16 +58,16 @@ def check_work(
     for i, (dt, _) in enumerate(steps):
         costs.check_substeps(settings, model, dt, f"observations[{i}]")
     n, d = int(meta["num_particles"]), model.state_dim
+    lag = int(meta.get("smoothing_lag") or 0)
     what = f"applying {len(steps)} steps to this {meta['method']} stream (N = {n}, d = {d})"
 
     def cost(m: int) -> costs.Cost:
-        lag = int(meta.get("smoothing_lag") or 0)
         return costs.observations_cost(model, updater, n, steps[:m], req.return_samples, lag)
 
     spent = costs.check(settings, "observations", len(steps), cost, what)
     if budget is not None:
         budget.spend(req, spent)
-    return spent
+    return spent, costs.step_price(model, updater, n, steps, lag)
 
 
 class Observations(StreamPart):
@@ -112,18 +114,25 @@ class Observations(StreamPart):
                 model, updater = self.methods.resolve(meta)
             else:  # the first use of an operator loads it from disk
                 model, updater = await self.work.off_loop(self.methods.resolve, meta)
-            check_work(self.settings, meta, model, updater, req, budget)
+            _, price = check_work(self.settings, meta, model, updater, req, budget)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
-            applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced)
+            applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced, price)
         new_meta = {
             "step": step + n,
             "log_evidence": float(applied.last.state.log_evidence[0]),
             "updated_at": now(),
             **pit.latest(applied.per_step),
+            SUMMARY: applied.summary,  # kept beside the state: GET /v1/streams/{id} reads it (.state_reads)
         }
         doc = observation_document(
-            stream_id, {**meta, **new_meta}, applied.summary, applied.per_step, applied.samples, duplicate=False
+            stream_id,
+            {**meta, **new_meta},
+            applied.summary,
+            applied.per_step,
+            applied.samples,
+            duplicate=False,
+            per_step_params=req.per_step_params,
         )
         event = update_event(self.store.prefix, tenant, stream_id, doc)
         entries = history.entries(applied.per_step, req.observations)
@@ -167,7 +176,9 @@ async def run_batch(
 
     async def one(i: int) -> dict[str, Any]:
         u = req.updates[i]
-        body = ObservationsRequest(seq=u.seq, observations=u.observations, return_samples=u.return_samples)
+        body = ObservationsRequest(
+            seq=u.seq, observations=u.observations, return_samples=u.return_samples, per_step_params=u.per_step_params
+        )
         try:
             doc = await observe(tenant, u.stream_id, body)
             return {"stream_id": u.stream_id, "status": 200, "stream": doc}

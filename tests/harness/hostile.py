@@ -282,7 +282,14 @@ HOSTILE: list[Hostile] = [
     Hostile("empty body", _OBS, lambda: b"", (422,)),
     Hostile("not JSON", _OBS, lambda: b"{observations: [[1, 1]", (400,)),
     Hostile("a JSON array", _OBS, lambda: b"[[1, 1]]", (422,)),
-    Hostile("text/plain", _OBS, lambda: b'{"observations": [[1, 1]]}', (422,), headers={"content-type": "text/plain"}),
+    Hostile(
+        "text/plain",
+        _OBS,
+        lambda: b'{"observations": [[1, 1]]}',
+        (415,),
+        headers={"content-type": "text/plain"},
+        field="content-type",
+    ),
     Hostile(
         "ttl_seconds 2^63",
         "/v1/streams",

@@ -62,7 +62,7 @@ def test_validation_messages_name_the_field():
     with pytest.raises(ValidationError) as e:
         ObservationsRequest.model_validate({"seq": 0, "observations": [[1.0, float("nan")]]})
     msg = from_validation_errors(e.value.errors()).message
-    assert "seq:" in msg and "observations[0]: contains NaN" in msg
+    assert "seq:" in msg and "observations[0][1]: NaN is not a number; send null for a missing entry" in msg
     assert from_validation_errors([{"type": "json_invalid", "loc": ("body", 3), "msg": "x"}]).status == 400
     # a minibatch with a null label is refused by the request model, as its schema says, not counted first
     for step in ({"x": [[1.0, 2.0]], "y": [None]}, {"x": [[1.0, None]], "y": [1]}):
