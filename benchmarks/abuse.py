@@ -327,6 +327,7 @@ def run_items(rig: Rig, sizes: Sizes, settings: Settings, log_path: Path) -> Non
     rig.measure("10", "websockets", lambda: attacks.many_websockets(url, sizes.websockets))
     rig.measure("10", "torch.load", lambda: attacks.weights_only_source(ROOT))
     print("issue 54: the edge", flush=True)
+    rig.measure("54.3", "8 readers of an 84 MB state", lambda: attacks.heavy_reads(url, rig.rss))
     rig.measure("54.4", "800 keyless dribbling heads", lambda: attacks.slow_heads(url, 800))
     rig.measure("54.4", "connections past the cap", lambda: attacks.connection_cap(url, settings.max_connections, 8))
     for label, plan in attacks.batch_ids(url, t) + attacks.bad_heads(url):
