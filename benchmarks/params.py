@@ -33,7 +33,11 @@ after it, and the state's bytes (the store's ``state_bytes``) at each, in ``benc
 
 ``--reference [--seeds S]``: the SV reference's own error — its 48 × 48 (φ, σ) grid against a 96 × 96 one over a
 wider σ range (:data:`SV_FINE_GRID`) and its 200 x-points against 140 (``params-reference.json``).
-``--conflict``: a prior far from the truth (:func:`conflict`; ``params-conflict.json``).
+``--conflict``: a prior far from the truth (:func:`conflict`; ``params-conflict.json``), the ``mh`` kernel among
+the contenders. ``--mh [--seeds S] [--steps T]``: the ``mh`` kernel (issue 55) against jitter and Liu–West on the
+lds with Q and R unknown, against a 2-D grid at t = 100 and T = 1000 (:func:`mh_accuracy`; ``params-mh.json``).
+``--mh-timing [--steps T]``: ms per step amortised at t = 100, 1000, 10000 of an M = 1024 stream, jitter against
+mh (:func:`mh_timing`; ``params-mh-timing.json``).
 """
 
 from __future__ import annotations
@@ -159,10 +163,10 @@ def sv_grid(
 
 
 # ------------------------------------------------------------------ contenders
-def run_jitter(case, h: float, M: int, seed: int, kernel: str = "jitter") -> dict[str, Any]:
+def run_jitter(case, h: float, M: int, seed: int, kernel: str = "jitter", **options: Any) -> dict[str, Any]:
     model = make_model(case["family"], case["params"], 1)
     prior = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
-    updater = get_updater("smc2", jitter=h, theta_particles=M, kernel=kernel)
+    updater = get_updater("smc2", jitter=h, theta_particles=M, kernel=kernel, **options)
     state = updater.init(prior, model, M * case["Nx"], seed)
     names = sorted(model.unknown)
     mean, sd, times = {k: [] for k in names}, {k: [] for k in names}, []
@@ -320,8 +324,9 @@ def conflict(T: int) -> None:
         ("jitter 0.5, M = 1024", "jitter", 0.5, 1024),
         ("jitter 2, M = 256", "jitter", 2.0, 256),
         ("liu_west, M = 256", "liu_west", 0.5, 256),
+        ("mh (H = 1000, 3 moves), M = 256", "mh", 0.5, 256),
     ):
-        run = run_jitter(case, h, M, 0, kernel)
+        run = run_jitter(case, h, M, 0, kernel, **({"history": 1000, "mh_moves": 3} if kernel == "mh" else {}))
         rows[name] = {t: (run["mean"]["R"][t - 1], run["sd"]["R"][t - 1]) for t in checkpoints}
         print(name, flush=True)
     print("\n| R posterior mean ± sd | " + " | ".join(f"t = {t}" for t in checkpoints) + " |")
@@ -333,6 +338,120 @@ def conflict(T: int) -> None:
         json.dump({"T": T, "rows": rows}, f, indent=1)
 
 
+# ------------------------------------------------------------------ the mh kernel (issue 55)
+def lds_qr_case(seed: int, T: int) -> dict[str, Any]:
+    """``lds Q R``: the lds R case's model and data-generating process (Q = 1, R = 2), both Q and R unknown with
+    log Q, log R ~ N(0, 1)."""
+    case = lds_case(seed, T)
+    ln = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
+    case["params"] = {**case["params"], "Q": ln, "R": ln}
+    return case
+
+
+def lds_qr_grid(ys: np.ndarray, checkpoints: list[int], n: int = 160) -> dict[int, dict[str, tuple[float, float]]]:
+    """Posterior mean and sd of Q and R at each checkpoint: exact Kalman log-likelihoods on an n × n grid of
+    log-spaced (Q, R) in [0.05, 20]², times the lognormal(0, 1) priors, the measure dQ dR ∝ Q R."""
+    g = np.exp(np.linspace(math.log(0.05), math.log(20.0), n))
+    q, r = (a.ravel() for a in np.meshgrid(g, g, indexing="ij"))
+    m, P, ll = np.zeros_like(q), np.ones_like(q), np.zeros_like(q)
+    log_prior = -0.5 * np.log(q) ** 2 - 0.5 * np.log(r) ** 2  # the densities' 1/θ cancel the measure's θ
+    out = {}
+    for t, y in enumerate(ys[:, 0], 1):
+        m, P = 0.9 * m, 0.81 * P + q
+        S = P + r
+        ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
+        m, P = m + P / S * (y - m), (1 - P / S) * P
+        if t in checkpoints:
+            lp = ll + log_prior
+            w = np.exp(lp - lp.max())
+            w /= w.sum()
+            out[t] = {}
+            for k, v in (("Q", q), ("R", r)):
+                mean = float((w * v).sum())
+                out[t][k] = (mean, float(math.sqrt((w * (v - mean) ** 2).sum())))
+    return out
+
+
+MH_RUNS = (
+    ("jitter 0.5", "jitter", {}),
+    ("liu_west", "liu_west", {}),
+    ("mh (H = 1000, 3 moves)", "mh", {"history": 1000, "mh_moves": 3}),
+)
+
+
+def mh_accuracy(seeds: int, T: int) -> None:
+    """``--mh``: the well-specified lds with Q and R unknown, every kernel at M = 256, against the 2-D grid at
+    t = 100 and T; ``benchmarks/results/params-mh.json``."""
+    torch.set_num_threads(1)
+    checkpoints = [t for t in (100, 1000) if t <= T] or [T]
+    per: dict[str, list] = {}
+    for seed in range(seeds):
+        case = lds_qr_case(seed, T)
+        ref = lds_qr_grid(case["obs"], checkpoints)
+        for name, kernel, options in MH_RUNS:
+            t0 = time.perf_counter()
+            run = run_jitter(case, 0.5, 256, seed, kernel, **options)
+            per.setdefault(name, []).append(
+                {"wall_s": time.perf_counter() - t0, "scores": score(run, ref, checkpoints)}
+            )
+        print(f"seed {seed} done", flush=True)
+    summary = {}
+    for name, rows in per.items():
+        keys = rows[0]["scores"].keys()
+        summary[name] = {
+            "wall_s": float(np.mean([r["wall_s"] for r in rows])),
+            "scores": {
+                k: {
+                    m: [
+                        float(np.mean([r["scores"][k][m] for r in rows])),
+                        float(np.max([r["scores"][k][m] for r in rows])),
+                    ]
+                    for m in ("err_sd", "sd_ratio")
+                }
+                for k in keys
+            },
+            "per_seed": [r["scores"] for r in rows],
+        }
+    keys = list(next(iter(summary.values()))["scores"])
+    print(f"\n### lds Q R (M = 256, {seeds} seeds): |mean − grid| / grid sd, sd / grid sd (mean over seeds)\n")
+    print("| method | wall s | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for name, srow in summary.items():
+        cells = " | ".join(
+            f"{srow['scores'][k]['err_sd'][0]:.2f}, {srow['scores'][k]['sd_ratio'][0]:.2f}" for k in keys
+        )
+        print(f"| {name} | {srow['wall_s']:.1f} | {cells} |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "params-mh.json"), "w") as f:
+        json.dump({"T": T, "seeds": seeds, "M": 256, "summary": summary}, f, indent=1)
+
+
+def mh_timing(T: int) -> None:
+    """``--mh-timing``: ms per step, amortised (total time / t) at t = 100, 1000, 10000, of a default-size stream
+    (M = N = 1024) of the lds Q R case, jitter against mh; ``benchmarks/results/params-mh-timing.json``."""
+    torch.set_num_threads(1)
+    case = lds_qr_case(0, T)
+    checkpoints = [t for t in (100, 1000, 10000) if t <= T]
+    rows = {}
+    for name, kernel, options in MH_RUNS[::2]:
+        run = run_jitter(case, 0.5, 1024, 0, kernel, **options)
+        cum = np.cumsum(run["times"])
+        rows[name] = {
+            "ms_per_step": {t: 1e3 * float(cum[t - 1]) / t for t in checkpoints},
+            "slowest_step_s": float(np.max(run["times"])),
+            "steps_over_50ms": int(np.sum(np.array(run["times"]) > 0.05)),
+        }
+        print(name, rows[name], flush=True)
+    print("\n| method (M = 1024) | " + " | ".join(f"ms/step t = {t}" for t in checkpoints) + " | slowest step s |")
+    print("|---|" + "---|" * (len(checkpoints) + 1))
+    for name, r in rows.items():
+        cells = " | ".join(f"{r['ms_per_step'][t]:.2f}" for t in checkpoints)
+        print(f"| {name} | {cells} | {r['slowest_step_s']:.2f} |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "params-mh-timing.json"), "w") as f:
+        json.dump({"T": T, "rows": rows}, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -341,7 +460,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--flat", action="store_true", help="per-step cost and state size at step 10⁶ only")
     ap.add_argument("--reference", action="store_true", help="the SV grid reference's own error only")
     ap.add_argument("--conflict", action="store_true", help="a prior far from the truth: does the θ-cloud recover")
+    ap.add_argument("--mh", action="store_true", help="the mh kernel on lds Q and R against a 2-D grid")
+    ap.add_argument("--mh-timing", action="store_true", help="ms per step of the mh kernel, amortised")
     args = ap.parse_args(argv)
+    if args.mh:
+        mh_accuracy(args.seeds or 4, args.steps or 1000)
+        return
+    if args.mh_timing:
+        mh_timing(args.steps or 10000)
+        return
     if args.flat:
         flat(args.steps or 2000)
         return

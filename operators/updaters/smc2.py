@@ -24,6 +24,11 @@ re-run any filter from the first observation (which SMC²'s PMMH kernel does:
 :mod:`mpflow.operators.references.smc2_pmmh` is that unbounded reference, measured against this one in
 ``benchmarks/params.py``).
 
+``kernel: "mh"`` (linear-Gaussian families): SMC²'s own resample-move instead, with random-walk Metropolis–Hastings
+moves accepted by prior × the exact Kalman likelihood of the last ``history`` observations, which the state keeps
+(:mod:`mpflow.operators.updaters.smc2_mh`; exact while the stream is at most ``history`` steps old, windowed after);
+the move's cost is bounded by ``history`` and priced on every step (:meth:`SMC2Updater.step_work`).
+
 The filtered state integrates over θ: its particles are the N = M·N_x pairs (θ_j, x_{j,i}) with weights ω_j w_{j,i}
 (Kalman: N_x draws of N(m_j, P_j) per θ_j, weight ω_j / N_x), so every summary is of p(x_m | o_≤m) (eq. P6).
 A step's predictive p-values mix every θ's own predictive by ω̄ (eq. P7, :meth:`SMC2Updater.pit`), and
@@ -32,7 +37,9 @@ A step's predictive p-values mix every θ's own predictive by ω̄ (eq. P7, :met
 State (extras, besides the particles): ``param.<name>`` [B, M] θ values (float64), ``param_log_weights`` [B, M]
 (normalised), ``param_support.<name>`` [B, 3] (the support's kind — 0 ℝ, 1 (lo, ∞), 2 (lo, hi) — lo and hi, for the
 jitter's coordinate), and the Kalman filters' ``theta_mean`` [B, M, d], ``theta_cov`` [B, M, d, d]; a particle
-filter's particles and within-θ weights are the state's own, in M blocks of N_x.
+filter's particles and within-θ weights are the state's own, in M blocks of N_x; with ``kernel: "mh"``, the kept
+window ``mh_history``, ``mh_observed``, ``mh_length``, ``mh_start_mean`` and ``mh_start_cov``
+(:mod:`~mpflow.operators.updaters.smc2_mh`).
 """
 
 from __future__ import annotations
@@ -50,12 +57,13 @@ from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.exact_kalman import kalman_predict
 from mpflow.operators.rng import Generators, generators_from_state, rand, randn
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
+from mpflow.operators.updaters import smc2_mh
 from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.operators.updaters.smc import resample_low_ess
 
 #: the θ-particles' move after resampling (:meth:`SMC2Updater._moved`)
-KERNELS = ("jitter", "liu_west")
+KERNELS = ("jitter", "liu_west", "mh")
 PARAM = "param."
 SUPPORT = "param_support."
 PARAM_LOG_WEIGHTS = "param_log_weights"
@@ -164,8 +172,15 @@ class SMC2Updater(Updater):
         "its parameter particles are resampled and moved as it learns, so past states were filtered under "
         "parameters it no longer holds; give the parameters as numbers and use kalman or smc to smooth"
     )
-    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel"})
-    defaults = {"theta_particles": 0, "ess_threshold": 0.5, "jitter": 0.5, "kernel": "jitter"}
+    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel", "history", "mh_moves"})
+    defaults = {
+        "theta_particles": 0,
+        "ess_threshold": 0.5,
+        "jitter": 0.5,
+        "kernel": "jitter",
+        "history": 1000,
+        "mh_moves": 3,
+    }
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -181,6 +196,17 @@ class SMC2Updater(Updater):
             raise ValueError(f"options.jitter: the jittering kernel's scale h in [0, 10], got {h!r}")
         if o["kernel"] not in KERNELS:
             raise ValueError(f"options.kernel: one of {', '.join(KERNELS)}, got {o['kernel']!r}")
+        hist = o["history"]
+        if isinstance(hist, bool) or not isinstance(hist, int) or not 1 <= hist <= smc2_mh.MAX_HISTORY:
+            raise ValueError(
+                f"options.history: the observations kept for the mh kernel's moves, 1 to {smc2_mh.MAX_HISTORY}, "
+                f"got {hist!r}"
+            )
+        k = o["mh_moves"]
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= smc2_mh.MAX_MOVES:
+            raise ValueError(
+                f"options.mh_moves: the mh kernel's moves per rejuvenation, 1 to {smc2_mh.MAX_MOVES}, got {k!r}"
+            )
 
     #: a new stream's particle count θ × x when its request gives none: an exact Kalman filter per θ-particle
     #: (M = N, one draw each), or M = N_x = 64 particle filters (``benchmarks/params.py``)
@@ -201,7 +227,9 @@ class SMC2Updater(Updater):
     def kept(self, state: ParticleState, model: ModelFamily) -> Kept:
         """Besides the base's: the θ-cloud — the θ-particles θ_j [B, M, P] (``param.<name>``) with their weights ω_j
         (``param_log_weights``: normalised, eq. P4), each θ within its prior's support and each stored support
-        (``param_support.<name>``) the model's — and the per-θ Kalman filters' covariances P_j (``theta_cov``)."""
+        (``param_support.<name>``) the model's — the per-θ Kalman filters' covariances P_j (``theta_cov``) and,
+        with the ``mh`` kernel, its window's length (``mh_length`` in [0, H]) and start covariance
+        (``mh_start_cov``)."""
         kept = super().kept(state, model)
         names = param_names(state.extras)
         lw = state.extras[PARAM_LOG_WEIGHTS]
@@ -215,6 +243,11 @@ class SMC2Updater(Updater):
             kept.fixed.append(Fixed(f"extras.{SUPPORT}{name}", code, expected, "the support of the model's prior"))
         if "theta_cov" in state.extras:
             kept.covariances["extras.theta_cov"] = state.extras["theta_cov"]
+        if smc2_mh.HISTORY in state.extras:  # the mh kernel's window (smc2_mh): its length and its start's covariance
+            H = state.extras[smc2_mh.HISTORY].shape[1]
+            kept.bounds.append(Bound(f"extras.{smc2_mh.LENGTH}", state.extras[smc2_mh.LENGTH], 0.0, float(H)))
+            kept.bounds.append(Bound(f"extras.{smc2_mh.OBSERVED}", state.extras[smc2_mh.OBSERVED], 0.0, 1.0))
+            kept.covariances[f"extras.{smc2_mh.START_COV}"] = state.extras[smc2_mh.START_COV]
         return kept
 
     # ------------------------------------------------------------------ init
@@ -229,10 +262,18 @@ class SMC2Updater(Updater):
             extras[PARAM + name] = torch.stack(draws)
             extras[SUPPORT + name] = torch.tensor([support_code(*p.support)] * B, dtype=torch.float64)
         extras[PARAM_LOG_WEIGHTS] = torch.full((B, M), -math.log(M), dtype=torch.float64)
+        if self.options["kernel"] == "mh" and not exact:
+            raise ValueError(
+                "options.kernel: mh needs an exact Kalman filter per θ-particle (a linear-Gaussian family and a "
+                "Gaussian prior); use jitter or liu_west"
+            )
         if exact:
             mean, cov = prior.moments()
             extras["theta_mean"] = mean.to(torch.float64)[:, None].expand(B, M, d).clone()
             extras["theta_cov"] = cov.to(torch.float64)[:, None].expand(B, M, d, d).clone()
+            if self.options["kernel"] == "mh":
+                k = model.observation_size()
+                extras.update(smc2_mh.init_extras(B, self.options["history"], k, mean, cov))
         return state.replace(extras=extras)
 
     # ------------------------------------------------------------------ update
@@ -277,10 +318,17 @@ class SMC2Updater(Updater):
         increment = torch.where(torch.isfinite(increment), increment, torch.full_like(increment, -1e30))
         ess_theta = ess(lw)
         theta_bm = torch.stack([state.extras[PARAM + n] for n in names], -1) if names else torch.zeros(B, M, 0)
+        extras = {k: v for k, v in state.extras.items()}
+        if smc2_mh.HISTORY in extras:  # this step's observation joins the window (the move's target includes it)
+            w_prev = torch.softmax(lw_prev, -1)
+            theta_mean = {n: (w_prev * state.extras[PARAM + n].to(torch.float64)).sum(-1) for n in names}
+            extras = smc2_mh.append(extras, obs, model, theta_mean)
         rows = ess_theta < self.options["ess_threshold"] * M
         if bool(rows.any()):
-            theta_bm, lw, inner = self._rejuvenate(state, names, theta_bm, lw, inner, rows, gens)
-        extras = {k: v for k, v in state.extras.items()}
+            if smc2_mh.HISTORY in extras:
+                theta_bm, lw, inner = self._mh(extras, model, names, theta_bm, lw, inner, rows, gens)
+            else:
+                theta_bm, lw, inner = self._rejuvenate(state, names, theta_bm, lw, inner, rows, gens)
         extras.update({PARAM + n: theta_bm[..., i].contiguous() for i, n in enumerate(names)})
         extras[PARAM_LOG_WEIGHTS] = lw
         if exact:
@@ -404,6 +452,26 @@ class SMC2Updater(Updater):
         lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
         return theta, lw, tuple(moved_inner)
 
+    def _mh(self, extras, model, names, theta, lw, inner, rows, gens):
+        """SMC²'s resample-move for the streams ``rows`` (:mod:`mpflow.operators.updaters.smc2_mh`): resample the
+        θ-particles (systematic), then ``mh_moves`` random-walk MH moves accepted by prior × the exact Kalman
+        likelihood of the kept window; each θ-particle's filter is its replay's."""
+        rs = rows.nonzero().flatten()
+        sub_gens = [_rows(gens)[b] for b in rs.tolist()]
+        R, M, p = len(rs), theta.shape[1], theta.shape[2]
+        idx = systematic_resample(lw[rs], rand(sub_gens, [1], torch.float64)[:, 0])  # [R, M]
+        th = torch.gather(theta[rs], 1, idx[..., None].expand(R, M, p))
+        supports = {n: support_bounds(extras[SUPPORT + n][rs].to(torch.float64)) for n in names}
+        priors = {n: model.unknown[n] for n in names}
+        keys = (smc2_mh.HISTORY, smc2_mh.OBSERVED, smc2_mh.LENGTH, smc2_mh.START_MEAN, smc2_mh.START_COV)
+        sub = {k: extras[k][rs] for k in keys}
+        th, m, P, _ = smc2_mh.mh_move(model, names, priors, supports, th, sub, sub_gens, self.options["mh_moves"])
+        mean, cov = inner
+        theta = theta.index_copy(0, rs, th)
+        inner = (mean.index_copy(0, rs, m.to(mean.dtype)), cov.index_copy(0, rs, P.to(cov.dtype)))
+        lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
+        return theta, lw, inner
+
     def _moved(self, u: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
         """The resampled θ-particles' coordinates u [R, M] moved by the kernel (eq. P5): ``jitter``
         u + h M^{−1/2} s_u ξ; ``liu_west`` a u + (1 − a) ū + √(1 − a²) s_u ξ, a = 0.98 (Liu & West 2001: the
@@ -434,7 +502,16 @@ class SMC2Updater(Updater):
         base = super().step_work(model, n, dt, k)
         per_theta = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + 4.0 * (d * d + k * k) + RANDN_FLOPS
         params = sum(v[0].numel() for v in model.params.values())
-        return StepWork(base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params))
+        flops, nbytes = base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params)
+        if self.options["kernel"] == "mh" and model.linear_gaussian:  # the move's worst case, on every step (smc2_mh)
+            H, replays = self.options["history"], self.options["mh_moves"] + 1
+            scalar = d == 1 and k == 1
+            per_step = smc2_mh.REPLAY_STEP_FLOPS[scalar] + n * smc2_mh.REPLAY_FACTOR[scalar] * smc2_mh.replay_flops(
+                d, k
+            )
+            flops += replays * H * per_step
+            nbytes += 8.0 * (H * k * (n + 1) + 6 * n * (d * d + k * k + d * k + params))
+        return StepWork(flops, nbytes)
 
     #: the p-values' Kalman algebra per θ-particle (:meth:`pit_work`) against its count: M small d × d products in
     #: float64 run far below the cost model's 25 Gflop/s — the predict and predictive covariance (4 d³ + 2 d² k +

@@ -78,7 +78,7 @@ def test_the_forecast_observes_each_pair_under_its_own_r(redis_url):
     for h in doc["forecast"]:
         state, obs = h["state"], h["observation"]
         assert obs is not None and len(obs["samples"]) == 20 and len(obs["samples"][0]) == 1
-        assert set(obs["quantiles"]) == {"0.05", "0.5", "0.95"}
+        assert set(obs["quantiles"]) == {"0.025", "0.05", "0.5", "0.95", "0.975"}
         var, expected = obs["cov"][0][0], state["cov"][0][0] + r_mean
         # a weighted cloud of effective size ≥ N/4 (the θ-ESS is kept above M/2): a few sd/√(N/4) and var √(2/(N/4))
         assert abs(obs["mean"][0] - state["mean"][0]) < 6 * math.sqrt(var / (n / 4))
@@ -205,7 +205,7 @@ def test_the_client_reads_params_as_numpy_and_pandas(server):  # noqa: F811
     sparse = StepTable.of(answers).params["R"]["mean"]
     np.testing.assert_array_equal(np.isfinite(sparse), [False, False, True, False, False, True, False, True])
     np.testing.assert_array_equal(sparse[[2, 5, 7]], every[[2, 5, 7]])  # the same stream, the same numbers
-    assert set(last.params) == {"R"} and set(last.params["R"]) == {"mean", "sd", "q05", "q95"}
+    assert set(last.params) == {"R"} and set(last.params["R"]) == {"mean", "sd", "q025", "q05", "q95", "q975"}
     frame = last.params_to_pandas()
     assert list(frame.index) == ["R"] and frame.loc["R", "mean"] == last.params["R"]["mean"]
     table = StepTable.of(answers)
@@ -270,3 +270,55 @@ def test_a_collapsing_cloud_reports_its_ess_and_distinct_values(redis_url):
     assert got["summary"]["params_ess"] == jump["summary"]["params_ess"]
     assert refused.status_code == 422 and "per_step_param" in refused.text
     assert 'mpflow_update_theta_ess_fraction_count{method="smc2"} 8.0' in metrics, metrics
+
+
+MH_REFUSED = {
+    "history 0": ({"kernel": "mh", "history": 0}, None, "options.history"),
+    "too many moves": ({"kernel": "mh", "mh_moves": 1000}, None, "options.mh_moves"),
+    "not a kernel": ({"kernel": "pmmh"}, None, "options.kernel"),
+    "mh without an exact filter": (
+        {"kernel": "mh"},
+        {"family": "stochastic_volatility", "params": {"mu": 0.0, "phi": 0.95, "sigma": LOGNORMAL}},
+        "options.kernel: mh needs an exact Kalman filter",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MH_REFUSED))
+def test_bad_mh_options_are_refused_naming_the_field(redis_url, case):
+    options, model, says = MH_REFUSED[case]
+    req = lds_request(stream_id="mhbad", method="smc2", method_options=options, num_particles=64)
+    if model is not None:
+        req["model"] = model
+
+    async def body(app, c):
+        return await c.post("/v1/streams", json=req), await c.get("/v1/streams/mhbad")
+
+    r, after = run(redis_url, body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+    assert after.status_code == 404
+
+
+def test_an_mh_stream_keeps_its_history_through_the_store(redis_url):
+    """``kernel: "mh"`` with a window of 5 observations: the state (its history included) goes through the store
+    between requests, keeps its size, and learns R."""
+    opts = {"kernel": "mh", "history": 5, "mh_moves": 2, "ess_threshold": 0.9}
+    req = lds_request(stream_id="mh", method="smc2", method_options=opts, num_particles=128)
+
+    async def body(app, c):
+        created = await c.post("/v1/streams", json=req)
+        first = await c.post("/v1/streams/mh/observations", json={"observations": OBS[:4]})
+        second = await c.post("/v1/streams/mh/observations", json={"observations": [*OBS[4:], None]})
+        return created, first, second, await c.get("/v1/streams/mh")
+
+    created, first, second, got = run(redis_url, body)
+    assert created.status_code == 201, created.text
+    assert first.status_code == 200 and second.status_code == 200, second.text
+    assert second.json()["step"] == len(OBS) + 1
+    assert got.json()["state_bytes"] == created.json()["state_bytes"]
+    r = got.json()["summary"]["params"]["R"]
+    assert r["q05"] <= r["mean"] <= r["q95"] and r["sd"] > 0
+    # the moves target the exact posterior while the 5-step window holds every step, the windowed one after
+    assert first.json()["summary"]["params_rejuvenation"] == "exact"
+    assert got.json()["summary"]["params_rejuvenation"] == "windowed"
