@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup serve test test-tools lint bench bench-quick clean
+.PHONY: setup serve test test-tools lint docs bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The documentation site into site/ (mkdocs.yml; its generated pages: docs/site_hooks.py); offline, no CDN.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench-quick: setup
 	$(PY) -m benchmarks.engine --quick
 
@@ -55,4 +59,4 @@ bench: setup
 	$(PY) -m benchmarks.engine
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info site

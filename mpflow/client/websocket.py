@@ -76,6 +76,7 @@ class StreamSocket:
             raise MpflowConnectionError(None, "connection_failed", f"the WebSocket {self.url} ended: {exc}") from exc
 
     def close(self) -> None:
+        """Close the WebSocket (``with stream.socket() as ws:`` closes it on leaving)."""
         self.connection.__exit__(None, None, None)
 
     def __enter__(self) -> StreamSocket:
@@ -107,6 +108,7 @@ class AsyncStreamSocket:
             await self._connect.__aexit__(None, None, None)
 
     async def update(self, observations: Sequence[Any], seq: int | None = None, return_samples: int = 0) -> Posterior:
+        """As :meth:`StreamSocket.update`."""
         assert self.connection is not None, "use `async with stream.socket() as ws`"
         with contextlib.suppress(ConnectionClosed):  # closed after an error frame: read it below
             await self.connection.send(_frame(observations, seq, return_samples))

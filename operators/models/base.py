@@ -51,7 +51,14 @@ from mpflow.operators.rng import Generators, randn
 
 
 class ModelFamily:
+    """A model family: p(o | x) and, for a dynamic family, p(x_m | x_{m-1}), for B streams at once (module
+    docstring). A plugin subclasses it and gives at least ``name``, :attr:`obs_shape`, :meth:`log_likelihood` and
+    :meth:`sample_observation` (what :func:`mpflow.operators.models.plugins.family_problem` checks), ``spec`` when
+    it takes parameters, and a dynamic one its transition. Every other method has a default that works from those."""
+
+    #: the family's name: the API's ``model.family`` and the name of its entry point in ``mpflow.families``
     name: ClassVar[str]
+    #: the state moves between steps (a transition); False: a static state, learned from every observation
     dynamic: ClassVar[bool] = False
     #: exact Kalman/conjugate updates apply (linear transition and linear-Gaussian observation)
     linear_gaussian: ClassVar[bool] = False
@@ -180,6 +187,7 @@ class ModelFamily:
     # ----------------------------------------------------------------- observations
     @property
     def obs_shape(self) -> tuple[int, ...]:
+        """The shape of one step's observation (``(k,)`` for a vector of k entries); every family gives it."""
         raise NotImplementedError
 
     def parse_observation(self, value: Any, field: str = "observation", dtype=torch.float32) -> torch.Tensor:
