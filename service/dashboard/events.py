@@ -23,7 +23,8 @@ applied while no feed is open are not replayed; the first event of the next feed
 client sees at most a gap. A client that gets an ``update`` whose ``step`` it already has (an older event,
 delivered late) ignores it.
 
-``/openapi.json`` documents the route (``text/event-stream``); the schema fuzzers leave it out
+``/openapi.json`` documents the route (``text/event-stream``, each event's data in ``x-sse-events``, checked against
+real frames by tests/integration/test_api_contract.py); the schema fuzzers leave it out
 (:data:`NOT_FUZZED`): they read each answer to its end, and a live feed has none for ``MAX_FEED_SECONDS``.
 """
 
@@ -114,6 +115,45 @@ _EVENTS_DOC = (
     f"answering, `: keep-alive` comments; the feed ends after {MAX_FEED_SECONDS:.0f} s — reconnect."
 )
 
+_COMPONENT = "#/components/schemas/"
+#: the media type of a feed: the body is text (``event: <name>`` and ``data: <JSON>`` lines, a blank line after each
+#: event); ``x-sse-events`` gives each event's name and the schema of its ``data`` (OpenAPI 3.1 has no keyword for
+#: the items of a stream of events; 3.2's ``itemSchema`` is the same idea)
+_EVENTS_MEDIA = {
+    "schema": {
+        "type": "string",
+        "description": "Server-Sent Events: per event an `event: <name>` line, a `data: <JSON>` line and a blank line; "
+        "`: keep-alive` comment lines between them. The data of each event name: `x-sse-events`",
+    },
+    "x-sse-events": {
+        "stream": {"$ref": _COMPONENT + "StreamDocument"},
+        "update": {
+            "type": "object",
+            "properties": {
+                "stream_id": {"type": "string"},
+                "step": {"type": "integer"},
+                "updated_at": {"type": "string"},
+                "method": {"type": "string"},
+                "summary": {  # the stream document's summary (Summary) but its d × d cov (events stay small)
+                    "type": "object",
+                    "properties": {
+                        "mean": {"type": "array", "items": {"type": "number"}},
+                        "std": {"type": "array", "items": {"type": "number"}},
+                        "quantiles": {"$ref": _COMPONENT + "Quantiles"},
+                        "ess": {"type": ["number", "null"]},
+                        "log_evidence": {"type": "number"},
+                    },
+                    "required": ["mean", "std", "quantiles", "ess", "log_evidence"],
+                    "not": {"required": ["cov"]},
+                },
+                "per_step": {"type": "array", "items": {"$ref": _COMPONENT + "StepSummary"}},
+            },
+            "required": ["stream_id", "step", "updated_at", "method", "summary", "per_step"],
+        },
+        "error": {"$ref": _COMPONENT + "ErrorResponse"},
+    },
+}
+
 
 async def live_feeds(conn: HTTPConnection) -> Feeds:
     """The app's :class:`Feeds` (built by the lifespan), as a dependency."""
@@ -128,7 +168,7 @@ LiveFeeds = Annotated[Feeds, Depends(live_feeds)]
     summary="Live updates of a stream (Server-Sent Events)",
     response_class=StreamingResponse,
     responses={
-        200: {"description": _EVENTS_DOC, "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        200: {"description": _EVENTS_DOC, "content": {"text/event-stream": _EVENTS_MEDIA}},
         **error_responses(401, 404, 422, 429, 503),
     },
 )
