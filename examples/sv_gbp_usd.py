@@ -12,8 +12,9 @@ numbers: the stream then runs ``smc2`` (θ-particles, a particle filter each) an
 
     python examples/sv_gbp_usd.py --serve --out sv_gbp_usd.png
 
-The plot: the returns with the filtered 90 % band ±1.645 e^{x/2} of their distribution (the posterior median of the
-volatility, and its 5–95 % band), and the posterior of each parameter over the days (mean and 5–95 % band).
+The plot: the returns with the filtered 95 % band ±1.96 e^{x/2} of their distribution (at the posterior median of the
+volatility, and at its 95 % credible band: the 2.5 % and 97.5 % quantiles of x per day, as every answer's
+``per_step`` carries them), and the posterior of each parameter over the days (mean and 95 % credible band).
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def plot(dates: list[str], returns: np.ndarray, table: StepTable, quantiles: np.
     fig = plt.figure(figsize=(11, 7))
     top = fig.add_subplot(2, 1, 1)
     top.plot(t, returns, color="0.55", lw=0.6, label="log-return (%)")
-    band = 1.645 * np.exp(quantiles / 2)  # [n, 3]: the 90 % half-width at the 5 %, 50 %, 95 % quantiles of x
-    top.fill_between(t, -band[:, 2], band[:, 2], color="C0", alpha=0.12, label="90 % band, 95 % quantile of vol.")
-    top.fill_between(t, -band[:, 0], band[:, 0], color="C0", alpha=0.25, label="… at the 5 % quantile")
-    top.plot(t, band[:, 1], "C0-", lw=1.0, label="± 1.645 · median volatility")
+    band = 1.96 * np.exp(quantiles / 2)  # [n, 3]: the 95 % half-width at the 2.5 %, 50 %, 97.5 % quantiles of x
+    top.fill_between(t, -band[:, 2], band[:, 2], color="C0", alpha=0.12, label="95 % band, 97.5 % quantile of vol.")
+    top.fill_between(t, -band[:, 0], band[:, 0], color="C0", alpha=0.25, label="… at the 2.5 % quantile")
+    top.plot(t, band[:, 1], "C0-", lw=1.0, label="± 1.96 · median volatility")
     top.plot(t, -band[:, 1], "C0-", lw=1.0)
     top.set_ylabel("GBP/USD daily log-return, %")
     top.legend(fontsize=7, ncol=2, loc="upper left")
@@ -69,7 +70,7 @@ def plot(dates: list[str], returns: np.ndarray, table: StepTable, quantiles: np.
     for i, name in enumerate(("mu", "phi", "sigma")):
         ax = fig.add_subplot(2, 3, 4 + i)
         p = table.params[name]
-        ax.fill_between(t, p["q05"], p["q95"], color=f"C{i + 1}", alpha=0.25, label="5–95 %")
+        ax.fill_between(t, p["q025"], p["q975"], color=f"C{i + 1}", alpha=0.25, label="95 % band")
         ax.plot(t, p["mean"], f"C{i + 1}-", lw=1.2, label="mean")
         ax.set_title(LABELS[name], fontsize=9)
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%y-%m"))
@@ -96,13 +97,13 @@ def learn(url: str, args: argparse.Namespace) -> None:
         answers = list(stream.filter(returns[:, None].tolist(), batch=50))
         stream.delete()
     table = StepTable.of(answers)
-    # the 5 %, 50 %, 95 % quantiles of x per day, read as Gaussian from each step's mean and sd (per_step's summary)
-    quantiles = table.mean[:, :1] + np.array([-1.645, 0.0, 1.645]) * table.std[:, :1]
+    # the 2.5 %, 50 %, 97.5 % quantiles of x per day (each per_step entry's quantiles: the 95 % credible band)
+    quantiles = np.stack([table.quantiles[q][:, 0] for q in ("0.025", "0.5", "0.975")], axis=1)
     last = answers[-1].params
     doc = answers[-1]
     print(f"{len(returns)} days, {doc['method']}, N = {doc['num_particles']} (θ × x):")
     for name, p in last.items():
-        print(f"  {name}: mean {p['mean']:.3f}, sd {p['sd']:.3f}, 90 % interval [{p['q05']:.3f}, {p['q95']:.3f}]")
+        print(f"  {name}: mean {p['mean']:.3f}, sd {p['sd']:.3f}, 95 % interval [{p['q025']:.3f}, {p['q975']:.3f}]")
     title = f"GBP/USD 1997–1999, stochastic volatility with μ, φ, σ learned online (smc2, N = {doc['num_particles']})"
     plot(dates, returns, table, quantiles, args.out, title)
     print(f"wrote {args.out}")

@@ -31,7 +31,7 @@ from mpflow.operators.models import FAMILIES, FAMILY_ERRORS
 from mpflow.operators.models.plugins import CATALOGUE_ORDER
 from mpflow.operators.updaters import UPDATERS
 from mpflow.service import errors
-from mpflow.service.api import ROUTERS
+from mpflow.service.api import ROUTERS, contract
 from mpflow.service.api import docs as redoc_page
 from mpflow.service.api import websocket as ws
 from mpflow.service.api.auth import Authenticator, redact_secrets_in_logs
@@ -192,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(AuthGate, auth=app.state.auth, metrics_public=settings.metrics_public)
     app.add_middleware(Observe, metrics=app.state.metrics)
+    contract.install(app, settings)  # the limits of `settings` in /openapi.json (docs/API.md "Limits")
     if app.state.auth.open:
         _document_open_mode(app)
     return app

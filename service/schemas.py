@@ -23,13 +23,25 @@ from mpflow.operators.models import FAMILIES
 from mpflow.operators.smoothing import MAX_LAG as MAX_SMOOTHING_LAG
 from mpflow.operators.updaters import CAPABILITIES, UPDATERS
 from mpflow.service.engine.numerics import FALLBACK_ORDER
+from mpflow.service.engine.summary import MAX_LEVELS, QUANTILES, check_levels
 from mpflow.service.store.stream_store import NAME_PATTERN
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
 
 #: every stream id the API takes — at creation, in a path, a batch's update, an import's ``stream_id`` — is checked
 #: against this one pattern, the store's (422 naming the field, before anything is looked up)
 STREAM_ID_PATTERN = NAME_PATTERN
 MAX_SEED = 2**63 - 1
+#: the largest integer every JSON number holds exactly (2⁵³ − 1): the bound of ``seq``, and of a float sent for an
+#: integer field (``5.0``; beyond it a float is no faithful integer)
+MAX_EXACT_INT = 2**53 - 1
 #: the largest float32: particles and operators compute in float32, so a larger number is infinite to them
 FLOAT32_MAX = 3.4028234663852886e38
 #: ttl_seconds at most ~68 years (Redis keeps expiry times in milliseconds; far larger values overflow)
@@ -47,6 +59,7 @@ _MATRIX = {"type": "array", "items": _VECTOR}
 
 # the range as pydantic constraints (checked in Rust: a Python validator per number doubled the time of a 3 MB body)
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
 # fail_fast: a list of a million bad items is refused at the first (one error, not a million: module docstring)
 Vector = Annotated[list[FiniteFloat], Field(fail_fast=True)]
 Matrix = Annotated[list[Vector], Field(fail_fast=True)]
@@ -143,7 +156,7 @@ def _observation_value(value: Any, path: str = "") -> Any:
 
 def _observation(value: Any) -> Any:
     """One step: an observation value (:func:`_observation_value`), or an object ``{"value", "dt", "u"}`` — the
-    value, the time since the previous step (a number; its sign is the family's to check) and the inputs (an array
+    value, the time since the previous step (a positive number, as the published schema says) and the inputs (an array
     of numbers)."""
     if not (isinstance(value, dict) and "value" in value):
         return _observation_value(value)
@@ -155,6 +168,8 @@ def _observation(value: Any) -> Any:
         raise ValueError("dt: expected a number, the time since the previous step")
     if "dt" in value:
         _array(value["dt"], 0, path=".dt")
+        if value["dt"] <= 0:  # the published exclusiveMinimum, for one stream and a batch's update alike
+            raise EntryError(".dt", f"the time since the previous step must be a positive number, got {value['dt']!r}")
     if "u" in value and not isinstance(value["u"], list):
         raise ValueError("u: expected an array of numbers, the step's inputs")
     if "u" in value:
@@ -261,7 +276,27 @@ class _Request(BaseModel):
                     f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
                 )
                 raise ValueError(f"unknown field(s) {names}; allowed: {', '.join(fields)}")
+            integral = [k for k in _int_fields(cls) if _integral(data.get(k))]
+            if integral:  # 5.0 is an integer to JSON Schema (the published contract), not to a strict model
+                data = {**data, **{k: int(data[k]) for k in integral}}
         return data
+
+
+_INT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _integral(value: Any) -> bool:
+    """Whether ``value`` is a float that is an exact integer a JSON client means as one (|x| ≤ 2⁵³ − 1)."""
+    return isinstance(value, float) and value.is_integer() and abs(value) <= MAX_EXACT_INT
+
+
+def _int_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``cls`` typed ``int`` or ``int | None`` (cached per class)."""
+    if cls not in _INT_FIELDS:
+        _INT_FIELDS[cls] = tuple(
+            name for name, f in cls.__pydantic_fields__.items() if f.annotation in (int, int | None)
+        )
+    return _INT_FIELDS[cls]
 
 
 # ---------------------------------------------------------------------------------------------- model / prior
@@ -386,8 +421,20 @@ class CreateStreamRequest(_Request):
     )
 
 
+def _levels(levels: list[float]) -> list[float]:
+    return list(check_levels(levels))
+
+
+#: a request's quantile levels (:func:`mpflow.service.engine.summary.check_levels`: sorted, without repeats)
+QuantileLevels = Annotated[
+    list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=1, max_length=MAX_LEVELS), AfterValidator(_levels)
+]
+
+
 class ObservationsRequest(_Request):
-    seq: int | None = Field(default=None, ge=1, description="1-based step number of the first observation")
+    seq: int | None = Field(
+        default=None, ge=1, le=MAX_EXACT_INT, description="1-based step number of the first observation"
+    )
     observations: list[Observation] = Field(min_length=1, fail_fast=True, description="time steps, applied in order")
     return_samples: int = Field(default=0, ge=0, description="posterior draws to return after the last step")
     per_step_params: bool = Field(
@@ -395,6 +442,15 @@ class ObservationsRequest(_Request):
         description="a stream with unknown parameters (smc2): also give each per_step entry the parameters' "
         "posterior after that step (params, params_ess, params_distinct, params_degenerate); by default they are "
         "in the answer's summary only, the posterior after the last step",
+    )
+    levels: QuantileLevels | None = Field(
+        default=None,
+        description="the quantile levels of the answer's quantiles (summary and per_step), each in (0, 1), at most "
+        f'{MAX_LEVELS}, e.g. [0.025, 0.5, 0.975]; keys are the levels as decimals ("0.975"). Default '
+        f"{list(QUANTILES)}: the bounds of the 95 % and 90 % central intervals and the median",
+    )
+    per_step_cov: bool = Field(
+        default=False, description="also give each per_step entry the state's covariance after that step (cov)"
     )
 
     model_config = ConfigDict(
@@ -433,11 +489,16 @@ class ErrorResponse(BaseModel):
 
 
 class Quantiles(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
+    """Per-dimension marginal quantiles keyed by their level as a decimal string: by default the bounds of the 95 %
+    (0.025, 0.975) and 90 % (0.05, 0.95) central intervals and the median; a request's ``levels`` give others."""
 
-    q05: list[float] = Field(alias="0.05")
-    q50: list[float] = Field(alias="0.5")
-    q95: list[float] = Field(alias="0.95")
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    q025: list[float] | None = Field(default=None, alias="0.025")
+    q05: list[float] | None = Field(default=None, alias="0.05")
+    q50: list[float] | None = Field(default=None, alias="0.5")
+    q95: list[float] | None = Field(default=None, alias="0.95")
+    q975: list[float] | None = Field(default=None, alias="0.975")
 
 
 class ParamPosterior(BaseModel):
@@ -445,8 +506,10 @@ class ParamPosterior(BaseModel):
 
     mean: float
     sd: float
+    q025: float | None = Field(default=None, description="the 2.5 % quantile (with q975: the 95 % credible interval)")
     q05: float = Field(description="the 5 % quantile")
     q95: float = Field(description="the 95 % quantile")
+    q975: float | None = Field(default=None, description="the 97.5 % quantile")
 
 
 _PARAMS_DESCRIPTION = (
@@ -475,6 +538,12 @@ class ParamCloud(BaseModel):
         "sd (unconstrained coordinate) below 1e-3 of its magnitude (at least 1); the stream can no longer learn "
         "it — recreate it with a wider prior or more theta_particles",
     )
+    params_rejuvenation: Literal["exact", "windowed"] | None = Field(
+        default=None,
+        description="with kernel mh: 'exact' while the stream has taken at most `history` steps (the moves target "
+        "the exact posterior), 'windowed' after (they target the posterior given the last `history` observations "
+        "and a Gaussian summary of the earlier ones: wider, not overconfident; docs/methods.md)",
+    )
 
 
 class Summary(ParamCloud):
@@ -491,6 +560,9 @@ class Summary(ParamCloud):
     pit: list[float | None] | None = Field(
         default=None, description="the latest observed step's predictive p-values (per_step's pit); absent before"
     )
+    pit_two_sided: list[float | None] | None = Field(
+        default=None, description="per entry of pit, its two-sided p-value 2 min(pit, 1 − pit); null where not observed"
+    )
     pit_step: int | None = Field(default=None, description="the step pit belongs to")
     pit_alert: float | None = Field(default=None, description="the stream's two-sided level α (creation's pit_alert)")
     pit_flagged: bool | None = Field(
@@ -505,10 +577,15 @@ class StepSummary(ParamCloud):
     std: list[float]
     quantiles: dict[str, list[float]] | None = Field(
         default=None,
-        description='the marginal quantiles of the state after the step, {"0.05": [...], "0.5": [...], "0.95": [...]} '
-        "(as the summary's)",
+        description='the marginal quantiles of the state after the step, {"0.025": [...], "0.05": [...], "0.5": '
+        '[...], "0.95": [...], "0.975": [...]} (as the summary\'s; at the request\'s levels when it gave some)',
     )
-    log_evidence_increment: float = Field(description="estimate of log p(o_m | o_1..o_{m-1})")
+    cov: list[list[float]] | None = Field(
+        default=None, description="the state's covariance after the step, where the request asked (per_step_cov)"
+    )
+    log_evidence_increment: float | None = Field(
+        description="estimate of log p(o_m | o_1..o_{m-1}); null for a step with nothing observed (it has no score)"
+    )
     ess: float | None = Field(description="the step's effective sample size (docs/API.md); null for kalman and ukf")
     params: dict[str, ParamPosterior] | None = Field(
         default=None, description=_PARAMS_DESCRIPTION + ", only where the request asked for per_step_params"
@@ -518,6 +595,11 @@ class StepSummary(ParamCloud):
         description="predictive p-value of each observed entry: P(O_j <= o_j | o_1..o_{m-1}) under the method's "
         "predictive (randomised for discrete observations), uniform on (0, 1) when the stream follows its model; "
         "null where the entry was not observed; absent for a family without an observation CDF",
+    )
+    pit_two_sided: list[float | None] | None = Field(
+        default=None,
+        description="per entry of pit, the two-sided p-value 2 min(pit, 1 − pit) — what to threshold: below the "
+        "stream's pit_alert α exactly where the summary flags the entry; null where not observed",
     )
     acceptance: float | None = Field(
         default=None,
@@ -569,7 +651,13 @@ STREAM_DOCUMENT_EXAMPLE: dict[str, Any] = {
         "mean": [0.4, -0.1],
         "cov": [[0.6, 0.05], [0.05, 0.5]],
         "std": [0.77, 0.71],
-        "quantiles": {"0.05": [-0.87, -1.27], "0.5": [0.4, -0.1], "0.95": [1.67, 1.07]},
+        "quantiles": {
+            "0.025": [-1.11, -1.49],
+            "0.05": [-0.87, -1.27],
+            "0.5": [0.4, -0.1],
+            "0.95": [1.67, 1.07],
+            "0.975": [1.91, 1.29],
+        },
         "ess": 256.0,
         "log_evidence": -6.42,
     },
@@ -585,7 +673,13 @@ OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
             "step": 1,
             "mean": [0.3, 0.1],
             "std": [0.82, 0.8],
-            "quantiles": {"0.05": [-1.05, -1.22], "0.5": [0.3, 0.1], "0.95": [1.65, 1.42]},
+            "quantiles": {
+                "0.025": [-1.31, -1.47],
+                "0.05": [-1.05, -1.22],
+                "0.5": [0.3, 0.1],
+                "0.95": [1.65, 1.42],
+                "0.975": [1.91, 1.67],
+            },
             "log_evidence_increment": -3.3,
             "ess": 256.0,
         },
@@ -593,7 +687,13 @@ OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
             "step": 2,
             "mean": [0.4, -0.1],
             "std": [0.77, 0.71],
-            "quantiles": {"0.05": [-0.87, -1.27], "0.5": [0.4, -0.1], "0.95": [1.67, 1.07]},
+            "quantiles": {
+                "0.025": [-1.11, -1.49],
+                "0.05": [-0.87, -1.27],
+                "0.5": [0.4, -0.1],
+                "0.95": [1.67, 1.07],
+                "0.975": [1.91, 1.29],
+            },
             "log_evidence_increment": -3.12,
             "ess": 256.0,
         },

@@ -18,10 +18,12 @@ Running: in-process by default — the service's own stepping (:class:`~mpflow.s
 ``--server URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once,
 retried safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
 observation answers, written one row per step by :func:`mpflow.client.frames.steps_frame` (``mean_<name>``,
-``std_<name>``, ``q0.05_<name>``, ``q0.5_<name>``, ``q0.95_<name>``, ``log_evidence_increment``, ``ess``, and any
-other field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix; stdout as CSV without it), and
-plotted with ``--plot``: each state dimension's mean and 90 % band over the observations, and the log-evidence
-increments.
+``std_<name>``, ``q0.025_<name>``, ``q0.05_<name>``, ``q0.5_<name>``, ``q0.95_<name>``, ``q0.975_<name>``,
+``log_evidence_increment`` (empty on a row with nothing observed: such a step has no score), ``ess``, ``pit_<j>``
+per observed entry j, and any other field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix;
+stdout as CSV without it), and plotted with ``--plot``: each state dimension's mean and 95 % credible band (the
+0.025 and 0.975 quantiles, the level the README, the dashboard and the examples draw) over the observations, and
+the log-evidence increments (gaps where nothing was observed).
 
 Bounds: at most :data:`MAX_ROWS` rows and :data:`MAX_COLUMNS` columns per file (a file is read whole into memory);
 the server applies its own limits per request (``--batch`` at most its MPFLOW_MAX_OBSERVATIONS_PER_REQUEST).
@@ -286,9 +288,13 @@ def write_frame(frame: Any, out: str | None) -> None:
         frame.to_csv(out)
 
 
+#: the quantile levels (as the API keys them) of ``--plot``'s band: the 95 % central credible interval
+BAND = ("0.025", "0.975")
+
+
 def plot(frame: Any, names: Sequence[str], observed: Any, columns: Sequence[str], path: str) -> None:
-    """Each dimension's mean with its 90 % band (with the observation columns of the same name, where the file has
-    one), and the log-evidence increments, one panel each, to ``path``."""
+    """Each dimension's mean with its 95 % band (the 0.025 and 0.975 quantiles; with the observation columns of the
+    same name, where the file has one), and the log-evidence increments, one panel each, to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,8 +303,9 @@ def plot(frame: Any, names: Sequence[str], observed: Any, columns: Sequence[str]
     fig, axes = plt.subplots(len(names) + 1, 1, figsize=(10, 2.2 * (len(names) + 1)), sharex=True, squeeze=False)
     steps = frame.index.to_numpy()
     for ax, name in zip(axes[:-1, 0], names, strict=True):
-        if f"q0.05_{name}" in frame and f"q0.95_{name}" in frame:
-            ax.fill_between(steps, frame[f"q0.05_{name}"], frame[f"q0.95_{name}"], alpha=0.3, label="90 % band")
+        low, high = f"q{BAND[0]}_{name}", f"q{BAND[1]}_{name}"
+        if low in frame and high in frame:
+            ax.fill_between(steps, frame[low], frame[high], alpha=0.3, label="95 % band")
         ax.plot(steps, frame[f"mean_{name}"], lw=1, label="mean")
         if name in columns:
             ax.plot(steps, observed[name].to_numpy(), ".", ms=2, color="k", label="observed")

@@ -5,9 +5,12 @@ Columns, in order: ``step`` (the index), then each field of the entries in the o
 
 * a list of the state's d numbers (``mean``, ``std``) → ``mean_<name>`` … per dimension (``state_names``, else
   ``x0, x1, ...``);
-* an object → one column per key, ``<field>_<key>`` (``quantiles`` → ``q0.05_<name>``, ``q0.5_<name>``,
-  ``q0.95_<name>``; ``{"params": {"R": {"mean", "sd"}}}`` → ``params_R_mean``, ``params_R_sd``), recursively;
-* any other list → ``<field>_0``, ``<field>_1`` …; a number, a bool or a string → ``<field>``.
+* an object → one column per key, ``<field>_<key>`` (``quantiles`` → ``q0.025_<name>``, ``q0.05_<name>``,
+  ``q0.5_<name>``, ``q0.95_<name>``, ``q0.975_<name>``; ``{"params": {"R": {"mean", "sd"}}}`` →
+  ``params_R_mean``, ``params_R_sd``), recursively;
+* any other list → ``<field>_0``, ``<field>_1`` … — the observation's entries' p-values (``pit``,
+  ``pit_two_sided``) so too, by their index in the observation (``pit_0``), never by a state dimension's name,
+  whatever the observation's size; a number, a bool or a string → ``<field>``.
 
 A field that only some steps carry (``fallback``, ``acceptance``) is empty (NaN / None) on the others. Fields the
 service adds later become columns the same way, with nothing here to change. pandas is imported only here (the
@@ -35,11 +38,18 @@ def _flatten(prefix: str, value: Any, names: Sequence[str], out: dict[str, Any])
         out[prefix] = value
 
 
+#: the fields of a ``per_step`` entry about the observation's entries, not the state's dimensions: their columns are
+#: named by index (``pit_0``), never by ``state_names``
+OBSERVATION_FIELDS = frozenset({"pit", "pit_two_sided"})
+
+
 def step_row(entry: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
     """One ``per_step`` entry as ``{column: value}`` (module docstring), ``step`` included."""
     out: dict[str, Any] = {}
     for field, value in entry.items():
-        if field == "quantiles" and isinstance(value, dict):
+        if field in OBSERVATION_FIELDS:
+            _flatten(field, value, (), out)
+        elif field == "quantiles" and isinstance(value, dict):
             for level, row in value.items():
                 _flatten(f"{QUANTILE_PREFIX}{level}", row, names, out)
         elif field == "step":
@@ -62,4 +72,4 @@ def steps_frame(per_step: Sequence[dict[str, Any]], names: Sequence[str]) -> Any
     return frame.set_index("step")
 
 
-__all__ = ["QUANTILE_PREFIX", "step_row", "steps_frame"]
+__all__ = ["OBSERVATION_FIELDS", "QUANTILE_PREFIX", "step_row", "steps_frame"]

@@ -310,6 +310,11 @@ def _limit(limit: int | None) -> dict[str, Any]:
     return {} if limit is None else {"limit": jsonable(limit)}
 
 
+def _levels(levels: Sequence[float] | None) -> dict[str, Any]:
+    """``?levels=0.025,0.975`` of a read (none when None)."""
+    return {} if levels is None else {"levels": ",".join(str(float(q)) for q in levels)}
+
+
 def _import_request(snapshot: bytes, stream_id: str | None, foreign: bool) -> dict[str, Any]:
     """The keywords of an import request: the snapshot verbatim, its media type, the id asked for, and
     ``trust=foreign`` for a snapshot of another deployment."""
@@ -374,6 +379,7 @@ class Client(_ClientBase):
         self.close()
 
     def close(self) -> None:
+        """Close the client's connections (``with Client(...) as client:`` closes them on leaving)."""
         self.http.close()
 
     def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
@@ -402,7 +408,11 @@ class Client(_ClientBase):
         stream_id: str | None = None,
         **fields: Any,
     ) -> Stream:
-        """``POST /v1/streams``; other fields of the request (``ttl_seconds``, ``operator``) as keywords."""
+        """``POST /v1/streams``: open a stream of ``model`` (``{"family", "params"}``) with the belief ``prior``
+        (e.g. ``{"type": "gaussian", "mean", "cov"}``) and return its :class:`Stream` (the answer kept as its
+        ``document``). ``method`` and ``num_particles`` default to the service's choice for the model, ``seed``
+        makes its draws reproducible, ``stream_id`` names it (else the server does); other fields of the request
+        (``ttl_seconds``, ``operator``, ...) as keywords (docs/API.md). Not retried."""
         body = _create_body(
             model, prior, method=method, num_particles=num_particles, seed=seed, stream_id=stream_id, **fields
         )
@@ -414,7 +424,8 @@ class Client(_ClientBase):
         return Stream(self, stream_id)
 
     def list_streams(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Every stream of the caller's tenant (follows ``next_cursor``)."""
+        """``GET /v1/streams``: every stream of the caller's tenant, one summary dict each (``stream_id``,
+        ``step``, ...), read ``limit`` per request (it follows ``next_cursor`` to the end)."""
         out: list[dict[str, Any]] = []
         cursor = None
         while True:
@@ -426,9 +437,13 @@ class Client(_ClientBase):
                 return out
 
     def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the catalogue — each model family with its parameters, their defaults, the shape
+        of one observation and the methods that serve it (docs/API.md "Catalogue")."""
         return self.request("GET", "/v1/models", safe=True)
 
     def operators(self) -> list[dict[str, Any]]:
+        """``GET /v1/operators``: the trained operators the server loaded, one dict each (``name``, ``family``,
+        ``state_dim``, ``version``, held-out ``metrics``, ``auto_select``, ...)."""
         return self.request("GET", "/v1/operators", safe=True)["operators"]
 
     def batch(self, updates: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -478,6 +493,8 @@ class Stream(_StreamBase):
         u: Sequence[float] | None = None,
         columns: Sequence[Any] | None = None,
         per_step_params: bool = False,
+        levels: Sequence[float] | None = None,
+        per_step_cov: bool = False,
     ) -> Posterior:
         """``POST .../observations``: the stream document (``per_step``, ``duplicate``, ``samples``).
         ``observations`` is a list (or array) of steps (``None`` items: no measurement; NaN or None entries:
@@ -487,12 +504,20 @@ class Stream(_StreamBase):
         ``update([0.3, None], dt=0.5, u=[1.0])``. What cannot be sent (±inf, strings, ...) raises
         :class:`MpflowError` naming the entry before anything is sent. Retried on timeouts, connection errors and
         503 only when ``seq`` is given (module docstring). ``per_step_params``: a stream that learns its parameters
-        (``smc2``) gives them in every ``per_step`` entry too, not only in the summary (docs/API.md)."""
-        body = update_body(_steps(observations, dt, u, columns), seq, return_samples, per_step_params)
+        (``smc2``) gives them in every ``per_step`` entry too, not only in the summary (docs/API.md). ``levels``: the
+        quantile levels of the answer's quantiles (default 0.025, 0.05, 0.5, 0.95, 0.975); ``per_step_cov``: each
+        ``per_step`` entry carries the state's covariance (``.steps.cov``)."""
+        body = update_body(
+            _steps(observations, dt, u, columns), seq, return_samples, per_step_params, levels, per_step_cov
+        )
         return self._keep(self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body))
 
-    def get(self) -> Posterior:
-        return self._keep(self.client.request("GET", self.path, safe=True))
+    def get(self, levels: Sequence[float] | None = None) -> Posterior:
+        """``GET /v1/streams/{id}``: the stream document now — the posterior's summary (``mean``, ``std``,
+        ``cov``, ``quantiles``, ``ess``, ``log_evidence``) at the stream's latest ``step`` — as a
+        :class:`~mpflow.client.results.Posterior`, kept as :attr:`document`. Nothing is changed. ``levels``: the
+        quantiles at those levels instead of the defaults (``?levels=``)."""
+        return self._keep(self.client.request("GET", self.path, safe=True, params=_levels(levels)))
 
     def samples(self, n: int = 1000) -> np.ndarray:
         """``n`` draws of the posterior, [n, d]."""
@@ -505,6 +530,8 @@ class Stream(_StreamBase):
         return particles_arrays(self.client.request("GET", f"{self.path}/particles", safe=True))
 
     def delete(self) -> None:
+        """``DELETE /v1/streams/{id}``: delete the stream and everything stored for it, its history included;
+        :class:`MpflowError` 404 ``stream_not_found`` when there is no such stream. Not retried."""
         self.client.request("DELETE", self.path, safe=False)
 
     def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
@@ -524,7 +551,7 @@ class Stream(_StreamBase):
 
     def smoothed(self) -> Smoothed:
         """``GET .../smoothed``: p(x_s | o_1..t) for the last ``smoothing_lag`` steps of a stream created with
-        ``smoothing_lag=L`` — a :class:`~mpflow.service.results.Smoothed` (``steps, means, covs =
+        ``smoothing_lag=L`` — a :class:`~mpflow.client.results.Smoothed` (``steps, means, covs =
         stream.smoothed()``; ``.to_pandas()``); :class:`MpflowError` 409 ``smoothing_disabled`` without a lag."""
         names = (self.document or self.get()).names
         return Smoothed(self.client.request("GET", f"{self.path}/smoothed", safe=True), names)
@@ -617,9 +644,11 @@ class AsyncClient(_ClientBase):
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the client's connections (``async with AsyncClient(...) as client:`` closes them on leaving)."""
         await self.http.aclose()
 
     async def request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> Any:
+        """As :meth:`Client.request`."""
         attempts, kwargs = self._attempts(safe), self._plain(kwargs)
         for failures in range(1, attempts + 1):
             try:
@@ -644,6 +673,7 @@ class AsyncClient(_ClientBase):
         stream_id: str | None = None,
         **fields: Any,
     ) -> AsyncStream:
+        """As :meth:`Client.create_stream`."""
         body = _create_body(
             model, prior, method=method, num_particles=num_particles, seed=seed, stream_id=stream_id, **fields
         )
@@ -651,9 +681,11 @@ class AsyncClient(_ClientBase):
         return AsyncStream(self, doc["stream_id"], doc)
 
     def stream(self, stream_id: str) -> AsyncStream:
+        """A handle on an existing stream (no request is made; not awaited)."""
         return AsyncStream(self, stream_id)
 
     async def list_streams(self, limit: int = 100) -> list[dict[str, Any]]:
+        """As :meth:`Client.list_streams`."""
         out: list[dict[str, Any]] = []
         cursor = None
         while True:
@@ -665,9 +697,11 @@ class AsyncClient(_ClientBase):
                 return out
 
     async def models(self) -> dict[str, Any]:
+        """As :meth:`Client.models`."""
         return await self.request("GET", "/v1/models", safe=True)
 
     async def operators(self) -> list[dict[str, Any]]:
+        """As :meth:`Client.operators`."""
         return (await self.request("GET", "/v1/operators", safe=True))["operators"]
 
     async def batch(self, updates: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -699,39 +733,51 @@ class AsyncStream(_StreamBase):
         u: Sequence[float] | None = None,
         columns: Sequence[Any] | None = None,
         per_step_params: bool = False,
+        levels: Sequence[float] | None = None,
+        per_step_cov: bool = False,
     ) -> Posterior:
         """As :meth:`Stream.update`."""
-        body = update_body(_steps(observations, dt, u, columns), seq, return_samples, per_step_params)
+        body = update_body(
+            _steps(observations, dt, u, columns), seq, return_samples, per_step_params, levels, per_step_cov
+        )
         doc = await self.client.request("POST", f"{self.path}/observations", safe=seq is not None, json=body)
         return self._keep(doc)
 
-    async def get(self) -> Posterior:
-        return self._keep(await self.client.request("GET", self.path, safe=True))
+    async def get(self, levels: Sequence[float] | None = None) -> Posterior:
+        """As :meth:`Stream.get`."""
+        return self._keep(await self.client.request("GET", self.path, safe=True, params=_levels(levels)))
 
     async def samples(self, n: int = 1000) -> np.ndarray:
+        """As :meth:`Stream.samples`."""
         answer = await self.client.request("GET", f"{self.path}/samples", safe=True, params={"n": n})
         return np.asarray(answer["samples"], np.float64)
 
     async def particles(self) -> dict[str, Any]:
+        """As :meth:`Stream.particles`."""
         return particles_arrays(await self.client.request("GET", f"{self.path}/particles", safe=True))
 
     async def delete(self) -> None:
+        """As :meth:`Stream.delete`."""
         await self.client.request("DELETE", self.path, safe=False)
 
     async def forecast(self, steps: int, dt: float | None = None, samples: int = 0) -> dict[str, Any]:
+        """As :meth:`Stream.forecast`."""
         params = _forecast_params(steps, dt, samples)
         return forecast_arrays(await self.client.request("GET", f"{self.path}/forecast", safe=True, params=params))
 
     async def history(self, limit: int | None = None) -> History:
+        """As :meth:`Stream.history`."""
         names = (self.document or await self.get()).names
         answer = await self.client.request("GET", f"{self.path}/history", safe=True, params=_limit(limit))
         return History(answer, names)
 
     async def smoothed(self) -> Smoothed:
+        """As :meth:`Stream.smoothed`."""
         names = (self.document or await self.get()).names
         return Smoothed(await self.client.request("GET", f"{self.path}/smoothed", safe=True), names)
 
     async def export(self) -> bytes:
+        """As :meth:`Stream.export`."""
         return await self.client.request("GET", f"{self.path}/export", safe=True)
 
     def socket(self) -> AsyncStreamSocket:

@@ -134,11 +134,16 @@ def table_steps(observations: Any, columns: Sequence[Any] | None = None) -> list
 
 
 def update_body(
-    observations: Sequence[Any], seq: int | None, return_samples: int, per_step_params: bool = False
+    observations: Sequence[Any],
+    seq: int | None,
+    return_samples: int,
+    per_step_params: bool = False,
+    levels: Sequence[float] | None = None,
+    per_step_cov: bool = False,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/streams/{id}/observations`` — and the frame of the stream WebSocket — for ``observations``
-    (each step checked and encoded by :func:`steps_json`), ``seq``, ``return_samples`` and ``per_step_params`` (sent
-    when set)."""
+    (each step checked and encoded by :func:`steps_json`), ``seq``, ``return_samples``, ``per_step_params``,
+    ``levels`` and ``per_step_cov`` (each sent when set)."""
     body: dict[str, Any] = {"observations": steps_json(observations)}
     if seq is not None:
         body["seq"] = seq
@@ -146,4 +151,8 @@ def update_body(
         body["return_samples"] = return_samples
     if per_step_params:
         body["per_step_params"] = True
+    if levels is not None:
+        body["levels"] = [float(q) for q in levels]
+    if per_step_cov:
+        body["per_step_cov"] = True
     return body

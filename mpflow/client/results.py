@@ -53,7 +53,7 @@ def state_names(document: dict[str, Any], dim: int) -> list[str]:
 
 
 #: the statistics of a learned parameter's posterior in ``summary.params`` (docs/API.md "Unknown parameters")
-PARAM_STATS = ("mean", "sd", "q05", "q95")
+PARAM_STATS = ("mean", "sd", "q025", "q05", "q95", "q975")
 
 
 def _param_arrays(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
@@ -79,11 +79,57 @@ def _with_last_params(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return per_step
 
 
+#: the decimals a quantile level is written with in the API's keys (the service's ``LEVEL_DECIMALS``)
+LEVEL_DECIMALS = 6
+
+
+def level_key(level: float | str) -> str:
+    """A quantile level as the API's JSON keys write it, ``"0.975"``: its decimal digits, no trailing zeros (a
+    string is taken as it is)."""
+    if isinstance(level, str):
+        return level
+    return f"{float(level):.{LEVEL_DECIMALS}f}".rstrip("0").rstrip(".")
+
+
+class Quantiles(dict):
+    """Marginal quantiles per level, keyed as in the API's JSON — ``{"0.025": array, ..., "0.975": array}`` — where
+    a number finds the same entry: ``q[0.975]`` is ``q["0.975"]``."""
+
+    def __getitem__(self, level: Any) -> Any:
+        return super().__getitem__(level_key(level))
+
+    def __contains__(self, level: object) -> bool:
+        return isinstance(level, str | int | float) and super().__contains__(level_key(level))  # type: ignore[arg-type]
+
+    def get(self, level: Any, default: Any = None) -> Any:
+        return super().get(level_key(level), default)
+
+
+def _quantile_arrays(per_step: Sequence[dict[str, Any]], dim: int) -> Quantiles:
+    """``{level: [n, d]}`` of the steps' quantiles (NaN where a step has none at that level)."""
+    levels = sorted({k for s in per_step for k in s.get("quantiles") or {}}, key=float)
+    nan = [np.nan] * dim
+    return Quantiles(
+        {
+            q: np.array([(s.get("quantiles") or {}).get(q, nan) for s in per_step], dtype=np.float64).reshape(
+                len(per_step), dim
+            )
+            for q in levels
+        }
+    )
+
+
 def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
     """The steps' predictive p-values [n, k] (NaN where an entry was not observed or a step has none)."""
     k = max((len(s.get("pit") or []) for s in per_step), default=0)
     rows = [[np.nan if u is None else u for u in (s.get("pit") or [])] for s in per_step]
     return np.array([r + [np.nan] * (k - len(r)) for r in rows], dtype=np.float64).reshape(len(per_step), k)
+
+
+def two_sided(pit: np.ndarray) -> np.ndarray:
+    """The two-sided p-values 2 min(u, 1 − u) of predictive p-values u (NaN stays NaN): the API's ``pit_two_sided``,
+    what to threshold — below the stream's ``pit_alert`` α exactly where it flags the entry."""
+    return 2.0 * np.minimum(pit, 1.0 - pit)
 
 
 def _number(value: Any) -> float:
@@ -96,10 +142,14 @@ class StepTable:
     ``kalman`` and ``ukf``, whose ESS is null),
     ``log_evidence_increment`` [n] (NaN where a step did not report one), ``log_evidence_sd`` [n] (its standard
     error where the method reports one — ``mpf``'s marginal filter —, else NaN), ``pit`` [n, k] (each observed
-    entry's predictive p-value, NaN where not observed), ``names`` of the d dimensions, and ``params`` —
-    ``{name: {"mean", "sd", "q05", "q95": [n]}}`` — for a stream that learns unknown parameters: every step's
-    where the answers were asked for them (``per_step_params``), else each answer's last step's (from its summary)
-    and NaN at the others."""
+    entry's predictive p-value, NaN where not observed; entries named by their index j in the observation, as the
+    table's ``pit_<j>`` columns), ``pit_two_sided`` [n, k] (2 min(pit, 1 − pit): the p-value to threshold),
+    ``quantiles`` — ``{level: [n, d]}``, keyed as in the API
+    (``"0.975"``; a number finds the same entry), NaN where a step has none —, ``cov`` [n, d, d] where the answers
+    carry each step's covariance (``per_step_cov``; else None), ``names`` of the d dimensions, and ``params`` —
+    ``{name: {"mean", "sd", "q025", "q05", "q95", "q975": [n]}}`` — for a stream that learns unknown parameters:
+    every step's where the answers were asked for them (``per_step_params``), else each answer's last step's (from
+    its summary) and NaN at the others."""
 
     def __init__(self, per_step: Sequence[dict[str, Any]], names: Sequence[str] | None = None):
         dim = len(per_step[0]["mean"]) if per_step else len(names or [])
@@ -113,6 +163,16 @@ class StepTable:
         self.log_evidence_sd = np.array([_number(s.get("log_evidence_sd")) for s in per_step], dtype=np.float64)
         self.params = _param_arrays(per_step)
         self.pit = pit_array(per_step)
+        self.pit_two_sided = two_sided(self.pit)
+        self.quantiles = _quantile_arrays(per_step, dim)
+        covs = [s.get("cov") for s in per_step]
+        self.cov = (
+            np.array([np.full((dim, dim), np.nan) if c is None else c for c in covs], dtype=np.float64).reshape(
+                len(per_step), dim, dim
+            )
+            if any(c is not None for c in covs)
+            else None
+        )
 
     @classmethod
     def of(cls, answers: Iterable[dict[str, Any]]) -> StepTable:
@@ -130,7 +190,8 @@ class StepTable:
 
     def to_pandas(self) -> Any:
         """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess``,
-        ``log_evidence_increment`` and ``log_evidence_sd``, ``pit_<j>`` per observed entry, and
+        ``log_evidence_increment`` and ``log_evidence_sd``, ``pit_<j>`` and ``pit_two_sided_<j>`` per observed
+        entry j (its index in the observation, whatever the state's names), and
         ``param_<name>_<stat>`` per learned parameter (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
@@ -144,6 +205,8 @@ class StepTable:
             columns |= {f"param_{name}_{s}": v for s, v in stats.items()}
         for j in range(self.pit.shape[1]):
             columns[f"pit_{j}"] = self.pit[:, j]
+        for j in range(self.pit.shape[1]):
+            columns[f"pit_two_sided_{j}"] = self.pit_two_sided[:, j]
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
@@ -165,6 +228,7 @@ class History(StepTable):
 
     @property
     def steps(self) -> np.ndarray:
+        """The kept steps' numbers [n] (as ``step``)."""
         return self.step
 
     def __repr__(self) -> str:
@@ -225,7 +289,7 @@ def _predictive_arrays(part: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {k: _floats(v) if k in ("mean", "cov", "samples") else v for k, v in part.items()}
     if "quantiles" in out:
-        out["quantiles"] = {q: _floats(v) for q, v in out["quantiles"].items()}
+        out["quantiles"] = Quantiles({q: _floats(v) for q, v in out["quantiles"].items()})
     return out
 
 
@@ -249,6 +313,7 @@ class Posterior(dict):
 
     @property
     def step(self) -> int:
+        """The stream's step: how many steps it has applied (0 before the first observation)."""
         return int(self["step"])
 
     @property
@@ -258,20 +323,25 @@ class Posterior(dict):
 
     @property
     def mean(self) -> np.ndarray:
+        """The posterior mean [d]."""
         return np.asarray(self["summary"]["mean"], dtype=np.float64)
 
     @property
     def std(self) -> np.ndarray:
+        """The posterior's marginal standard deviations [d]."""
         return np.asarray(self["summary"]["std"], dtype=np.float64)
 
     @property
     def cov(self) -> np.ndarray:
+        """The posterior covariance [d, d]."""
         return np.asarray(self["summary"]["cov"], dtype=np.float64)
 
     @property
-    def quantiles(self) -> dict[float, np.ndarray]:
-        """Marginal quantiles per level: ``{0.05: array, 0.5: array, 0.95: array}``."""
-        return {float(q): np.asarray(v, dtype=np.float64) for q, v in self["summary"]["quantiles"].items()}
+    def quantiles(self) -> Quantiles:
+        """Marginal quantiles per level, keyed as in the API (``{"0.025": array, "0.05": ..., "0.975": ...}``: the
+        bounds of the 95 % and 90 % central intervals and the median by default, or the levels the request asked
+        for); a number finds the same entry (``quantiles[0.975]``)."""
+        return Quantiles({q: np.asarray(v, dtype=np.float64) for q, v in self["summary"]["quantiles"].items()})
 
     @property
     def ess(self) -> float:
@@ -282,16 +352,22 @@ class Posterior(dict):
 
     @property
     def log_evidence(self) -> float:
+        """The estimate of log p(o_1..o_step), the log marginal likelihood of every observation so far."""
         return float(self["summary"]["log_evidence"])
 
     @property
     def params(self) -> dict[str, dict[str, float]]:
-        """The learned parameters' posteriors, ``{name: {"mean", "sd", "q05", "q95"}}`` (empty for a stream whose
-        parameters are all given as values); :meth:`params_to_pandas` as a table."""
-        return {n: {s: float(v[s]) for s in PARAM_STATS} for n, v in (self["summary"].get("params") or {}).items()}
+        """The learned parameters' posteriors, ``{name: {"mean", "sd", "q025", "q05", "q95", "q975"}}`` (empty for
+        a stream whose parameters are all given as values; NaN for a statistic the server does not give);
+        :meth:`params_to_pandas` as a table."""
+        return {
+            n: {s: float(v.get(s, np.nan)) for s in PARAM_STATS}
+            for n, v in (self["summary"].get("params") or {}).items()
+        }
 
     def params_to_pandas(self) -> Any:
-        """A ``DataFrame`` with one row per learned parameter: ``mean``, ``sd``, ``q05``, ``q95`` (needs pandas)."""
+        """A ``DataFrame`` with one row per learned parameter: ``mean``, ``sd``, ``q025``, ``q05``, ``q95``,
+        ``q975`` (needs pandas)."""
         params = self.params
         frame = _pandas().DataFrame([params[n] for n in params], index=list(params), columns=list(PARAM_STATS))
         frame.index.name = "parameter"
@@ -301,6 +377,11 @@ class Posterior(dict):
     def pit(self) -> np.ndarray:
         """The latest observed step's predictive p-values [k] (NaN where not observed; empty before any)."""
         return np.array([np.nan if u is None else u for u in self["summary"].get("pit") or []], dtype=np.float64)
+
+    @property
+    def pit_two_sided(self) -> np.ndarray:
+        """The latest observed step's two-sided p-values 2 min(pit, 1 − pit) [k] (NaN where not observed)."""
+        return two_sided(self.pit)
 
     @property
     def pit_flagged(self) -> bool:
@@ -322,17 +403,21 @@ class Posterior(dict):
         """A ``DataFrame`` with one row per dimension: ``mean``, ``std`` and each quantile (needs pandas)."""
         pd = _pandas()
         columns = {"mean": self.mean, "std": self.std}
-        columns |= {f"q{q:g}": v for q, v in self.quantiles.items()}
+        columns |= {f"q{q}": v for q, v in self.quantiles.items()}
         return pd.DataFrame(columns, index=pd.Index(self.names, name="dimension"))
 
 
 __all__ = [
+    "LEVEL_DECIMALS",
     "PARAM_STATS",
     "History",
     "Posterior",
+    "Quantiles",
     "StepTable",
     "forecast_arrays",
     "jsonable",
+    "level_key",
     "particles_arrays",
     "state_names",
+    "two_sided",
 ]

@@ -14,12 +14,21 @@ evaluated — a drawn observation of ``obs_shape``, ``log_likelihood`` [B, N], `
 family, ``transition`` [B, N, d]. A plugin that fails to import or to pass is left out with a message naming it
 and what is wrong (:data:`mpflow.operators.models.FAMILY_ERRORS`; the service logs each at start), and everything
 else is served as usual.
+
+Two methods are optional, and a family without them silently loses what depends on them:
+:meth:`~ModelFamily.observation_cdf` (the conditional CDF F_j(o_j | x): predictive p-values — ``per_step``'s ``pit``
+and ``pit_two_sided``, the summary's flags) and :meth:`~ModelFamily.observation_draws` (o ~ p(o | x): the
+observation forecasts of ``GET .../forecast``). Both have defaults for a family with ``gaussian_observation`` (o =
+h(x) + N(0, R)). A plugin admitted without either is told at registration — a :class:`FamilyWarning` naming the
+plugin, each missing method and what it loses (:func:`family_losses`, evaluated on its demonstration model), also
+kept in :data:`FAMILY_LOSSES` — instead of finding out from answers without them.
 """
 
 from __future__ import annotations
 
 import importlib
 import tomllib
+import warnings
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
@@ -41,6 +50,17 @@ SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 REQUIRED = ("log_likelihood", "sample_observation", "obs_shape")
 #: particles of the admission check
 CHECK_PARTICLES = 5
+#: the optional methods of a family, and what a family loses without them (module docstring)
+OPTIONAL = {
+    "observation_cdf": "no predictive p-values: per_step's pit and pit_two_sided, the summary's pit flags, are absent",
+    "observation_draws": 'no observation forecasts: GET .../forecast answers "observation": null',
+}
+#: per admitted plugin family that lacks some :data:`OPTIONAL` method, the warning it was given at registration
+FAMILY_LOSSES: dict[str, str] = {}
+
+
+class FamilyWarning(UserWarning):
+    """A model family plugin was admitted without an optional method, and loses what depends on it."""
 
 
 def load_families() -> tuple[dict[str, type[ModelFamily]], dict[str, str]]:
@@ -61,7 +81,51 @@ def load_families() -> tuple[dict[str, type[ModelFamily]], dict[str, str]]:
             )
             continue
         _admit(ep, families, problems)
+        if ep.name in families:
+            _tell_losses(ep, families[ep.name])
     return families, problems
+
+
+def _tell_losses(ep: EntryPoint, cls: type[ModelFamily]) -> None:
+    """Warn (:class:`FamilyWarning`) that the admitted plugin ``ep`` lacks optional methods, naming each and what it
+    loses; kept in :data:`FAMILY_LOSSES`."""
+    losses = family_losses(cls)
+    if not losses:
+        FAMILY_LOSSES.pop(ep.name, None)
+        return
+    message = (
+        f"{describe(ep)} is admitted without {'; '.join(losses)}. Implement "
+        f"{' and '.join(m.split(' ')[0] for m in losses)} on the family (mpflow.operators.models.base.ModelFamily), "
+        "or set gaussian_observation with observation_function and observation_noise for o = h(x) + N(0, R)"
+    )
+    FAMILY_LOSSES[ep.name] = message
+    warnings.warn(message, FamilyWarning, stacklevel=3)
+
+
+def family_losses(cls: type[ModelFamily]) -> list[str]:
+    """What family ``cls`` loses for lack of each :data:`OPTIONAL` method — one line each, ``"<method> — <what>"`` —
+    judged on its demonstration model (a method that answers None, or raises, is missing); empty when it has both."""
+    d = cls.example_state_dim()
+    try:
+        model = cls.from_params(cls.example_params(d), d)
+        gens = [generator(0)]
+        x = randn(gens, [CHECK_PARTICLES, d])
+        obs = model.sample_observation(x[:, 0], gens)
+    except Exception:  # family_problem reports a broken demonstration model; nothing more to say here
+        return []
+    tries = {
+        "observation_cdf": lambda: model.observation_cdf(obs, x, gens),
+        "observation_draws": lambda: model.observation_draws(x, gens[0]),
+    }
+    losses = []
+    for method, what in OPTIONAL.items():
+        try:
+            got = tries[method]()
+        except Exception as exc:  # a plugin's optional method may fail in any way: it is as good as missing
+            got, what = None, f"{what}; it raised {type(exc).__name__}: {exc}"
+        if got is None:
+            losses.append(f"{method} — {what}")
+    return losses
 
 
 def builtin_entry_points(points: list[EntryPoint]) -> list[EntryPoint]:
@@ -149,4 +213,14 @@ def describe(ep: EntryPoint) -> str:
     return f"model family plugin {ep.name!r} ({ep.value}{dist})"
 
 
-__all__ = ["CATALOGUE_ORDER", "GROUP", "builtin_entry_points", "family_problem", "load_families"]
+__all__ = [
+    "CATALOGUE_ORDER",
+    "FAMILY_LOSSES",
+    "GROUP",
+    "OPTIONAL",
+    "FamilyWarning",
+    "builtin_entry_points",
+    "family_losses",
+    "family_problem",
+    "load_families",
+]

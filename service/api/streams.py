@@ -15,6 +15,8 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 from mpflow.service.api.deps import Log, Streams, Tenant
 from mpflow.service.api.responses import error_responses
+from mpflow.service.engine.summary import MAX_LEVELS, QUANTILES, check_levels
+from mpflow.service.errors import invalid
 from mpflow.service.schemas import CreateStreamRequest, StreamDocument, StreamList
 
 router = APIRouter(prefix="/v1", tags=["streams"])
@@ -42,13 +44,37 @@ async def create_stream(body: CreateStreamRequest, tenant: Tenant, streams: Stre
     responses=error_responses(401, 404, 422, 503),
     summary="The stream document",
 )
-async def get_stream(stream_id: str, tenant: Tenant, streams: Streams, log: Log) -> Response:
+async def get_stream(
+    stream_id: str,
+    tenant: Tenant,
+    streams: Streams,
+    log: Log,
+    levels: Annotated[
+        str | None,
+        Query(
+            description=f"the summary's quantile levels, comma-separated, each in (0, 1), at most {MAX_LEVELS}: "
+            f"?levels=0.025,0.5,0.975 (default {','.join(map(str, QUANTILES))})",
+            max_length=200,
+        ),
+    ] = None,
+) -> Response:
     """The stream's model, method and current posterior summary (mean, covariance, quantiles, effective sample
     size, log-evidence so far)."""
     log.add(stream=stream_id)
-    doc = await streams.get(tenant, stream_id)
+    doc = await streams.get(tenant, stream_id, query_levels(levels))
     log.add(step=doc["step"])
     return JSONResponse(doc)
+
+
+def query_levels(text: str | None) -> tuple[float, ...] | None:
+    """``?levels=0.025,0.5,0.975`` as checked levels (None: none asked); 422 naming ``levels``."""
+    if text is None:
+        return None
+    try:
+        return check_levels([float(t) for t in text.split(",")])
+    except ValueError as exc:
+        message = str(exc) if str(exc).startswith("levels") else "levels: comma-separated numbers, e.g. 0.025,0.975"
+        raise invalid(message) from None
 
 
 @router.delete(

@@ -100,6 +100,22 @@ def parse(model: ModelFamily, observations: list[Any]) -> list[Step]:
         raise invalid(str(exc)) from None
 
 
+def observed(obs: torch.Tensor) -> bool:
+    """Whether a step's observation has any entry observed (not NaN): a step with nothing observed only predicts."""
+    return bool((~torch.isnan(obs)).any()) if obs.numel() else False
+
+
+def unscored(entry: dict[str, Any]) -> None:
+    """A ``per_step`` entry of a step with nothing observed, made to say so: it has no score — a null
+    ``log_evidence_increment`` (the updaters' 0, log 1, would read as the least surprising reading there is), no
+    ``log_evidence_sd``, and null p-values (docs/API.md "Missing observations")."""
+    entry["log_evidence_increment"] = None
+    entry.pop("log_evidence_sd", None)
+    for key in ("pit", "pit_two_sided"):
+        if key in entry:
+            entry[key] = [None] * len(entry[key])
+
+
 def checked_summary(method: str, res: StepResult) -> dict[str, Any]:
     """The step's new state summarised — the engine's batched :func:`row_views` row when it has one — after
     checking it is finite (``NonFiniteError``, so the step falls back, if not)."""
@@ -110,7 +126,11 @@ def checked_summary(method: str, res: StepResult) -> dict[str, Any]:
 
 
 def finish(
-    meta: dict[str, Any], last: StepResult, n_samples: int, summary: dict[str, Any] | None = None
+    meta: dict[str, Any],
+    last: StepResult,
+    n_samples: int,
+    summary: dict[str, Any] | None = None,
+    view: summaries.StepView | None = None,
 ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
     """(state bytes, summary, the last step's ``per_step`` entry, samples) after the request's last step
     (``summary``: the new state's, when already computed); 422 and nothing written if the summary is not finite
@@ -121,22 +141,22 @@ def finish(
             "observations: the updated state has non-finite values; nothing was applied. Check the observations' "
             "scale against the model's"
         )
-    step = summaries.step_summary(last.state, last.info, state_summary=summary)
+    step = summaries.step_summary(last.state, last.info, state_summary=summary, view=view)
     return last.state.to_bytes(), summary, step, draw(meta, last.state, n_samples)
 
 
-def _after_step(method: str, res: StepResult) -> dict[str, Any]:
+def _after_step(method: str, view: summaries.StepView | None, res: StepResult) -> dict[str, Any]:
     """(on the engine's worker, right after the step) a step that is not the request's last: its state checked,
     its ``per_step`` entry."""
-    return summaries.step_summary(res.state, res.info, state_summary=checked_summary(method, res))
+    return summaries.step_summary(res.state, res.info, state_summary=checked_summary(method, res), view=view)
 
 
 def _after_last(
-    meta: dict[str, Any], n_samples: int, res: StepResult
+    meta: dict[str, Any], n_samples: int, view: summaries.StepView | None, res: StepResult
 ) -> tuple[bytes, dict[str, Any], dict[str, Any], list | None]:
     """(on the engine's worker, right after the step) the request's last step: its state checked, then
     :func:`finish`."""
-    return finish(meta, res, n_samples, checked_summary(meta["method"], res))
+    return finish(meta, res, n_samples, checked_summary(meta["method"], res), view)
 
 
 #: a run's ``after`` result: the ``per_step`` entries of the steps it kept, and :func:`finish`'s tuple when the run
@@ -144,7 +164,9 @@ def _after_last(
 RunOutcome = tuple[list[dict[str, Any]], tuple[bytes, dict[str, Any], dict[str, Any], list | None] | None]
 
 
-def _after_run(meta: dict[str, Any], n_samples: int, last: int, run: RunResult) -> RunOutcome:
+def _after_run(
+    meta: dict[str, Any], n_samples: int, last: int, view: summaries.StepView | None, run: RunResult
+) -> RunOutcome:
     """(on the engine's worker, right after a run) each step's state checked, in order, and its ``per_step`` entry;
     a step whose state is not finite ends the run there (it becomes the run's error, the steps after it are
     dropped: they started from it). When the run kept the request's last step (``last``: its index in the run),
@@ -157,10 +179,10 @@ def _after_run(meta: dict[str, Any], n_samples: int, last: int, run: RunResult) 
             del run.steps[k:]
             run.error = exc
             return entries, None
-        entries.append(summaries.step_summary(res.state, res.info, state_summary=summary))
+        entries.append(summaries.step_summary(res.state, res.info, state_summary=summary, view=view))
     if run.error is not None or len(run.steps) != last + 1:
         return entries, None
-    return entries, finish(meta, run.steps[-1], n_samples, summary)
+    return entries, finish(meta, run.steps[-1], n_samples, summary, view)
 
 
 @dataclass
@@ -192,21 +214,23 @@ class Stepper:
         n_samples: int,
         announced: Announcement | None = None,
         price: Priced | None = None,
+        view: summaries.StepView | None = None,
     ) -> Applied:
         """Apply the steps (:func:`parse`) in order from ``state``, as runs on the engine (module docstring); each
         step's check and summary run on the worker right after it, and the last one's also encode the new state and
         draw ``n_samples``; ``price``: the cost model's price of the dearest step, which places the steps on the
-        engine's lanes (:mod:`mpflow.service.engine.lanes`)."""
+        engine's lanes (:mod:`mpflow.service.engine.lanes`); ``view``: what the ``per_step`` entries show beyond
+        the defaults (the request's quantile levels, each step's covariance)."""
         method, last = meta["method"], len(parsed) - 1
         per_step: list[dict[str, Any]] = []
         fallbacks: dict[int, str] = {}
         i, final, res = 0, None, None
         while final is None:
             if i == last:  # one step: a job of the engine's micro-batches, with other streams' steps
-                run = await self._last_step(meta, updater, state, parsed[i], n_samples, announced, price)
+                run = await self._last_step(meta, updater, state, parsed[i], n_samples, announced, price, view)
             else:
                 steps = [(model, obs) for obs, model in parsed[i:]]
-                after = functools.partial(_after_run, meta, n_samples, last - i)
+                after = functools.partial(_after_run, meta, n_samples, last - i, view)
                 run = await self.engine.update_run(updater, method, state, steps, announced, after=after, price=price)
             entries, final = run.after or ([], None)
             per_step += entries
@@ -224,16 +248,19 @@ class Stepper:
             # NaN/inf particles, a collapsed covariance: a safe method instead, for this step
             res, fallbacks[i] = await self.fallbacks.step(meta, model, updater, state, obs, i, run.error, price)
             if i == last:
-                final = await self.work.run(meta, _after_last, meta, n_samples, res)
+                final = await self.work.run(meta, _after_last, meta, n_samples, view, res)
                 per_step.append(final[2])
             else:
-                per_step.append(await self.work.run(meta, _after_step, method, res))
+                per_step.append(await self.work.run(meta, _after_step, method, view, res))
             state = res.state
             i += 1
         assert res is not None  # observations has at least one item (schema)
         blob, summary, _, samples = final
         for i, name in fallbacks.items():
             per_step[i]["fallback"] = name
+        for (obs, _), entry in zip(parsed, per_step, strict=True):
+            if not observed(obs):
+                unscored(entry)
         return Applied(res, blob, summary, per_step, samples)
 
     async def _last_step(
@@ -245,11 +272,12 @@ class Stepper:
         n_samples: int,
         announced: Announcement | None,
         price: Priced | None,
+        view: summaries.StepView | None = None,
     ) -> RunResult:
         """The request's last step alone, micro-batched with other streams' steps, as a run of one (its error, if
         it raised)."""
         obs, model = step
-        after = functools.partial(_after_last, meta, n_samples)
+        after = functools.partial(_after_last, meta, n_samples, view)
         try:
             res = await self.engine.update(
                 updater, updater_key(meta), meta["method"], model, state, obs, announced, after, price
@@ -265,7 +293,9 @@ __all__ = [
     "check_learning_time",
     "checked_summary",
     "finish",
+    "observed",
     "parse",
     "row_views",
     "unit_steps_only",
+    "unscored",
 ]

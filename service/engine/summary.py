@@ -7,13 +7,15 @@ weights w_i (uniform for every method but ``smc`` and ``mpf`` with ``flow_fracti
 * mean m = Σ w_i x_i and covariance C = Σ w_i (x_i − m)(x_i − m)ᵀ (GPF eq. 15,
   :func:`mpflow.operators.gaussian.moments`),
   std = √diag C; for the exact Gaussian, m and P themselves;
-* marginal quantiles q ∈ {0.05, 0.5, 0.95}: the inverse of the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q}
-  (particles of zero weight never matter); for the exact Gaussian m_j + Φ⁻¹(q) √P_jj;
+* marginal quantiles q ∈ :data:`QUANTILES` (0.025, 0.05, 0.5, 0.95, 0.975: the bounds of the 95 % and 90 %
+  central intervals and the median; a request may ask for other ``levels``, :func:`quantile_rows`): the inverse of
+  the weighted empirical CDF, min{x : Σ_{x_i ≤ x} w_i ≥ q} (particles of zero weight never matter); for the exact
+  Gaussian m_j + Φ⁻¹(q) √P_jj; keyed by :func:`level_key` (``"0.975"``);
 * ESS = 1 / Σ w_i² of a cloud — null for the exact Gaussian, whose particles are fresh draws for the particle
   views, not a cloud with an effective size — and log_evidence = log p̂(o_1..o_step) (0 at step 0);
-* ``params`` — a stream that learns unknown model parameters (``smc2``): per parameter, the mean, sd and the 0.05
-  and 0.95 quantiles of its θ-particles θ_j under their weights ω_j (the weighted empirical CDF as above), the
-  posterior p(θ | o_1..o_step) (docs/methods.md eq. P6); beside it how much of that θ-cloud is left —
+* ``params`` — a stream that learns unknown model parameters (``smc2``): per parameter, the mean, sd and the 0.025,
+  0.05, 0.95 and 0.975 quantiles of its θ-particles θ_j under their weights ω_j (the weighted empirical CDF as
+  above), the posterior p(θ | o_1..o_step) (docs/methods.md eq. P6); beside it how much of that θ-cloud is left —
   ``params_ess`` (1 / Σ ω_j²), ``params_distinct`` (its distinct θ-particles) and ``params_degenerate``
   (:func:`mpflow.operators.updaters.smc2.cloud_health`).
 
@@ -49,12 +51,19 @@ from mpflow.operators import gaussian
 from mpflow.operators.rng import generator
 from mpflow.operators.samplers import GaussianFlowResampler
 from mpflow.operators.state import ParticleState, StepInfo
+from mpflow.operators.updaters import smc2_mh
 from mpflow.operators.updaters.smc2 import PARAM, PARAM_LOG_WEIGHTS, cloud_health, param_names
 
-QUANTILES = (0.05, 0.5, 0.95)
+#: the default quantile levels of every summary, ``per_step`` entry and forecast: the bounds of the 95 % central
+#: interval (the credible region the docs, the CLI's ``--plot`` and the dashboard draw), of the 90 % one, and the median
+QUANTILES = (0.025, 0.05, 0.5, 0.95, 0.975)
+#: the most quantile levels a request may ask for (docs/API.md "levels"), so that answers stay bounded
+MAX_LEVELS = 9
+#: the decimals a level is kept to (its JSON key: :func:`level_key`)
+LEVEL_DECIMALS = 6
 #: the fields of a summary about the learned parameters (:func:`parameter_summaries`): every answer's ``summary``
 #: carries them; a ``per_step`` entry only when the request asks (``per_step_params``, docs/API.md)
-PARAM_FIELDS = ("params", "params_ess", "params_distinct", "params_degenerate")
+PARAM_FIELDS = ("params", "params_ess", "params_distinct", "params_degenerate", "params_rejuvenation")
 CHOLESKY_RATIO = 4
 
 
@@ -63,6 +72,41 @@ def _normal_ppf(q: float) -> float:
 
 
 _Z = torch.tensor([_normal_ppf(q) for q in QUANTILES], dtype=torch.float64)
+
+
+def level_key(q: float) -> str:
+    """The JSON key of quantile level ``q`` in (0, 1), everywhere (summaries, ``per_step``, forecasts): its decimal
+    digits, at most :data:`LEVEL_DECIMALS`, no trailing zeros — ``"0.025"``, ``"0.5"``, ``"0.975"``."""
+    return f"{q:.{LEVEL_DECIMALS}f}".rstrip("0").rstrip(".")
+
+
+def check_levels(levels: list[float] | tuple[float, ...], field: str = "levels") -> tuple[float, ...]:
+    """A request's quantile levels, rounded to :data:`LEVEL_DECIMALS` decimals, sorted, without repeats; ValueError
+    naming ``field`` for none, more than :data:`MAX_LEVELS`, or a level outside (0, 1)."""
+    if not 1 <= len(levels) <= MAX_LEVELS:
+        raise ValueError(f"{field}: 1 to {MAX_LEVELS} quantile levels, got {len(levels)}")
+    out = set()
+    for i, q in enumerate(levels):
+        if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q):
+            raise ValueError(f"{field}[{i}]: a number in (0, 1), e.g. 0.025 or 0.975")
+        r = round(float(q), LEVEL_DECIMALS)
+        if not 0.0 < r < 1.0:
+            raise ValueError(f"{field}[{i}]: {q} is not in (0, 1); send levels such as 0.025, 0.5, 0.975")
+        out.add(r)
+    return tuple(sorted(out))
+
+
+def quantile_rows(state: ParticleState, levels: tuple[float, ...]) -> dict[str, list[float]]:
+    """The marginal quantiles of one stream's state (B = 1) at ``levels``: ``{level_key(q): [d]}`` — the exact
+    Gaussian's m + Φ⁻¹(q) √P_jj, or the cloud's weighted quantiles (module docstring)."""
+    post = Posterior.of(state)
+    if post.exact is not None:
+        mean, cov = post.exact
+        z = torch.tensor([_normal_ppf(q) for q in levels], dtype=torch.float64)
+        rows = mean[None] + z[:, None] * torch.diagonal(cov).clamp_min(0).sqrt()[None]
+    else:
+        rows = weighted_quantiles(post.x, post.w, levels)
+    return {level_key(q): row for q, row in zip(levels, rows.tolist(), strict=True)}
 
 
 @dataclass
@@ -146,7 +190,7 @@ def summaries(state: ParticleState) -> list[dict]:
             "mean": m,
             "cov": c,
             "std": s,
-            "quantiles": {str(q): row for q, row in zip(QUANTILES, qrows, strict=True)},
+            "quantiles": {level_key(q): row for q, row in zip(QUANTILES, qrows, strict=True)},
             "ess": e,
             "log_evidence": float(le),
         }
@@ -160,9 +204,10 @@ def summaries(state: ParticleState) -> list[dict]:
 
 def parameter_summaries(state: ParticleState) -> list[dict[str, Any]] | None:
     """Per stream of a batch, the :data:`PARAM_FIELDS` of the unknown parameters a ``smc2`` state learns (its
-    ``param.<name>`` θ-particles and ``param_log_weights``): ``params`` ``{name: {"mean", "sd", "q05", "q95"}}``,
-    and the θ-cloud's ``params_ess``, ``params_distinct`` and ``params_degenerate``; None for a state without
-    any."""
+    ``param.<name>`` θ-particles and ``param_log_weights``): ``params`` ``{name: {"mean", "sd", "q025", "q05", "q95",
+    "q975"}}`` (the bounds of the 95 % and 90 % credible intervals),
+    and the θ-cloud's ``params_ess``, ``params_distinct`` and ``params_degenerate`` (and, with the MH kernel,
+    ``params_rejuvenation``: whether its moves still target the exact posterior); None for a state without any."""
     names = param_names(state.extras)
     if not names:
         return None
@@ -171,14 +216,16 @@ def parameter_summaries(state: ParticleState) -> list[dict[str, Any]] | None:
     theta = torch.stack([state.extras[PARAM + n].to(torch.float64) for n in names], -1)  # [B, M, p]
     mean = (w[..., None] * theta).sum(1)
     sd = (w[..., None] * (theta - mean[:, None]) ** 2).sum(1).clamp_min(0).sqrt()
-    q = batch_weighted_quantiles(theta, w, (0.05, 0.95))  # [B, 2, p]
-    stats = {"mean": mean, "sd": sd, "q05": q[:, 0], "q95": q[:, 1]}  # each [B, p]
+    q = batch_weighted_quantiles(theta, w, (0.025, 0.05, 0.95, 0.975))  # [B, 4, p]
+    stats = {"mean": mean, "sd": sd, "q025": q[:, 0], "q05": q[:, 1], "q95": q[:, 2], "q975": q[:, 3]}  # each [B, p]
+    windowed = smc2_mh.windowed(state.extras)  # None without the MH kernel
     return [
         {
             "params": {n: {k: float(v[b, i]) for k, v in stats.items()} for i, n in enumerate(names)},
             "params_ess": float(health.ess[b]),
             "params_distinct": int(health.distinct[b]),
             "params_degenerate": bool(health.degenerate[b]),
+            **({} if windowed is None else {"params_rejuvenation": "windowed" if windowed[b] else "exact"}),
         }
         for b in range(state.batch_size)
     ]
@@ -191,12 +238,33 @@ def summary(state: ParticleState) -> dict:
     return summaries(state)[0]
 
 
-def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summary: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class StepView:
+    """What a request asks its ``per_step`` entries to show beyond the defaults (docs/API.md): quantiles at its own
+    ``levels`` (:func:`check_levels`; None: :data:`QUANTILES`) and each step's covariance (``per_step_cov``)."""
+
+    levels: tuple[float, ...] | None = None
+    cov: bool = False
+
+    @property
+    def custom_levels(self) -> bool:
+        return self.levels is not None and self.levels != QUANTILES
+
+
+def step_summary(
+    state: ParticleState,
+    info: StepInfo,
+    row: int = 0,
+    state_summary: dict | None = None,
+    view: StepView | None = None,
+) -> dict:
     """A ``per_step`` entry for the state just after a step: step, mean, std, quantiles (when ``state_summary``
-    has them), log_evidence_increment, ess (null for a Gaussian state: :func:`summaries`), ``pit`` (the step's
+    has them, or at ``view.levels`` when the request asked for its own), ``cov`` when the request asked
+    (``view.cov``), log_evidence_increment, ess (null for a Gaussian state: :func:`summaries`), ``pit`` (the step's
     predictive p-value of each observed entry, null where not observed; absent for a family without an observation
-    CDF), ``log_evidence_sd`` where the method estimates the increment's standard error (mpf's marginal filter,
-    and mpf with ``evidence: "mixture"``; absent where that step has none),
+    CDF) and ``pit_two_sided`` (:func:`two_sided` of it), ``log_evidence_sd`` where the method estimates the
+    increment's standard error (mpf's marginal filter, and mpf with ``evidence: "mixture"``; absent where that step
+    has none),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
     ``relocked`` when the stream re-locks (``ienkf`` with ``relock``: whether this step re-seeded the ensemble),
@@ -217,10 +285,15 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
         "log_evidence_increment": float(info.log_evidence_increment[row]),
         "ess": None if gaussian_state(state) else float(info.ess[row]),
     }
+    if view is not None and view.custom_levels:
+        entry["quantiles"] = quantile_rows(state, view.levels)
+    if view is not None and view.cov:
+        entry["cov"] = state_summary["cov"] if "cov" in state_summary else Posterior.of(state).moments()[1].tolist()
     entry.update({k: state_summary[k] for k in PARAM_FIELDS if k in state_summary})
     pit = info.extras.get("pit")
     if pit is not None:
         entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
+        entry["pit_two_sided"] = two_sided(entry["pit"])
     evidence_sd = info.extras.get("log_evidence_sd")
     evidence_sd = None if evidence_sd is None else float(evidence_sd[row])
     if evidence_sd is not None and math.isfinite(evidence_sd):
@@ -236,6 +309,12 @@ def step_summary(state: ParticleState, info: StepInfo, row: int = 0, state_summa
     if relocked is not None:
         entry["relocked"] = bool(relocked[row])
     return entry
+
+
+def two_sided(pit: list[float | None]) -> list[float | None]:
+    """Per observed entry, the two-sided p-value 2 min(u, 1 − u) of its predictive p-value u (null where not
+    observed): what a user thresholds — below α exactly where the stream's ``pit_alert`` α flags the entry."""
+    return [None if u is None else 2.0 * min(u, 1.0 - u) for u in pit]
 
 
 def sample_seed(seed: int, step: int) -> int:
@@ -267,14 +346,20 @@ def draw(state: ParticleState, n: int, *, weighted: bool, seed: int, gaussian_po
 
 
 __all__ = [
+    "MAX_LEVELS",
     "PARAM_FIELDS",
     "QUANTILES",
+    "StepView",
     "batch_weighted_quantiles",
+    "check_levels",
     "draw",
+    "level_key",
     "parameter_summaries",
+    "quantile_rows",
     "sample_seed",
     "step_summary",
     "summaries",
     "summary",
+    "two_sided",
     "weighted_quantiles",
 ]

@@ -64,10 +64,16 @@ def draw(meta: dict[str, Any], state: ParticleState, n: int) -> list | None:
     return None if drawn is None else drawn.tolist()
 
 
-def summary_and_draws(meta: dict[str, Any], data: bytes, n_samples: int) -> tuple[dict[str, Any], list | None]:
-    """(summary, ``n_samples`` draws) of a stored state."""
+def summary_and_draws(
+    meta: dict[str, Any], data: bytes, n_samples: int, levels: tuple[float, ...] | None = None
+) -> tuple[dict[str, Any], list | None]:
+    """(summary, ``n_samples`` draws) of a stored state; ``levels``: its quantiles at those levels instead of the
+    defaults."""
     state = ParticleState.from_bytes(data)
-    return summaries.summary(state), draw(meta, state, n_samples)
+    summary = summaries.summary(state)
+    if levels is not None:
+        summary["quantiles"] = summaries.quantile_rows(state, levels)
+    return summary, draw(meta, state, n_samples)
 
 
 def samples(meta: dict[str, Any], data: bytes, n: int) -> torch.Tensor:

@@ -96,11 +96,12 @@ class Budget:
         self._shares[id(update)] = (update, mine)
 
 
-def summary_cost(n: int, d: int) -> Cost:
+def summary_cost(n: int, d: int, levels: int = len(QUANTILES)) -> Cost:
     """A summary of n particles in d dimensions (:mod:`mpflow.service.engine.summary`): weighted moments (2 n d²), the
     quantiles' sort (:data:`~mpflow.operators.updaters.base.QUANTILE_FLOPS` n d log₂ n, five float64 copies of the
-    cloud) and its JSON (d² + 7 d numbers)."""
-    numbers = d * d + SUMMARY_NUMBERS_PER_DIM * d
+    cloud) and its JSON (d² + 7 d numbers with the default quantile levels; each other ``levels`` count adds or
+    takes d)."""
+    numbers = d * d + (SUMMARY_NUMBERS_PER_DIM + levels - len(QUANTILES)) * d
     flops = 2.0 * n * d * d + QUANTILE_FLOPS * n * d * math.log2(max(n, 2)) + JSON_FLOPS_PER_NUMBER * numbers
     return Cost(flops, 8.0 * 5 * n * d + JSON_BYTES_PER_NUMBER * numbers)
 
@@ -168,11 +169,16 @@ def observations_cost(
     steps: list[tuple[float, int | None]],
     samples: int,
     lag: int = 0,
+    levels: int | None = None,
+    cov: bool = False,
 ) -> Cost:
     """Applying ``steps`` — (dt, entries observed) each — to n particles: each step's work
     (:meth:`Updater.step_work`) and its predictive p-values' (:meth:`Updater.pit_work`), its smoothing window's
     (``lag`` steps kept: :func:`window_step_cost`) and summary,
-    its ``per_step`` entry in the answer, and ``samples`` draws."""
+    its ``per_step`` entry in the answer, and ``samples`` draws. ``levels``: the count of quantile levels the
+    request asked for (docs/API.md ``levels``; None: the defaults) — each step's quantiles computed again at them,
+    a second sort, and ``levels`` numbers a dimension in its entry; ``cov``: each entry carries the d × d
+    covariance (``per_step_cov``)."""
     d = model.state_dim
     total = Cost(0.0, 0.0)
     window = window_step_cost(updater, n, d, lag)
@@ -180,20 +186,29 @@ def observations_cost(
         step, pit = updater.step_work(model, n, dt, k), updater.pit_work(model, n, dt, k)
         step_cost = Cost(step.flops + pit.flops + window.flops, max(step.bytes, pit.bytes) + window.bytes)
         total = total.then(step_cost).then(summary_cost(n, d))
-    answer = len(steps) * ((2 + len(QUANTILES)) * d + 8)  # per_step: mean, sd and quantiles, and a few scalars
+        if levels is not None:  # the quantiles again, at the request's levels
+            total = total.then(summary_cost(n, d, levels))
+    # per_step: mean, sd and quantiles, and a few scalars (and the covariance on request)
+    answer = len(steps) * ((2 + (len(QUANTILES) if levels is None else levels)) * d + 8 + (d * d if cov else 0))
     total = Cost(total.flops + JSON_FLOPS_PER_NUMBER * answer, total.bytes)
     return total.then(draws_cost(samples, d)).plus_bytes(JSON_BYTES_PER_NUMBER * answer)
 
 
 def step_price(
-    model: ModelFamily, updater: Updater, n: int, steps: list[tuple[float, int | None]], lag: int = 0
+    model: ModelFamily,
+    updater: Updater,
+    n: int,
+    steps: list[tuple[float, int | None]],
+    lag: int = 0,
+    levels: int | None = None,
+    cov: bool = False,
 ) -> Cost:
     """The price of the dearest of ``steps`` — (dt, entries observed) each — applied alone (its work, p-values,
     window, summary and ``per_step`` entry: :func:`observations_cost` of that one step): what the update engine's
     lanes read to place and stack a step, or a run of steps that hands its worker back between steps
     (:mod:`mpflow.service.engine.lanes`). Steps that differ only in their values cost the same, so each distinct
     (dt, k) is priced once."""
-    priced = [observations_cost(model, updater, n, [step], 0, lag) for step in set(steps)]
+    priced = [observations_cost(model, updater, n, [step], 0, lag, levels, cov) for step in set(steps)]
     return Cost(max(c.flops for c in priced), max(c.bytes for c in priced))
 
 

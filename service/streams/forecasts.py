@@ -23,7 +23,7 @@ from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import Updater
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.service.engine.numerics import finite_json
-from mpflow.service.engine.summary import QUANTILES, batch_weighted_quantiles
+from mpflow.service.engine.summary import QUANTILES, batch_weighted_quantiles, level_key
 from mpflow.service.errors import invalid, too_large
 from mpflow.service.settings import Settings
 from mpflow.service.streams import costs
@@ -62,7 +62,7 @@ def _part(
         entry: dict[str, Any] = {
             "mean": mean[j].tolist(),
             "cov": cov[j].tolist(),
-            "quantiles": {str(q): row for q, row in zip(QUANTILES, qs[j].tolist(), strict=True)},
+            "quantiles": {level_key(q): row for q, row in zip(QUANTILES, qs[j].tolist(), strict=True)},
         }
         if n > 0:
             if cloud is None:

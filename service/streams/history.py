@@ -11,7 +11,8 @@ One entry per applied step, oldest first, at most ``MPFLOW_HISTORY_STEPS`` (the 
 
 An observation whose JSON is longer than ``MAX_OBSERVATION_BYTES`` (a large logistic minibatch, say) is kept as
 ``"observation": null, "observation_omitted": true``: the history's size stays about ``steps × (2 d numbers + a
-small observation)`` whatever the requests carry. The ``per_step`` entry's ``quantiles`` are left out: they would
+small observation)`` whatever the requests carry. The ``per_step`` entry's ``quantiles`` (and the ``cov`` a request
+may ask for, ``per_step_cov``) are left out: they would
 double the history's memory in the store (379 bytes a step instead of 214 at d = 2, ``MEMORY USAGE`` of 500
 steps), and what reads the history — the dashboard's bands, a late reader's table — has the mean and std.
 
@@ -33,7 +34,7 @@ from mpflow.service.store.stream_store import StreamStore
 #: the longest observation (its JSON, in bytes) a history entry keeps; a longer one is left out (module docstring)
 MAX_OBSERVATION_BYTES = 4096
 #: the fields of a ``per_step`` entry its history entry leaves out (module docstring)
-_LEFT_OUT = frozenset({"quantiles"})
+_LEFT_OUT = frozenset({"quantiles", "cov"})
 #: what a step may carry besides its value (docs/API.md "observations")
 _STEP_FIELDS = ("dt", "u")
 

@@ -22,7 +22,8 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import Updater
 from mpflow.service.engine import views
 from mpflow.service.engine.sequencing import KeyedLocks, Seq, check_seq, until_written
-from mpflow.service.engine.stepping import parse
+from mpflow.service.engine.stepping import Applied, parse
+from mpflow.service.engine.summary import QUANTILES, StepView
 from mpflow.service.errors import ApiError, too_large, unavailable
 from mpflow.service.schemas import BatchRequest, ObservationsRequest
 from mpflow.service.settings import Settings
@@ -61,13 +62,28 @@ def check_work(
     lag = int(meta.get("smoothing_lag") or 0)
     what = f"applying {len(steps)} steps to this {meta['method']} stream (N = {n}, d = {d})"
 
+    levels, cov = step_view(req).levels, req.per_step_cov
+    count = None if levels is None else len(levels)
+
     def cost(m: int) -> costs.Cost:
-        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples, lag)
+        return costs.observations_cost(model, updater, n, steps[:m], req.return_samples, lag, count, cov)
 
     spent = costs.check(settings, "observations", len(steps), cost, what)
     if budget is not None:
         budget.spend(req, spent)
-    return spent, costs.step_price(model, updater, n, steps, lag)
+    return spent, costs.step_price(model, updater, n, steps, lag, count, cov)
+
+
+def step_view(req: ObservationsRequest) -> StepView:
+    """What the request's ``per_step`` entries show beyond the defaults: its quantile ``levels`` (None when it
+    asked for none, or for the defaults) and ``per_step_cov``."""
+    levels = None if req.levels is None or tuple(req.levels) == QUANTILES else tuple(req.levels)
+    return StepView(levels, req.per_step_cov)
+
+
+def quantiles_of(applied: Applied) -> dict[str, Any]:
+    """The ``quantiles`` of the request's last step at the request's levels: the answer's summary's."""
+    return {"quantiles": applied.per_step[-1]["quantiles"]}
 
 
 class Observations(StreamPart):
@@ -106,8 +122,9 @@ class Observations(StreamPart):
                 # a duplicate acknowledges the write it found: only once that is on the replicas WAIT asks for
                 if not await self.store.confirm(tenant, stream_id, int(meta["version"])):
                     return None  # the stream changed since the read: read again
+                levels = step_view(req).levels
                 summary, samples = await self.work.run(
-                    meta, views.summary_and_draws, meta, data, req.return_samples, draws=req.return_samples
+                    meta, views.summary_and_draws, meta, data, req.return_samples, levels, draws=req.return_samples
                 )
                 return observation_document(stream_id, meta, summary, [], samples, duplicate=True)
             if self.methods.loaded(meta):
@@ -117,7 +134,8 @@ class Observations(StreamPart):
             _, price = check_work(self.settings, meta, model, updater, req, budget)
             parsed = parse(model, req.observations)
             state = await self.work.decode(meta, data)
-            applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced, price)
+            view = step_view(req)
+            applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced, price, view)
         new_meta = {
             "step": step + n,
             "log_evidence": float(applied.last.state.log_evidence[0]),
@@ -125,10 +143,12 @@ class Observations(StreamPart):
             **pit.latest(applied.per_step),
             SUMMARY: applied.summary,  # kept beside the state: GET /v1/streams/{id} reads it (.state_reads)
         }
+        # the stored summary keeps the default levels; the answer's has the request's (its last step's quantiles)
+        shown = applied.summary if not view.custom_levels else {**applied.summary, **quantiles_of(applied)}
         doc = observation_document(
             stream_id,
             {**meta, **new_meta},
-            applied.summary,
+            shown,
             applied.per_step,
             applied.samples,
             duplicate=False,
@@ -177,7 +197,12 @@ async def run_batch(
     async def one(i: int) -> dict[str, Any]:
         u = req.updates[i]
         body = ObservationsRequest(
-            seq=u.seq, observations=u.observations, return_samples=u.return_samples, per_step_params=u.per_step_params
+            seq=u.seq,
+            observations=u.observations,
+            return_samples=u.return_samples,
+            per_step_params=u.per_step_params,
+            levels=u.levels,
+            per_step_cov=u.per_step_cov,
         )
         try:
             doc = await observe(tenant, u.stream_id, body)

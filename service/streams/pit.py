@@ -4,9 +4,10 @@ Each ``per_step`` entry carries ``pit``: for each observed entry j, u_j = P(O_j 
 predictive (:meth:`mpflow.operators.updaters.base.Updater.pit`). Under the model u_j ~ U(0, 1), so a reading is
 flagged at the two-sided level α — the stream's ``pit_alert``, set at creation, default :data:`DEFAULT_PIT_ALERT` —
 when |u_j − ½| > ½ − α/2, i.e. u_j < α/2 or u_j > 1 − α/2: a fraction α of the steps of a stream that follows its
-model are flagged, for each entry. The latest observed step's values are kept in the stream's metadata (a step
-without a measurement leaves them) and shown in the stream document's ``summary`` (``pit``, ``pit_step``,
-``pit_alert``, ``pit_flagged``).
+model are flagged, for each entry — exactly the entries whose two-sided p-value ``pit_two_sided``,
+2 min(u_j, 1 − u_j) (beside ``pit`` in every ``per_step`` entry and in the summary), is below α. The latest observed
+step's values are kept in the stream's metadata (a step without a measurement leaves them) and shown in the stream
+document's ``summary`` (``pit``, ``pit_two_sided``, ``pit_step``, ``pit_alert``, ``pit_flagged``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def view(meta: dict[str, Any]) -> dict[str, Any]:
     marks = flagged(pit, alert)
     return {
         "pit": pit,
+        "pit_two_sided": [None if u is None else 2.0 * min(u, 1.0 - u) for u in pit],
         "pit_step": meta.get("pit_step"),
         "pit_alert": alert,
         "pit_flagged": any(marks),

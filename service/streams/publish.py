@@ -9,8 +9,9 @@ after its write and only if the write happened — atomically with it and withou
 (:meth:`~mpflow.service.streams.service.StreamService.observe` passes it). Because the channel lives in the store, a
 viewer connected to one replica sees updates applied by any replica.
 
-Event size is bounded: ``summary`` leaves out ``cov`` (d² numbers) and ``per_step`` keeps the last entries only,
-up to ``MAX_EVENT_NUMBERS`` numbers (means, stds, quantiles) in all (a 1000-step batch of a 2-D stream is sent whole).
+Event size is bounded: ``summary`` and the ``per_step`` entries leave out ``cov`` (d² numbers) and ``per_step`` keeps
+the last entries only, up to ``MAX_EVENT_NUMBERS`` numbers (means, stds, quantiles) in all (a 1000-step batch of a
+2-D stream is sent whole).
 
 This module imports nothing of the request path (:mod:`mpflow.service.streams.service` imports it).
 """
@@ -42,7 +43,7 @@ def event_of(doc: dict[str, Any]) -> dict[str, Any]:
         "updated_at": doc["updated_at"],
         "method": doc["method"],
         "summary": summary,
-        "per_step": per_step[-keep:],
+        "per_step": [{k: v for k, v in e.items() if k != "cov"} for e in per_step[-keep:]],  # per_step_cov's d²
     }
 
 

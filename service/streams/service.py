@@ -35,6 +35,7 @@ from mpflow.service.engine.catalogue import OperatorCatalogue
 from mpflow.service.engine.fallback import Fallbacks
 from mpflow.service.engine.methods import Methods
 from mpflow.service.engine.stepping import Stepper
+from mpflow.service.engine.summary import QUANTILES, level_key
 from mpflow.service.engine.tensor_work import TensorWork
 from mpflow.service.engine.update_engine import UpdateEngine
 from mpflow.service.errors import invalid, not_found
@@ -105,13 +106,26 @@ class StreamService:
         observe = functools.partial(self.observations.observe, budget=costs.Budget(self.settings))
         return await run_batch(observe, tenant, req, limit, self.on_store_error)
 
-    async def get(self, tenant: str, stream_id: str) -> dict[str, Any]:
+    async def get(self, tenant: str, stream_id: str, levels: tuple[float, ...] | None = None) -> dict[str, Any]:
         """The stream document from the meta hash alone, its kept summary included; a stream stored without one
-        is summarised from its state once (:mod:`mpflow.service.streams.state_reads`)."""
+        (or with one of fewer quantile levels than the defaults: kept before they grew) is summarised from its state
+        once (:mod:`mpflow.service.streams.state_reads`). ``levels``: the summary's quantiles at those levels
+        instead (``?levels=``), computed from the state — priced as a read of it — unless the kept summary has
+        them all."""
         peeked = await self.reads.peek(tenant, stream_id, inline_bytes=-1)
         meta, summary = peeked.meta, peeked.meta.get(SUMMARY)
-        if summary is None:
+        if summary is None or not _has_levels(summary, QUANTILES):
             meta, summary = await self.reads.summary(peeked, _summary)
+        if levels is not None and not _has_levels(summary, levels):
+            n, d = int(meta["num_particles"]), int(meta["state_dim"])
+            price = reading(peeked.size, costs.summary_cost(n, d, len(levels)))
+
+            def at_levels(m: dict[str, Any], data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+                return m, views.summary_and_draws(m, data, 0, levels)[0]
+
+            meta, summary = await self.reads.run(peeked, price, at_levels)
+        elif levels is not None:
+            summary = {**summary, "quantiles": {k: summary["quantiles"][k] for k in map(level_key, levels)}}
         return document(stream_id, meta, summary)
 
     async def samples(self, tenant: str, stream_id: str, n: int) -> torch.Tensor:
@@ -165,6 +179,12 @@ class StreamService:
         except ValueError as exc:
             raise invalid(str(exc)) from None
         return {"streams": [list_entry(it) for it in items], "next_cursor": next_cursor}
+
+
+def _has_levels(summary: dict[str, Any], levels: tuple[float, ...]) -> bool:
+    """Whether a kept summary has the quantiles at every one of ``levels``."""
+    kept = summary.get("quantiles") or {}
+    return all(level_key(q) in kept for q in levels)
 
 
 def _summary(meta: dict[str, Any], data: bytes) -> dict[str, Any]:

@@ -75,12 +75,16 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 1], [4, 0]]})
             assert r.status_code == 200, r.text
             assert r.json()["step"] == 2
+            assert all(len(e["pit"]) == 2 and None not in e["pit"] for e in r.json()["per_step"])  # its p-values
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 2.5]]})
             assert r.status_code == 422 and "[1]: a count is a whole number ≥ 0, got 2.5" in r.text, r.text
     text = log.read_text()
     assert "model family plugins loaded: counts (fake_plugins:Counts), poisson_counts (mpflow_example_family:" in text
     assert "model family plugin 'wrong_score' (fake_plugins:WrongScore from fake-plugins 0.1): score gives" in text
     assert "model family plugin 'no_likelihood'" in text and "does not implement log_likelihood" in text
+    # issue 58, item 6: a plugin without the optional methods is told what it loses; the example gives both
+    assert "FamilyWarning: model family plugin 'counts'" in text and "observation_cdf — no predictive p-values" in text
+    assert "FamilyWarning: model family plugin 'poisson_counts'" not in text
 
 
 def _base_env() -> dict[str, str]:

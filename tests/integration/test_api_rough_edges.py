@@ -150,13 +150,12 @@ def test_unknown_query_parameters_are_refused_naming_them_and_the_accepted_ones(
     bad, after, good = run(redis_url, body)
     expected = {
         "samples": "nn: unknown query parameter; accepted: n",
-        "document": "verbose: unknown query parameter; this route takes none",
+        "document": "verbose: unknown query parameter; accepted: levels",
         "forecast": "step, horizon: unknown query parameters; accepted: steps, dt, samples",
         "list": "page: unknown query parameter; accepted: limit, cursor",
         "observe": "seq: unknown query parameter; this route takes none",
         "models": "family: unknown query parameter; this route takes none",
-        "key": "api_key: unknown query parameter; this route takes none; send the API key as 'Authorization: "
-        "Bearer <key>'",
+        "key": "api_key: unknown query parameter; accepted: levels; send the API key as 'Authorization: Bearer <key>'",
         "events": "since: unknown query parameter; this route takes none",
         "import": "force: unknown query parameter; accepted: stream_id, trust",
     }

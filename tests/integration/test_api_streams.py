@@ -72,7 +72,7 @@ def check_document(doc: dict[str, Any], d: int, step: int) -> None:
     assert doc["step"] == step and doc["state_dim"] == d
     s = doc["summary"]
     assert len(s["mean"]) == d and len(s["std"]) == d and len(s["cov"]) == d
-    assert set(s["quantiles"]) == {"0.05", "0.5", "0.95"}
+    assert set(s["quantiles"]) == {"0.025", "0.05", "0.5", "0.95", "0.975"}
     for j in range(d):
         assert s["quantiles"]["0.05"][j] <= s["quantiles"]["0.5"][j] <= s["quantiles"]["0.95"][j]
         assert math.isclose(s["std"][j] ** 2, s["cov"][j][j], rel_tol=1e-9, abs_tol=1e-12)
@@ -616,7 +616,7 @@ def test_metrics_openapi_catalogue(redis_url):
         create = paths["/v1/streams"]["post"]
         assert {"201", "409", "413", "422", "503"} <= set(create["responses"])
         schemas = spec["components"]["schemas"]
-        assert set(schemas["Quantiles"]["properties"]) == {"0.05", "0.5", "0.95"}
+        assert set(schemas["Quantiles"]["properties"]) == {"0.025", "0.05", "0.5", "0.95", "0.975"}
         assert "examples" in schemas["CreateStreamRequest"]
         models = (await c.get("/v1/models")).json()
         by_family = {f["family"]: f for f in models["families"]}

@@ -55,7 +55,9 @@ def test_update_with_numpy_observations_seq_and_samples(server):  # noqa: F811
         assert isinstance(steps, StepTable) and steps.step.tolist() == [1, 2] and steps.mean.shape == (2, 2)
         np.testing.assert_array_equal(steps.mean[-1], answer.mean)  # the last step is the posterior now
         assert np.isfinite(steps.log_evidence_increment).all() and answer.log_evidence < 0
-        assert set(answer.quantiles) == {0.05, 0.5, 0.95} and answer.quantiles[0.5].shape == (2,)
+        assert set(answer.quantiles) == {"0.025", "0.05", "0.5", "0.95", "0.975"}  # the API's keys
+        quantiles = answer.quantiles
+        assert quantiles[0.5].shape == (2,) and quantiles[0.5] is quantiles["0.5"] and 0.975 in quantiles
         single = stream.update([np.array([0.1, 0.2])])  # a list of arrays, without seq
         assert single.step == 3
 
@@ -148,7 +150,15 @@ def test_pandas_views_where_pandas_is_installed(server):  # noqa: F811
             answer.steps.to_pandas()
         return
     frame = answer.to_pandas()
-    assert list(frame.index) == ["x0", "x1"] and list(frame.columns) == ["mean", "std", "q0.05", "q0.5", "q0.95"]
+    assert list(frame.index) == ["x0", "x1"] and list(frame.columns) == [
+        "mean",
+        "std",
+        "q0.025",
+        "q0.05",
+        "q0.5",
+        "q0.95",
+        "q0.975",
+    ]
     steps = answer.steps.to_pandas()
     assert list(steps.index) == [1, 2, 3] and "mean_x0" in steps.columns and "log_evidence_increment" in steps
 
@@ -231,7 +241,7 @@ def test_nan_and_none_entries_are_sent_as_missing_entries(server):  # noqa: F811
         # np.float32(0.4) is 0.4000000059604645, and kalman computes in float64 from the numbers sent
         expected = plain.update([[0.5, None], None, [0.2, float(np.float32(0.4))]], seq=1)
         assert sent.step == 3 and sent["summary"] == expected["summary"]
-        assert sent.steps.log_evidence_increment[1] == 0.0  # NaN everywhere: a step without a measurement
+        assert np.isnan(sent.steps.log_evidence_increment[1])  # NaN everywhere: a step without a measurement
         answers = list(filtered.filter(np.array([[0.5, np.nan], [np.nan, np.nan], [0.2, np.float32(0.4)]]), batch=2))
         assert answers[-1]["summary"] == expected["summary"]
         assert gappy.history().observations[:2] == [[0.5, None], [None, None]]  # posted as null
@@ -327,7 +337,8 @@ def test_every_read_returns_numpy(server):  # noqa: F811
         for horizon in forecast["forecast"]:
             for part in (horizon["state"], horizon["observation"]):
                 assert part["mean"].shape == (2,) and part["cov"].shape == (2, 2) and part["samples"].shape == (4, 2)
-                assert set(part["quantiles"]) == {"0.05", "0.5", "0.95"} and part["quantiles"]["0.5"].shape == (2,)
+                assert set(part["quantiles"]) == {"0.025", "0.05", "0.5", "0.95", "0.975"}
+                assert part["quantiles"]["0.5"].shape == (2,) and part["quantiles"][0.5] is part["quantiles"]["0.5"]
         assert (
             np.diag(forecast["forecast"][2]["state"]["cov"]) > np.diag(forecast["forecast"][0]["state"]["cov"])
         ).all()

@@ -29,11 +29,11 @@ VALUES = [0.5, math.nan, 1.2, 0.3, -0.4, 2.0]
 
 def numpy_kalman(values: list[float], dts: list[float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(means, sds, log-evidence increments) of the 1-D model x' = A x + N(0, Q), y = x + N(0, R); NaN: no
-    measurement (predict only, increment 0)."""
+    measurement (predict only, no score: increment NaN)."""
     m, p, means, sds, incs = 0.0, 1.0, [], [], []
     for y in values:
         m, p = A * m, A * A * p + Q
-        inc = 0.0
+        inc = math.nan
         if not math.isnan(y):
             s = p + R
             inc = -0.5 * (math.log(2 * math.pi * s) + (y - m) ** 2 / s)
@@ -66,6 +66,12 @@ def _check_kalman(frame, values):
     np.testing.assert_allclose(frame["log_evidence_increment"], incs, atol=1e-6)
     np.testing.assert_allclose(frame["q0.05_x0"], means - 1.6448536 * sds, atol=1e-5)
     np.testing.assert_allclose(frame["q0.95_x0"], means + 1.6448536 * sds, atol=1e-5)
+    # p-values named by the observation's entry, not by a state dimension (was pit_x0 here)
+    assert {"pit_0", "pit_two_sided_0"} <= set(frame.columns) and "pit_x0" not in frame.columns
+    assert np.isnan(frame["pit_0"].iloc[1])  # nothing observed
+    # the 95 % band --plot draws
+    np.testing.assert_allclose(frame["q0.025_x0"], means - 1.9599640 * sds, atol=1e-5)
+    np.testing.assert_allclose(frame["q0.975_x0"], means + 1.9599640 * sds, atol=1e-5)
 
 
 def test_a_csv_with_missing_values_gives_the_kalman_estimates(tmp_path, model_file, capsys):

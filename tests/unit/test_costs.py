@@ -347,3 +347,16 @@ def test_the_marginal_filters_largest_stream_fits_the_memory_budget():
     model, updater = make_model("stochastic_volatility", {}, 1), get_updater("mpf")
     n = costs.largest(SETTINGS, 6000, lambda m: costs.observations_cost(model, updater, m, [(1.0, None)], 0))
     assert 4000 <= n < 6000
+
+
+def test_the_quantile_levels_and_covariances_a_request_asks_for_are_priced():
+    """Issue 58: a request's own ``levels`` cost a second quantile pass per step and their numbers in the answer, and
+    ``per_step_cov`` a d × d covariance per entry; the defaults cost what they did."""
+    m, updater, steps = lds(2), get_updater("smc"), [(1.0, None)] * 10
+    plain = costs.observations_cost(m, updater, 256, steps, 0)
+    assert costs.observations_cost(m, updater, 256, steps, 0, 0, None, False) == plain
+    nine = costs.observations_cost(m, updater, 256, steps, 0, 0, 9)
+    cov = costs.observations_cost(m, updater, 256, steps, 0, 0, None, True)
+    assert nine.flops > plain.flops and nine.bytes > plain.bytes
+    assert cov.flops > plain.flops and cov.bytes > plain.bytes
+    assert costs.summary_cost(256, 2, 9).bytes > costs.summary_cost(256, 2).bytes > costs.summary_cost(256, 2, 1).bytes

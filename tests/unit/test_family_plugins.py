@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 from mpflow.operators.models import FAMILIES, FAMILY_ERRORS, family
-from mpflow.operators.models.plugins import CATALOGUE_ORDER, GROUP, builtin_entry_points, family_problem, load_families
+from mpflow.operators.models.plugins import (
+    CATALOGUE_ORDER,
+    FAMILY_LOSSES,
+    GROUP,
+    FamilyWarning,
+    builtin_entry_points,
+    family_losses,
+    family_problem,
+    load_families,
+)
 from mpflow.operators.models.priors import prior_from_spec
 from mpflow.operators.updaters import UPDATERS
 
@@ -140,6 +149,38 @@ def test_a_good_plugin_is_admitted_and_broken_ones_are_named_with_what_is_wrong(
         assert "from fake-plugins 0.1" in problems[name]
         assert what in problems[name], problems[name]
     assert not set(expected) - {"lds"} & set(families)
+
+
+def test_a_plugin_without_p_values_or_observation_forecasts_is_told_at_registration(fake_plugins):
+    """Issue 58, item 6: ``observation_cdf`` and ``observation_draws`` are optional, and a family without them loses
+    predictive p-values and observation forecasts: the plugin admitted without them gets a FamilyWarning naming it,
+    each missing method and what it loses; one with both gets none, and so do the built-ins."""
+    with pytest.warns(FamilyWarning) as caught:
+        families, _ = load_families()
+    told = [str(w.message) for w in caught if issubclass(w.category, FamilyWarning)]
+    assert "counts" in families  # admitted all the same
+    about = [m for m in told if m.startswith("model family plugin 'counts' (")]
+    assert len(about) == 1 and about[0] == FAMILY_LOSSES["counts"]
+    for what in ("observation_cdf", "no predictive p-values", "pit", "observation_draws", "no observation forecasts"):
+        assert what in about[0], about[0]
+
+    class Complete(families["counts"]):  # both optional methods: p-values and observation forecasts
+        def observation_cdf(self, obs, x, gens):
+            return torch.special.ndtr((obs[:, None] - x).double())
+
+        def observation_draws(self, x, gen):
+            return x + torch.randn(x.shape, generator=gen, dtype=x.dtype)
+
+    class Raising(families["counts"]):  # an optional method that fails is as good as missing
+        def observation_cdf(self, obs, x, gens):
+            raise RuntimeError("boom")
+
+    assert family_losses(Complete) == []
+    raising = family_losses(Raising)
+    assert raising[0].startswith("observation_cdf — no predictive p-values") and "RuntimeError: boom" in raising[0]
+    assert not any(m.startswith(f"model family plugin {n!r}") for m in told for n in CATALOGUE_ORDER)
+    assert [m.split(" — ")[0] for m in family_losses(FAMILIES["logistic"])] == ["observation_draws"]  # by design
+    assert all(family_losses(FAMILIES[n]) == [] for n in ("lds", "gmm", "stochastic_volatility", "lorenz96"))
 
 
 def test_an_unknown_family_names_the_plugin_left_out(monkeypatch):

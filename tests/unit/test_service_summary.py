@@ -26,7 +26,7 @@ def test_uniform_weight_quantiles_are_numpys_inverted_cdf():
     x = torch.randn(37, 4, generator=g, dtype=torch.float64)
     w = torch.full((37,), 1 / 37, dtype=torch.float64)
     got = S.weighted_quantiles(x, w, S.QUANTILES)
-    want = np.percentile(x.numpy(), [5, 50, 95], axis=0, method="inverted_cdf")
+    want = np.percentile(x.numpy(), [100 * q for q in S.QUANTILES], axis=0, method="inverted_cdf")
     assert np.array_equal(got.numpy(), want)
 
 
