@@ -36,7 +36,10 @@ README_END = "## Learn more"
 EXAMPLE_PAGES = (
     ("how-to/track-a-target.md", "Track a moving target", ("track_target.py",)),
     ("how-to/irregular-times.md", "Filter fixes at irregular times, with gaps, and forecast", ("track_irregular.py",)),
+    ("how-to/anomaly-score.md", "Score readings and flag an anomaly with p-values", ("anomaly_score.py",)),
+    ("how-to/learn-noise.md", "Learn a linear model's noise variance R", ("learn_noise.py",)),
     ("how-to/unknown-parameters.md", "Learn unknown model parameters from a data file", ("sv_gbp_usd.py",)),
+    ("how-to/smooth-fixed-lag.md", "Smooth with a fixed lag", ("smooth_fixed_lag.py",)),
     (
         "how-to/plugin-family.md",
         "Add your own model family (a plugin)",

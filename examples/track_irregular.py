@@ -8,13 +8,15 @@ each gap between fixes:
     o = B x + N(0, r² I),  B = [I 0].
 
 Fixes arrive after exponential gaps (mean ``--gap``); some are lost (``None``: the filter predicts only), and for
-some only one coordinate came through (``[x, None]``). The Python client sends ``(t, fix)`` pairs; afterwards
+some only one coordinate came through (``[x, nan]``: NaN or ``None``, the client sends either as ``null``). The
+Python client sends ``(t, fix)`` pairs; afterwards
 ``stream.forecast`` gives the 10-step predictive. Run a server (``mpflow serve``) and then
 ``.venv/bin/python examples/track_irregular.py`` from the checkout (the environment ``make setup`` made), or let
 it start one (``--serve``).
 
-The plot shows each coordinate against time: the truth, the fixes, the posterior mean with its 95 % band, and the
-forecast with its band.
+The plot shows each coordinate against time: the truth, the fixes, the posterior mean with its 95 % region — the
+per-step 0.025 and 0.975 quantiles every answer carries — and the forecast with its band; the script prints how
+often the truth fell inside the region.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def simulate(params: dict[str, list], x0: np.ndarray, times: np.ndarray, rng: np
 
 
 def fixes(truth: np.ndarray, r: float, dropout: float, rng: np.random.Generator) -> list:
-    """Noisy positions; a fix is lost with probability ``dropout``, and half as often only x or only y arrives."""
+    """Noisy positions; a fix is lost (``None``) with probability ``dropout``, and half as often only x or only y
+    arrives (the other NaN)."""
     out: list = []
     for x in truth:
         fix = (x[:2] + r * rng.standard_normal(2)).tolist()
@@ -63,14 +66,14 @@ def fixes(truth: np.ndarray, r: float, dropout: float, rng: np.random.Generator)
         if u < dropout:
             out.append(None)
         elif u < 1.5 * dropout:
-            fix[int(rng.integers(2))] = None
+            fix[int(rng.integers(2))] = float("nan")  # the coordinate that did not come through
             out.append(fix)
         else:
             out.append(fix)
     return out
 
 
-def plot(times, truth, obs, means, sds, ahead, f_means, f_sds, out: Path, title: str) -> None:
+def plot(times, truth, obs, means, region, ahead, f_means, f_sds, out: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,10 +82,10 @@ def plot(times, truth, obs, means, sds, ahead, f_means, f_sds, out: Path, title:
     fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for i, (ax, name) in enumerate(zip(axes, ("x", "y"), strict=True)):
         ax.plot(times, truth[:, i], "k-", lw=1.2, label="truth")
-        seen = [(t, o[i]) for t, o in zip(times, obs, strict=True) if o is not None and o[i] is not None]
+        seen = [(t, o[i]) for t, o in zip(times, obs, strict=True) if o is not None and not np.isnan(o[i])]
         ax.plot(*zip(*seen, strict=True), ".", color="0.5", ms=4, label="fixes")
         ax.plot(times, means[:, i], "C0-", lw=1.0, label="posterior mean")
-        ax.fill_between(times, means[:, i] - 1.96 * sds[:, i], means[:, i] + 1.96 * sds[:, i], color="C0", alpha=0.2)
+        ax.fill_between(times, region[0][:, i], region[1][:, i], color="C0", alpha=0.2, label="95 % region")
         ax.plot(ahead, f_means[:, i], "C3--", lw=1.0, label="forecast")
         ax.fill_between(
             ahead, f_means[:, i] - 1.96 * f_sds[:, i], f_means[:, i] + 1.96 * f_sds[:, i], color="C3", alpha=0.15
@@ -107,23 +110,28 @@ def track(url: str, args: argparse.Namespace) -> None:
         stream = client.create_stream(
             {"family": "lds", "params": params}, prior, args.method, args.particles, args.seed
         )
-        means, sds = [], []
+        means, lo, hi = [], [], []
         for posterior in stream.filter(zip(times.tolist(), obs, strict=True)):  # (t, fix) pairs; None: lost
-            means.append(posterior["summary"]["mean"])
-            sds.append(posterior["summary"]["std"])
+            means.append(posterior.mean)
+            lo.append(posterior.quantiles["0.025"])  # the 95 % region: each step's 2.5 % and 97.5 % quantiles
+            hi.append(posterior.quantiles["0.975"])
         forecast = stream.forecast(10, dt=args.gap)["forecast"]
         stream.delete()
-    means, sds = np.array(means), np.array(sds)
+    means, region = np.array(means), (np.array(lo), np.array(hi))
     ahead = times[-1] + np.array([h["t"] for h in forecast])
     f_means = np.array([h["state"]["mean"] for h in forecast])
     f_sds = np.sqrt(np.array([np.diag(h["state"]["cov"]) for h in forecast]))
     lost = sum(o is None for o in obs)
-    partial = sum(o is not None and None in o for o in obs)
+    partial = sum(o is not None and bool(np.isnan(o).any()) for o in obs)
+    inside = (region[0][:, :2] <= truth[:, :2]) & (truth[:, :2] <= region[1][:, :2])
     rmse = float(np.sqrt(np.mean(np.sum((means[:, :2] - truth[:, :2]) ** 2, axis=1))))
     doc = stream.document
     method = doc["method"] + (f" ({doc['operator']})" if doc["operator"] else "")
     print(f"{args.steps} fixes ({lost} lost, {partial} partial), {method}: position RMSE {rmse:.3f}")
-    plot(times, truth, obs, means, sds, ahead, f_means, f_sds, args.out, f"irregular fixes with dropouts, {method}")
+    print(
+        f"95 % region (quantiles 0.025, 0.975): holds the true position's coordinates at {inside.mean():.0%} of steps"
+    )
+    plot(times, truth, obs, means, region, ahead, f_means, f_sds, args.out, f"irregular fixes with dropouts, {method}")
     print(f"wrote {args.out}")
 
 

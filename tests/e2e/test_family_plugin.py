@@ -76,6 +76,8 @@ def test_the_example_plugin_installs_trains_and_serves_beside_a_broken_one(tmp_p
             assert r.status_code == 200, r.text
             assert r.json()["step"] == 2
             assert all(len(e["pit"]) == 2 and None not in e["pit"] for e in r.json()["per_step"])  # its p-values
+            two_sided = [p for e in r.json()["per_step"] for p in e["pit_two_sided"]]  # what to threshold
+            assert len(two_sided) == 4 and all(0.0 <= p <= 1.0 for p in two_sided), r.text
             r = c.post(f"/v1/streams/{doc['stream_id']}/observations", json={"observations": [[3, 2.5]]})
             assert r.status_code == 422 and "[1]: a count is a whole number ≥ 0, got 2.5" in r.text, r.text
     text = log.read_text()
