@@ -32,10 +32,11 @@ LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
 A, Q, R_TRUE, T = 0.9, 1.0, 2.0, 200
 
 
-def simulate(seed: int) -> np.ndarray:
+def simulate(seed: int, n: int = T) -> np.ndarray:
+    """n observations of x_m = A x_{m-1} + N(0, Q), o_m = x_m + N(0, R_TRUE), from x_0 = 0."""
     rng = np.random.default_rng(seed)
     x, ys = 0.0, []
-    for _ in range(T):
+    for _ in range(n):
         x = A * x + math.sqrt(Q) * rng.standard_normal()
         ys.append(x + math.sqrt(R_TRUE) * rng.standard_normal())
     return np.array(ys)

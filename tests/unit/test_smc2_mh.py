@@ -25,19 +25,18 @@ from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater, smc2_mh
 
+from tests.unit.test_smc2 import A, Q
+from tests.unit.test_smc2 import simulate as lds_data
+
 LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
-A, Q, R_TRUE, T = 0.9, 1.0, 2.0, 20
+T = 20
 GAUSS1 = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
 GRID = np.exp(np.linspace(math.log(0.01), math.log(80.0), 20000))
 
 
 def simulate(seed: int, n: int = T) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x, ys = 0.0, []
-    for _ in range(n):
-        x = A * x + math.sqrt(Q) * rng.standard_normal()
-        ys.append(x + math.sqrt(R_TRUE) * rng.standard_normal())
-    return np.array(ys)
+    """:func:`tests.unit.test_smc2.simulate`'s model (the same A, Q, R), ``n`` steps (default this file's T)."""
+    return lds_data(seed, n)
 
 
 def kalman_loglik(ys: np.ndarray, r: np.ndarray, m0=0.0, p0=1.0) -> np.ndarray:
