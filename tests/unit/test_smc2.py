@@ -42,17 +42,32 @@ def simulate(seed: int, n: int = T) -> np.ndarray:
     return np.array(ys)
 
 
-def grid_posterior(ys: np.ndarray) -> tuple[float, float]:
-    """Mean and sd of R | o_1:T: exact Kalman log-likelihoods (x_0 ~ N(0, 1)) on 4000 log-spaced points in
-    [0.02, 50], times the lognormal(0, 1) density, with the grid's measure dR ∝ R."""
-    r = np.exp(np.linspace(math.log(0.02), math.log(50.0), 4000))
-    m, P, ll = np.zeros_like(r), np.ones_like(r), np.zeros_like(r)
+def kalman_loglik(ys: np.ndarray, r: np.ndarray, m0: float = 0.0, p0: float = 1.0) -> np.ndarray:
+    """log p(o_1:T | R = r) of the model of :func:`simulate` for each r, by the exact Kalman filter from
+    x_0 ~ N(m0, p0)."""
+    m, P, ll = np.full_like(r, m0), np.full_like(r, p0), np.zeros_like(r)
     for y in ys:
         m, P = A * m, A * A * P + Q
         S = P + r
         ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
         K = P / S
         m, P = m + K * (y - m), (1 - K) * P
+    return ll
+
+
+def theta_moments(state, name: str = "R") -> tuple[float, float]:
+    """The weighted mean and sd of a ``smc2`` state's θ-particles of parameter ``name`` (stream 0)."""
+    w = torch.softmax(state.extras["param_log_weights"][0], -1)
+    theta = state.extras[f"param.{name}"][0]
+    mean = float((w * theta).sum())
+    return mean, float((w * (theta - mean) ** 2).sum().sqrt())
+
+
+def grid_posterior(ys: np.ndarray) -> tuple[float, float]:
+    """Mean and sd of R | o_1:T: exact Kalman log-likelihoods (x_0 ~ N(0, 1)) on 4000 log-spaced points in
+    [0.02, 50], times the lognormal(0, 1) density, with the grid's measure dR ∝ R."""
+    r = np.exp(np.linspace(math.log(0.02), math.log(50.0), 4000))
+    ll = kalman_loglik(ys, r)
     lp = ll - 0.5 * np.log(r) ** 2 - np.log(r) + np.log(r)
     w = np.exp(lp - lp.max())
     w /= w.sum()
@@ -75,10 +90,7 @@ def test_R_posterior_matches_a_grid_of_exact_kalman_likelihoods():
     state = updater.init(GAUSS1, model, 1024, 5)
     for y in ys:
         state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
-    w = torch.softmax(state.extras["param_log_weights"][0], -1)
-    theta = state.extras["param.R"][0]
-    mean = float((w * theta).sum())
-    sd = float((w * (theta - mean) ** 2).sum().sqrt())
+    mean, sd = theta_moments(state)
     assert abs(mean - ref_mean) <= 0.1 * ref_sd, (mean, ref_mean, ref_sd)
     assert abs(sd - ref_sd) <= 0.15 * ref_sd, (sd, ref_sd)
     assert ref_sd < 0.5 * math.sqrt((math.e - 1) * math.e)  # the data taught something: the prior's sd is 2.16

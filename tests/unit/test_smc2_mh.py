@@ -20,33 +20,20 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.param_priors import ParamPrior
-from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater, smc2_mh
 
-from tests.unit.test_smc2 import A, Q
+from tests.unit.test_smc2 import GAUSS1, LOGNORMAL, A, Q, kalman_loglik, lds_model, theta_moments
 from tests.unit.test_smc2 import simulate as lds_data
 
-LOGNORMAL = {"prior": {"type": "lognormal", "mean": 0.0, "sd": 1.0}}
 T = 20
-GAUSS1 = GaussianMixture.gaussian(torch.zeros(1, 1), torch.eye(1)[None])
 GRID = np.exp(np.linspace(math.log(0.01), math.log(80.0), 20000))
 
 
 def simulate(seed: int, n: int = T) -> np.ndarray:
     """:func:`tests.unit.test_smc2.simulate`'s model (the same A, Q, R), ``n`` steps (default this file's T)."""
     return lds_data(seed, n)
-
-
-def kalman_loglik(ys: np.ndarray, r: np.ndarray, m0=0.0, p0=1.0) -> np.ndarray:
-    m, P, ll = np.full_like(r, m0), np.full_like(r, p0), np.zeros_like(r)
-    for y in ys:
-        m, P = A * m, A * A * P + Q
-        S = P + r
-        ll += -0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
-        m, P = m + P / S * (y - m), (1 - P / S) * P
-    return ll
 
 
 def grid_weights(ys: np.ndarray) -> np.ndarray:
@@ -59,10 +46,6 @@ def grid_weights(ys: np.ndarray) -> np.ndarray:
 def moments(w: np.ndarray) -> tuple[float, float]:
     mean = float((w * GRID).sum())
     return mean, float(math.sqrt((w * (GRID - mean) ** 2).sum()))
-
-
-def lds_model():
-    return make_model("lds", {"A": [[A]], "B": [[1.0]], "Q": [[Q]], "R": LOGNORMAL}, 1)
 
 
 def history_extras(ys: np.ndarray, H: int = 64) -> dict[str, torch.Tensor]:
@@ -111,10 +94,7 @@ def test_a_stream_moved_at_every_step_ends_at_the_grid_posterior(seed):
     state = updater.init(GAUSS1, model, 512, seed)
     for y in ys:
         state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
-    w = torch.softmax(state.extras["param_log_weights"][0], -1)
-    theta = state.extras["param.R"][0]
-    mean = float((w * theta).sum())
-    sd = float((w * (theta - mean) ** 2).sum().sqrt())
+    mean, sd = theta_moments(state)
     assert abs(mean - ref_mean) < 0.25 * ref_sd, (mean, ref_mean, ref_sd)
     assert abs(sd / ref_sd - 1) < 0.2, (sd, ref_sd)
 
