@@ -71,6 +71,8 @@ def check_work(
     spent = costs.check(settings, "observations", len(steps), cost, what)
     if budget is not None:
         budget.spend(req, spent)
+    if len(steps) == 1 and req.return_samples == 0:  # the request is its one step: priced already
+        return spent, spent
     return spent, costs.step_price(model, updater, n, steps, lag, count, cov)
 
 
