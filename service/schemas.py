@@ -538,11 +538,12 @@ class ParamCloud(BaseModel):
         "sd (unconstrained coordinate) below 1e-3 of its magnitude (at least 1); the stream can no longer learn "
         "it — recreate it with a wider prior or more theta_particles",
     )
-    params_rejuvenation: Literal["exact", "windowed"] | None = Field(
+    params_rejuvenation: Literal["exact", "checkpointed"] | None = Field(
         default=None,
         description="with kernel mh: 'exact' while the stream has taken at most `history` steps (the moves target "
-        "the exact posterior), 'windowed' after (they target the posterior given the last `history` observations "
-        "and a Gaussian summary of the earlier ones: wider, not overconfident; docs/methods.md)",
+        "the exact posterior), 'checkpointed' after (they target the posterior of the observations since the last "
+        "checkpoint under a Gaussian summary, in the unconstrained coordinates, of what the earlier ones said; "
+        "docs/methods.md 'Exact rejuvenation')",
     )
 
 

@@ -42,7 +42,7 @@ import torch
 from mpflow.operators import registry
 from mpflow.operators.models.lorenz96 import Lorenz96
 from mpflow.operators.mpf.ring_observer import ARCHITECTURE_KIND, RingObserver, gaussian_crps
-from mpflow.training import ring_train
+from mpflow.training import registered_run, ring_train
 from mpflow.training.task_distribution import stack_params
 
 #: the validation regimes (benchmarks.lorenz96's published settings)
@@ -244,25 +244,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--val-windows", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--register", default=None, metavar="ROOT", help="write the registry folder ROOT/NAME after training"
-    )
-    p.add_argument("--name", default=None, help="lorenz96-d<d>-v<k> (with --register)")
-    p.add_argument("--readme", default=None, help="README.md to ship with --register (default: this command)")
+    registered_run.add_register_arguments(p, "lorenz96-d<d>-v<k>")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if (args.register is None) != (args.name is None):
-        parser().error("--register and --name go together")
-    summary = train(args)
-    print(json.dumps(summary))
-    if args.register:
-        readme = Path(args.readme).read_text(encoding="utf-8") if args.readme else None
-        record = register(Path(args.out) / "observer.pt", args.register, args.name, readme)
-        print(json.dumps({"name": record.name, "path": str(record.path), "content_hash": record.content_hash}))
-    return 0
+    return registered_run.main(parser, train, register, argv)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,11 @@ def _redacted(settings: Any) -> dict[str, Any]:
 
 def _accuracy(metrics: dict[str, Any]) -> str:
     """An operator's held-out accuracy in words, from its evaluation (``mpflow evaluate --write-registry``), or a
-    ring observer's validation (``observer_train``)."""
+    ring observer's validation (``observer_train``), or a parameter observer's (``param_observer_train``)."""
+    if "best_loss" in metrics:  # a parameter observer (smc2's mh kernel): its held-out calibration
+        v = metrics.get("validation") or {}
+        cover = [f"{k[: -len('_coverage90')]} {x:.2f}" for k, x in v.items() if k.endswith("_coverage90")]
+        return f"parameter observer for smc2's mh kernel: held-out 90 % coverage {', '.join(cover) or 'not measured'}"
     if "validation" in metrics:  # a ring observer (ienkf's relock): its validation on the two published regimes
         v = metrics["validation"]
         return (

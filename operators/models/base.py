@@ -92,6 +92,10 @@ class ModelFamily:
     #: the range of a learnable parameter's value where the family defines one narrower than its parser's
     #: (:meth:`param_domain`; ``stochastic_volatility``: σ > 0, |φ| < 1)
     param_domains: ClassVar[dict[str, tuple[float, float]]] = {}
+    #: the unknown parameters a learned parameter observer of the family answers
+    #: (:mod:`mpflow.operators.param_observer`), each as (name, the coordinate v it is answered in — "log", "atanh"
+    #: or "identity" — and whether v moves by log c² when the observations are scaled by c); empty: none
+    observer_params: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
 
     def __init__(self, params: dict[str, torch.Tensor], state_dim: int):
         self.params = params
@@ -147,6 +151,17 @@ class ModelFamily:
             unit = params[name]
             params[name] = theta.to(unit.dtype).reshape(R, *[1] * (unit.dim() - 1)) * unit
         return type(self)(params, self.state_dim)
+
+    def observer_context(self) -> torch.Tensor | None:
+        """The fixed parameters [B, c] a parameter observer of the family (:attr:`observer_params`) reads beside the
+        observations; None where this model lies outside what such an observer was trained on (the default)."""
+        return None
+
+    @classmethod
+    def observer_tasks(cls, n: int, gen: torch.Generator) -> tuple[ModelFamily, dict[str, torch.Tensor], torch.Tensor]:
+        """n random tasks to train a parameter observer on (the family's broad task domain): (the model of n rows,
+        the values [n] of each of :attr:`observer_params`, the initial states x_0 [n, d]), float64."""
+        raise NotImplementedError(f"the {cls.name} family has no parameter observer")
 
     def check(self) -> None:
         """Cross-parameter checks (shapes that must agree); raise ValueError naming the field."""

@@ -12,6 +12,7 @@ enters through Γ C u, Γ = ∫₀^Δ e^{Fs} ds). A discrete transition has no �
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -45,6 +46,13 @@ class LDS(LinearObservationFamily):
             ("C", parse_matrix, absent),
         ),
     )
+    observer_params = (("Q", "log", True), ("R", "log", True))
+    #: the parameter observer's task domain (:meth:`observer_tasks`): A = 1 (a local level) in this share of tasks,
+    #: else U(A_RANGE); |B| log-uniform on B_RANGE; log Q uniform on LOG_Q_RANGE and log R − log Q on
+    #: LOG_RATIO_RANGE
+    OBSERVER_TASKS = {"local_level": 0.3, "A_RANGE": (0.0, 1.0), "B_RANGE": (0.2, 5.0), "LOG_Q_RANGE": (-7.0, 3.0),
+                      "LOG_RATIO_RANGE": (-7.0, 7.0)}  # fmt: skip
+
     #: the parameters of each way to give the transition (docstring); the other way's are refused
     DISCRETE = ("A", "Q")
     CONTINUOUS = ("F", "Qc")
@@ -91,6 +99,32 @@ class LDS(LinearObservationFamily):
         for name in cls.CONTINUOUS if "A" in given else cls.DISCRETE:  # the other way's defaults
             model.params.pop(name, None)
         return model
+
+    def observer_context(self) -> torch.Tensor | None:
+        """[A, log B²] of a scalar discrete-time model without inputs (the parameter observer's domain); None
+        otherwise."""
+        if self.state_dim != 1 or self.observation_size() != 1 or self.continuous or "C" in self.params:
+            return None
+        A, B = self.params["A"].to(torch.float64), self.params["B"].to(torch.float64)
+        return torch.stack([A[:, 0, 0], torch.log(B[:, 0, 0] ** 2)], -1)
+
+    @classmethod
+    def observer_tasks(cls, n: int, gen: torch.Generator):
+        """:attr:`OBSERVER_TASKS`: x_0 from the stationary law N(0, Q / (1 − A²)), its variance capped at 100 Q."""
+        t = cls.OBSERVER_TASKS
+
+        def u(lo, hi):
+            return lo + (hi - lo) * torch.rand(n, generator=gen, dtype=torch.float64)
+
+        A = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < t["local_level"], 1.0, u(*t["A_RANGE"]))
+        sign = torch.where(torch.rand(n, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+        B = sign * torch.exp(u(*(math.log(v) for v in t["B_RANGE"])))
+        log_q = u(*t["LOG_Q_RANGE"])
+        Q, R = torch.exp(log_q), torch.exp(log_q + u(*t["LOG_RATIO_RANGE"]))
+        var0 = torch.minimum(Q / (1 - A * A).clamp_min(1e-12), 100 * Q)
+        x0 = (var0.sqrt() * torch.randn(n, generator=gen, dtype=torch.float64))[:, None]
+        params = {k: v[:, None, None] for k, v in (("A", A), ("Q", Q), ("B", B), ("R", R))}
+        return cls(params, 1), {"Q": Q, "R": R}, x0
 
     @property
     def continuous(self) -> bool:

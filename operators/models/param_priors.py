@@ -55,7 +55,10 @@ class ParamPrior:
 
     def sample(self, gen: torch.Generator, n: int) -> torch.Tensor:
         """n draws [n] (float64) from ``gen``."""
-        z = torch.randn(n, generator=gen, dtype=torch.float64)
+        return self.from_normal(torch.randn(n, generator=gen, dtype=torch.float64))
+
+    def from_normal(self, z: torch.Tensor) -> torch.Tensor:
+        """The draws θ made of standard-normal draws z (any shape, float64): one θ per z."""
         if self.type == "lognormal":
             return torch.exp(self.a + self.b * z)
         if self.type == "normal":

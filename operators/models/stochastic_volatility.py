@@ -48,6 +48,28 @@ class StochasticVolatility(ModelFamily):
     #: span of its N(0, 0.5²) draw)
     TASK_RANGES = {"mu_range": (-1.5, 1.5), "phi_range": (0.85, 0.98), "sigma_range": (0.2, 0.5)}
 
+    observer_params = (("mu", "identity", True), ("phi", "atanh", False), ("sigma", "log", False))
+    #: the parameter observer's task domain (:meth:`observer_tasks`; ``stochastic_volatility-d1-v1``'s broad one):
+    #: μ and φ uniform, σ log-uniform on their ranges
+    OBSERVER_TASKS = {"mu_range": (-3.0, 3.0), "phi_range": (0.5, 0.995), "sigma_range": (0.05, 1.0)}
+
+    def observer_context(self) -> torch.Tensor | None:
+        """Nothing besides the observations (a [B, 0] tensor) for d = 1; None otherwise."""
+        return torch.zeros(self.batch_size, 0, dtype=torch.float64) if self.state_dim == 1 else None
+
+    @classmethod
+    def observer_tasks(cls, n: int, gen: torch.Generator):
+        """:attr:`OBSERVER_TASKS`; x_0 from the stationary law N(μ, σ² / (1 − φ²))."""
+        t = cls.OBSERVER_TASKS
+        r = torch.rand(n, 3, generator=gen, dtype=torch.float64)
+        mu = t["mu_range"][0] + (t["mu_range"][1] - t["mu_range"][0]) * r[:, 0]
+        phi = t["phi_range"][0] + (t["phi_range"][1] - t["phi_range"][0]) * r[:, 1]
+        lo, hi = (math.log(v) for v in t["sigma_range"])
+        sigma = torch.exp(lo + (hi - lo) * r[:, 2])
+        x0 = mu + sigma / (1 - phi * phi).sqrt() * torch.randn(n, generator=gen, dtype=torch.float64)
+        params = {"mu": mu[:, None], "phi": phi[:, None], "sigma": sigma[:, None]}
+        return cls(params, 1), {"mu": mu, "phi": phi, "sigma": sigma}, x0[:, None]
+
     @classmethod
     def task_ranges(cls, options: dict[str, Any]) -> dict[str, tuple[float, float]]:
         """The (lo, hi) of μ, φ and σ that tasks draw from: ``options`` over :attr:`TASK_RANGES`; ValueError

@@ -57,7 +57,7 @@ from mpflow.operators.references.conjugate import conjugate_update
 from mpflow.operators.references.exact_kalman import kalman_predict
 from mpflow.operators.rng import Generators, generators_from_state, rand, randn
 from mpflow.operators.state import ParticleState, StepInfo, ess, systematic_resample
-from mpflow.operators.updaters import smc2_mh
+from mpflow.operators.updaters import smc2_mh, smc2_particle_replay, smc2_proposal
 from mpflow.operators.updaters.base import RANDN_FLOPS, StepWork, Updater
 from mpflow.operators.updaters.predictive import Predictive
 from mpflow.operators.updaters.smc import resample_low_ess
@@ -114,6 +114,23 @@ def support_bounds(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return lo, hi
 
 
+def theta_u(extras: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    """The θ-particles of a state in their unconstrained coordinates u [B, M, p] (eq. P5), float64."""
+    us = []
+    for n in names:
+        lo, hi = support_bounds(extras[SUPPORT + n].to(torch.float64))
+        us.append(to_unconstrained(extras[PARAM + n].to(torch.float64), lo[:, None], hi[:, None]))
+    return torch.stack(us, -1)
+
+
+def collapsed(theta: torch.Tensor) -> torch.Tensor:
+    """[B] bool: every θ-particle of θ [B, M, p] within :data:`MIN_RELATIVE_SD` of the cloud's largest magnitude in
+    some parameter — a cloud of copies, whatever its weights (the ``mh`` kernel's re-seeding test, a step's cheap
+    part of :func:`cloud_health`)."""
+    spread = theta.amax(1) - theta.amin(1)
+    return (spread <= MIN_RELATIVE_SD * theta.abs().amax(1).clamp_min(1e-300)).any(-1)
+
+
 class CloudHealth(NamedTuple):
     """The θ-cloud of every stream of a batch (:func:`cloud_health`): its ESS [B] (float64), its distinct θ-particles
     [B] (int64) and whether it is degenerate [B] (bool)."""
@@ -141,11 +158,7 @@ def cloud_health(extras: dict[str, torch.Tensor]) -> CloudHealth | None:
         return None
     lw = extras[PARAM_LOG_WEIGHTS].to(torch.float64)
     w = torch.softmax(lw, -1)
-    us = []
-    for n in names:
-        lo, hi = support_bounds(extras[SUPPORT + n].to(torch.float64))
-        us.append(to_unconstrained(extras[PARAM + n].to(torch.float64), lo[:, None], hi[:, None]))
-    u = torch.stack(us, -1).nan_to_num(0.0, posinf=1e300, neginf=-1e300)  # [B, M, p]
+    u = theta_u(extras, names).nan_to_num(0.0, posinf=1e300, neginf=-1e300)  # [B, M, p]
     scale = u.abs().amax(1, keepdim=True).clamp(1.0, 1e300)
     keys = torch.round(u / (DISTINCT_RESOLUTION * scale)).to(torch.int64)
     distinct = torch.tensor([len(torch.unique(k, dim=0)) for k in keys], dtype=torch.int64)
@@ -172,7 +185,9 @@ class SMC2Updater(Updater):
         "its parameter particles are resampled and moved as it learns, so past states were filtered under "
         "parameters it no longer holds; give the parameters as numbers and use kalman or smc to smooth"
     )
-    stream_options = frozenset({"theta_particles", "ess_threshold", "jitter", "kernel", "history", "mh_moves"})
+    stream_options = frozenset(
+        {"theta_particles", "ess_threshold", "jitter", "kernel", "history", "mh_moves", "observer", "defensive"}
+    )
     defaults = {
         "theta_particles": 0,
         "ess_threshold": 0.5,
@@ -180,6 +195,8 @@ class SMC2Updater(Updater):
         "kernel": "jitter",
         "history": 1000,
         "mh_moves": 3,
+        "observer": smc2_proposal.OBSERVER_OFF,
+        "defensive": 0.05,
     }
 
     def __init__(self, **options: Any):
@@ -206,6 +223,17 @@ class SMC2Updater(Updater):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= smc2_mh.MAX_MOVES:
             raise ValueError(
                 f"options.mh_moves: the mh kernel's moves per rejuvenation, 1 to {smc2_mh.MAX_MOVES}, got {k!r}"
+            )
+        share = o["defensive"]
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 0.5:
+            raise ValueError(
+                f"options.defensive: the share of the mh kernel's θ-particles drawn from the prior at each "
+                f"rejuvenation, in [0, 0.5], got {share!r}"
+            )
+        obs = o["observer"]
+        if not isinstance(obs, str) or not obs or len(obs) > 100:
+            raise ValueError(
+                f"options.observer: none, auto or the name of a registered parameter observer, got {obs!r}"
             )
 
     #: a new stream's particle count θ × x when its request gives none: an exact Kalman filter per θ-particle
@@ -246,8 +274,11 @@ class SMC2Updater(Updater):
         if smc2_mh.HISTORY in state.extras:  # the mh kernel's window (smc2_mh): its length and its start's covariance
             H = state.extras[smc2_mh.HISTORY].shape[1]
             kept.bounds.append(Bound(f"extras.{smc2_mh.LENGTH}", state.extras[smc2_mh.LENGTH], 0.0, float(H)))
+            kept.bounds.append(Bound(f"extras.{smc2_mh.KEPT}", state.extras[smc2_mh.KEPT], 0.0, float(H)))
             kept.bounds.append(Bound(f"extras.{smc2_mh.OBSERVED}", state.extras[smc2_mh.OBSERVED], 0.0, 1.0))
+            kept.bounds.append(Bound(f"extras.{smc2_mh.BLOCKS}", state.extras[smc2_mh.BLOCKS], 0.0, math.inf))
             kept.covariances[f"extras.{smc2_mh.START_COV}"] = state.extras[smc2_mh.START_COV]
+            kept.covariances[f"extras.{smc2_mh.BLOCK_COV}"] = state.extras[smc2_mh.BLOCK_COV]
         return kept
 
     # ------------------------------------------------------------------ init
@@ -262,18 +293,21 @@ class SMC2Updater(Updater):
             extras[PARAM + name] = torch.stack(draws)
             extras[SUPPORT + name] = torch.tensor([support_code(*p.support)] * B, dtype=torch.float64)
         extras[PARAM_LOG_WEIGHTS] = torch.full((B, M), -math.log(M), dtype=torch.float64)
-        if self.options["kernel"] == "mh" and not exact:
+        gaussian_prior = isinstance(prior, GaussianMixture) and prior.weights.shape[1] == 1
+        if self.options["kernel"] == "mh" and not gaussian_prior:
             raise ValueError(
-                "options.kernel: mh needs an exact Kalman filter per θ-particle (a linear-Gaussian family and a "
-                "Gaussian prior); use jitter or liu_west"
+                "options.kernel: mh replays its window from the prior's Gaussian, so it needs a Gaussian prior (one "
+                "component); use jitter or liu_west with this prior"
             )
         if exact:
             mean, cov = prior.moments()
             extras["theta_mean"] = mean.to(torch.float64)[:, None].expand(B, M, d).clone()
             extras["theta_cov"] = cov.to(torch.float64)[:, None].expand(B, M, d, d).clone()
-            if self.options["kernel"] == "mh":
-                k = model.observation_size()
-                extras.update(smc2_mh.init_extras(B, self.options["history"], k, mean, cov))
+        if self.options["kernel"] == "mh":
+            mean, cov = prior.moments()
+            k = model.observation_size()
+            extras.update(smc2_mh.init_extras(B, self.options["history"], k, mean, cov, len(model.unknown)))
+            self._observer(model, sorted(model.unknown))  # a bad observer option is refused at creation
         return state.replace(extras=extras)
 
     # ------------------------------------------------------------------ update
@@ -319,11 +353,14 @@ class SMC2Updater(Updater):
         ess_theta = ess(lw)
         theta_bm = torch.stack([state.extras[PARAM + n] for n in names], -1) if names else torch.zeros(B, M, 0)
         extras = {k: v for k, v in state.extras.items()}
-        if smc2_mh.HISTORY in extras:  # this step's observation joins the window (the move's target includes it)
-            w_prev = torch.softmax(lw_prev, -1)
-            theta_mean = {n: (w_prev * state.extras[PARAM + n].to(torch.float64)).sum(-1) for n in names}
-            extras = smc2_mh.append(extras, obs, model, theta_mean)
+        if smc2_mh.HISTORY in extras:  # this step's observation joins the block (the move's target includes it)
+            extras = smc2_mh.append(extras, obs, lambda: self._checkpoint(state, names))
+            if obs is not None:  # the block's evidence so far: Ẑ of eq. M3
+                extras[smc2_mh.BLOCK_EVIDENCE] = extras[smc2_mh.BLOCK_EVIDENCE] + increment
         rows = ess_theta < self.options["ess_threshold"] * M
+        observer = self._observer(model, names) if smc2_mh.HISTORY in extras else None
+        if observer is not None:  # a collapsed cloud is re-seeded: the observer's moves can leave it
+            rows = rows | (ess_theta < MIN_DISTINCT) | collapsed(theta_bm)
         if bool(rows.any()):
             if smc2_mh.HISTORY in extras:
                 theta_bm, lw, inner = self._mh(extras, model, names, theta_bm, lw, inner, rows, gens)
@@ -454,23 +491,69 @@ class SMC2Updater(Updater):
 
     def _mh(self, extras, model, names, theta, lw, inner, rows, gens):
         """SMC²'s resample-move for the streams ``rows`` (:mod:`mpflow.operators.updaters.smc2_mh`): resample the
-        θ-particles (systematic), then ``mh_moves`` random-walk MH moves accepted by prior × the exact Kalman
-        likelihood of the kept window; each θ-particle's filter is its replay's."""
+        θ-particles (systematic), then ``mh_moves`` MH moves (eq. M1–M2, independence moves from the stream's
+        parameter observer when it has one) accepted by the block's prior × the exact Kalman likelihood of the
+        block; each θ-particle's filter is its replay's."""
         rs = rows.nonzero().flatten()
         sub_gens = [_rows(gens)[b] for b in rs.tolist()]
         R, M, p = len(rs), theta.shape[1], theta.shape[2]
         idx = systematic_resample(lw[rs], rand(sub_gens, [1], torch.float64)[:, 0])  # [R, M]
         th = torch.gather(theta[rs], 1, idx[..., None].expand(R, M, p))
-        supports = {n: support_bounds(extras[SUPPORT + n][rs].to(torch.float64)) for n in names}
+        bounds = [support_bounds(extras[SUPPORT + n][rs].to(torch.float64)) for n in names]
+        los = torch.stack([b[0] for b in bounds], -1)[:, None]  # [R, 1, p]
+        his = torch.stack([b[1] for b in bounds], -1)[:, None]
         priors = {n: model.unknown[n] for n in names}
-        keys = (smc2_mh.HISTORY, smc2_mh.OBSERVED, smc2_mh.LENGTH, smc2_mh.START_MEAN, smc2_mh.START_COV)
-        sub = {k: extras[k][rs] for k in keys}
-        th, m, P, _ = smc2_mh.mh_move(model, names, priors, supports, th, sub, sub_gens, self.options["mh_moves"])
-        mean, cov = inner
+        sub = {k: v[rs] for k, v in extras.items() if k.startswith("mh_")}
+        rows_model = model if model.batch_size == 1 else model.select(rs)
+        if "theta_mean" in extras:
+            target = smc2_mh.kalman_target(rows_model, names, priors, los, his, sub)
+        else:
+            target = smc2_particle_replay.particle_target(
+                rows_model, names, priors, los, his, sub, inner[0].shape[2], sub_gens
+            )
+        observer = self._observer(model, names)
+        proposal = (
+            None if observer is None else smc2_proposal.observer_proposal(observer, model, rs, names, sub, los, his)
+        )
+        u = to_unconstrained(th, los, his)
+        u, (th, *moved), _, log_pi = smc2_mh.mh_move(u, target, sub_gens, self.options["mh_moves"], proposal)
+        fresh = torch.full((R, M), -math.log(M), dtype=lw.dtype)
+        K = min(round(self.options["defensive"] * M), M - 1)
+        if K > 0:  # the last K give way to the prior's draws, all weighted by eq. M3
+            u_d, (th_d, *moved_d), log_pi_d = smc2_mh.defensive_draws(target, names, priors, los, his, sub_gens, K)
+            u = torch.cat([u[:, : M - K], u_d], 1)
+            th = torch.cat([th[:, : M - K], th_d], 1)
+            moved = [torch.cat([a[:, : M - K], b.to(a.dtype)], 1) for a, b in zip(moved, moved_d, strict=True)]
+            log_pi = torch.cat([log_pi[:, : M - K], log_pi_d], 1)
+            log_q = smc2_mh.stream_log_prior(u, th, names, priors, los, his)
+            fresh = smc2_mh.defensive_log_weights(log_pi, log_q, sub[smc2_mh.BLOCK_EVIDENCE], K / M)
         theta = theta.index_copy(0, rs, th)
-        inner = (mean.index_copy(0, rs, m.to(mean.dtype)), cov.index_copy(0, rs, P.to(cov.dtype)))
-        lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
+        inner = tuple(t.index_copy(0, rs, new.to(t.dtype)) for t, new in zip(inner, moved, strict=True))
+        lw = lw.index_copy(0, rs, fresh.to(lw.dtype))
         return theta, lw, inner
+
+    def _observer(self, model: ModelFamily, names: list[str]):
+        """The stream's parameter observer (:func:`mpflow.operators.updaters.smc2_proposal.resolve`), or None."""
+        if self.options["observer"] == smc2_proposal.OBSERVER_OFF:
+            return None
+        return smc2_proposal.resolve(self.options["observer"], model, names)
+
+    @staticmethod
+    def _checkpoint(state: ParticleState, names: list[str]) -> smc2_mh.Checkpoint:
+        """A block's checkpoint (:func:`smc2_mh.cloud_checkpoint`) of every stream's cloud as ``state`` holds it:
+        the θ-particles in u with their weights, and the moments of their filters (a Kalman filter's, or a particle
+        filter's weighted cloud)."""
+        lw = state.extras[PARAM_LOG_WEIGHTS]
+        if "theta_mean" in state.extras:
+            means, covs = state.extras["theta_mean"], state.extras["theta_cov"]
+        else:
+            B, N, d = state.particles.shape
+            M = lw.shape[1]
+            x = state.particles.to(torch.float64).reshape(B * M, N // M, d)
+            lwx = state.log_weights.to(torch.float64).reshape(B * M, N // M)
+            m, C = gaussian.moments(x, lwx)
+            means, covs = m.reshape(B, M, d), C.reshape(B, M, d, d)
+        return smc2_mh.cloud_checkpoint(theta_u(state.extras, names), lw, means, covs)
 
     def _moved(self, u: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
         """The resampled θ-particles' coordinates u [R, M] moved by the kernel (eq. P5): ``jitter``
@@ -503,13 +586,20 @@ class SMC2Updater(Updater):
         per_theta = 30.0 * d**3 + 20.0 * d * d * k + 10.0 * k**3 + 4.0 * (d * d + k * k) + RANDN_FLOPS
         params = sum(v[0].numel() for v in model.params.values())
         flops, nbytes = base.flops + n * per_theta, base.bytes + 8.0 * n * (3 * d * d + 2 * k * k + params)
-        if self.options["kernel"] == "mh" and model.linear_gaussian:  # the move's worst case, on every step (smc2_mh)
-            H, replays = self.options["history"], self.options["mh_moves"] + 1
-            scalar = d == 1 and k == 1
-            per_step = smc2_mh.REPLAY_STEP_FLOPS[scalar] + n * smc2_mh.REPLAY_FACTOR[scalar] * smc2_mh.replay_flops(
-                d, k
-            )
-            flops += replays * H * per_step
+        if self.options["kernel"] == "mh":  # the move's worst case, on every step (smc2_mh)
+            H, replays = self.options["history"], self.options["mh_moves"] + 1 + (self.options["defensive"] > 0)
+            if model.linear_gaussian:  # a Kalman filter per θ-particle (mh needs a Gaussian prior)
+                scalar = d == 1 and k == 1
+                per_step = smc2_mh.REPLAY_STEP_FLOPS[scalar] + n * smc2_mh.REPLAY_FACTOR[scalar] * smc2_mh.replay_flops(
+                    d, k
+                )
+                flops += replays * H * per_step
+            else:  # a particle filter per θ-particle
+                M = theta_count(n, False, 0) if not self.options["theta_particles"] else self.options["theta_particles"]
+                flops += replays * smc2_particle_replay.particle_replay_work(model, n, H, M, k)
+                nbytes += 8.0 * 6 * n * d
+            if self.options["observer"] != smc2_proposal.OBSERVER_OFF:  # its answer, and its draws and densities
+                flops += smc2_proposal.answer_flops() + replays * n * smc2_proposal.DRAW_FLOPS
             nbytes += 8.0 * (H * k * (n + 1) + 6 * n * (d * d + k * k + d * k + params))
         return StepWork(flops, nbytes)
 

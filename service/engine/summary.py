@@ -207,7 +207,8 @@ def parameter_summaries(state: ParticleState) -> list[dict[str, Any]] | None:
     ``param.<name>`` θ-particles and ``param_log_weights``): ``params`` ``{name: {"mean", "sd", "q025", "q05", "q95",
     "q975"}}`` (the bounds of the 95 % and 90 % credible intervals),
     and the θ-cloud's ``params_ess``, ``params_distinct`` and ``params_degenerate`` (and, with the MH kernel,
-    ``params_rejuvenation``: whether its moves still target the exact posterior); None for a state without any."""
+    ``params_rejuvenation``: whether its moves target the exact posterior or a checkpoint's summary of its older
+    observations); None for a state without any."""
     names = param_names(state.extras)
     if not names:
         return None
@@ -218,14 +219,14 @@ def parameter_summaries(state: ParticleState) -> list[dict[str, Any]] | None:
     sd = (w[..., None] * (theta - mean[:, None]) ** 2).sum(1).clamp_min(0).sqrt()
     q = batch_weighted_quantiles(theta, w, (0.025, 0.05, 0.95, 0.975))  # [B, 4, p]
     stats = {"mean": mean, "sd": sd, "q025": q[:, 0], "q05": q[:, 1], "q95": q[:, 2], "q975": q[:, 3]}  # each [B, p]
-    windowed = smc2_mh.windowed(state.extras)  # None without the MH kernel
+    checkpointed = smc2_mh.checkpointed(state.extras)  # None without the MH kernel
     return [
         {
             "params": {n: {k: float(v[b, i]) for k, v in stats.items()} for i, n in enumerate(names)},
             "params_ess": float(health.ess[b]),
             "params_distinct": int(health.distinct[b]),
             "params_degenerate": bool(health.degenerate[b]),
-            **({} if windowed is None else {"params_rejuvenation": "windowed" if windowed[b] else "exact"}),
+            **({} if checkpointed is None else {"params_rejuvenation": "checkpointed" if checkpointed[b] else "exact"}),
         }
         for b in range(state.batch_size)
     ]

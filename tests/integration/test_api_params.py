@@ -276,12 +276,45 @@ MH_REFUSED = {
     "history 0": ({"kernel": "mh", "history": 0}, None, "options.history"),
     "too many moves": ({"kernel": "mh", "mh_moves": 1000}, None, "options.mh_moves"),
     "not a kernel": ({"kernel": "pmmh"}, None, "options.kernel"),
-    "mh without an exact filter": (
-        {"kernel": "mh"},
-        {"family": "stochastic_volatility", "params": {"mu": 0.0, "phi": 0.95, "sigma": LOGNORMAL}},
-        "options.kernel: mh needs an exact Kalman filter",
+    "an observer that is not registered": ({"kernel": "mh", "observer": "lds-d9-v9"}, None, "options.observer"),
+    "an observer of another family": (
+        {"kernel": "mh", "observer": "linear_gaussian-d1-v1"},
+        None,
+        "options.observer: linear_gaussian-d1-v1 is a parameter observer of linear_gaussian",
     ),
+    "an observer that is not a string": ({"kernel": "mh", "observer": 3}, None, "options.observer"),
 }
+
+
+@pytest.mark.parametrize("observer", ["stochastic_volatility-d1-v2", "none"])
+def test_an_sv_stream_rejuvenates_by_particle_replays_with_or_without_its_observer(redis_url, observer):
+    """``kernel: "mh"`` on a family without a Kalman filter: a particle filter per θ-particle replays the block;
+    with ``observer: "stochastic_volatility-d1-v2"`` the shipped SV observer proposes too. The stream goes through the
+    store between requests, learns φ and σ inside their supports, and says its rejuvenation is exact."""
+    sv = {
+        "family": "stochastic_volatility",
+        "params": {"mu": 0.0, "phi": {"prior": {"type": "uniform", "low": 0.5, "high": 0.99}}, "sigma": LOGNORMAL},
+    }
+    opts = {"kernel": "mh", "history": 50, "ess_threshold": 0.8, "observer": observer, "theta_particles": 16}
+    req = {"model": sv, "prior": GAUSS1, "num_particles": 256, "stream_id": "svmh", "seed": 1, "method_options": opts}
+    rng = np.random.default_rng(4)
+    ys = [[float(np.exp(0.5 * x) * rng.standard_normal())] for x in 0.5 * rng.standard_normal(24)]
+
+    async def body(app, c):  # four observations a request: each step is priced with a move over the block
+        created = await c.post("/v1/streams", json=req)
+        answers = [await c.post("/v1/streams/svmh/observations", json={"observations": ys[i : i + 4]}) for i in
+                   range(0, 24, 4)]  # fmt: skip
+        too_many = await c.post("/v1/streams/svmh/observations", json={"observations": ys})
+        return created, answers, too_many
+
+    created, answers, too_many = run(redis_url, body)
+    assert created.status_code == 201, created.text
+    assert all(a.status_code == 200 for a in answers), answers[-1].text
+    assert too_many.status_code == 413 and "observations" in too_many.text
+    summary = answers[-1].json()["summary"]
+    assert 0.5 <= summary["params"]["phi"]["q05"] <= summary["params"]["phi"]["q95"] <= 0.99
+    assert summary["params"]["sigma"]["sd"] > 0 and summary["params_rejuvenation"] == "exact"
+    assert summary["params_distinct"] > 1
 
 
 @pytest.mark.parametrize("case", sorted(MH_REFUSED))
@@ -319,6 +352,6 @@ def test_an_mh_stream_keeps_its_history_through_the_store(redis_url):
     assert got.json()["state_bytes"] == created.json()["state_bytes"]
     r = got.json()["summary"]["params"]["R"]
     assert r["q05"] <= r["mean"] <= r["q95"] and r["sd"] > 0
-    # the moves target the exact posterior while the 5-step window holds every step, the windowed one after
+    # the moves target the exact posterior while the 5-step block holds every step, a checkpoint's after
     assert first.json()["summary"]["params_rejuvenation"] == "exact"
-    assert got.json()["summary"]["params_rejuvenation"] == "windowed"
+    assert got.json()["summary"]["params_rejuvenation"] == "checkpointed"

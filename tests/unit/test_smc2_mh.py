@@ -4,8 +4,9 @@ exact Kalman likelihood of the kept window.
 * The move leaves the exact posterior invariant: on a 1-D lds with R unknown and 20 observations, a cloud drawn
   from the grid posterior keeps its mean and sd after 10 moves, within Monte Carlo error, over 3 seeds; a stream
   that rejuvenates at every step ends at the grid posterior.
-* The replay's likelihood and filter are a plain Kalman filter's; a window shorter than the stream conditions on
-  the window's start.
+* The replay's likelihood and filter are a plain Kalman filter's; a stream older than its ``history`` starts a new
+  block at a checkpoint (the cloud's Gaussian in u as the block's prior, the filters' mixture moments as its start),
+  and a stream moved at every step through many blocks still ends at the grid posterior of all its observations.
 * The history is part of the state: it survives to_bytes / from_bytes, and a stream read back continues as if it
   had never left; it keeps its size as it steps.
 * Bad options are refused naming the field; mh on a family without an exact filter per θ is refused at creation.
@@ -20,6 +21,7 @@ import pytest
 import torch
 from mpflow.operators.models import make_model
 from mpflow.operators.models.param_priors import ParamPrior
+from mpflow.operators.models.priors import GaussianMixture
 from mpflow.operators.rng import generator
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import get_updater, smc2_mh
@@ -48,12 +50,26 @@ def moments(w: np.ndarray) -> tuple[float, float]:
     return mean, float(math.sqrt((w * (GRID - mean) ** 2).sum()))
 
 
+#: the checkpoint :func:`history_extras` hands a full block (its cloud's Gaussian and its state's moments)
+CHECKPOINT = smc2_mh.Checkpoint(
+    torch.tensor([[0.7]], dtype=torch.float64), torch.tensor([[[0.04]]], dtype=torch.float64),
+    torch.tensor([[0.3]], dtype=torch.float64), torch.tensor([[[0.5]]], dtype=torch.float64),
+)  # fmt: skip
+
+
 def history_extras(ys: np.ndarray, H: int = 64) -> dict[str, torch.Tensor]:
-    extras = smc2_mh.init_extras(1, H, 1, torch.zeros(1, 1), torch.eye(1)[None])
-    model = lds_model()
+    extras = smc2_mh.init_extras(1, H, 1, torch.zeros(1, 1), torch.eye(1)[None], 1)
     for y in ys:
-        extras = smc2_mh.append(extras, torch.tensor([[y]]), model, {"R": torch.ones(1, dtype=torch.float64)})
+        extras = smc2_mh.append(extras, torch.tensor([[y]]), lambda: CHECKPOINT)
     return extras
+
+
+def move(theta: torch.Tensor, extras, seed: int, moves: int):
+    """:func:`smc2_mh.mh_move` of the lds R θ-particles θ [1, M, 1] under the lognormal(0, 1) prior."""
+    lo, hi = torch.zeros(1, 1, 1, dtype=torch.float64), torch.full((1, 1, 1), math.inf, dtype=torch.float64)
+    target = smc2_mh.kalman_target(lds_model(), ["R"], {"R": ParamPrior("lognormal", 0.0, 1.0)}, lo, hi, extras)
+    _, (th, m, P), acc, _ = smc2_mh.mh_move(torch.log(theta), target, [generator(seed)], moves)
+    return th, m, P, acc
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -65,11 +81,7 @@ def test_the_move_leaves_the_exact_posterior_invariant(seed):
     M = 2000
     draws = GRID[rng.choice(len(GRID), size=M, p=w)] * np.exp(rng.uniform(-0.5, 0.5, M) * np.log(GRID[1] / GRID[0]))
     theta = torch.tensor(draws, dtype=torch.float64)[None, :, None]
-    support = {"R": (torch.tensor([0.0], dtype=torch.float64), torch.tensor([math.inf], dtype=torch.float64))}
-    th, m, P, acc = smc2_mh.mh_move(
-        lds_model(), ["R"], {"R": ParamPrior("lognormal", 0.0, 1.0)}, support, theta, history_extras(ys),
-        [generator(seed)], 10,
-    )  # fmt: skip
+    th, m, P, acc = move(theta, history_extras(ys), seed, 10)
     moved = th[0, :, 0].numpy()
     assert 0.2 < float(acc[0]) < 0.95
     assert np.mean(np.abs(moved - draws) > 0) > 0.5  # the particles did move
@@ -99,7 +111,7 @@ def test_a_stream_moved_at_every_step_ends_at_the_grid_posterior(seed):
     assert abs(sd / ref_sd - 1) < 0.2, (sd, ref_sd)
 
 
-def test_the_replay_is_a_kalman_filter_and_a_short_window_starts_from_its_gaussian():
+def test_the_replay_is_a_kalman_filter_and_a_new_block_starts_from_its_checkpoint():
     ys = simulate(4, 30)
     r = np.array([0.5, 2.0, 7.0])
     theta = torch.tensor(r, dtype=torch.float64)[None, :, None]
@@ -108,29 +120,50 @@ def test_the_replay_is_a_kalman_filter_and_a_short_window_starts_from_its_gaussi
         lds_model(), ["R"], theta, full["mh_history"], full["mh_length"], full["mh_start_mean"], full["mh_start_cov"]
     )
     assert np.allclose(ll[0].numpy(), kalman_loglik(ys, r))
-    short = history_extras(ys, H=10)  # the 20 oldest left the window, conditioning its start under θ̄ = 1
-    assert float(short["mh_length"][0]) == 10
-    m0, p0 = 0.0, 1.0
-    for y in ys[:20]:
-        m0, p0 = A * m0, A * A * p0 + Q
-        m0, p0 = m0 + p0 / (p0 + 1.0) * (y - m0), (1 - p0 / (p0 + 1.0)) * p0
-    assert math.isclose(float(short["mh_start_mean"][0, 0]), m0, rel_tol=1e-6) and math.isclose(
-        float(short["mh_start_cov"][0, 0, 0]), p0, rel_tol=1e-6
-    )
+    assert float(full["mh_blocks"][0]) == 0 and not bool(smc2_mh.checkpointed(full)[0])
+    short = history_extras(ys, H=10)  # blocks of 10: checkpoints at the 11th and the 21st observation
+    assert float(short["mh_length"][0]) == 10 and float(short["mh_kept"][0]) == 10
+    assert float(short["mh_blocks"][0]) == 2 and bool(smc2_mh.checkpointed(short)[0])
+    assert float(short["mh_start_mean"][0, 0]) == 0.3 and float(short["mh_start_cov"][0, 0, 0]) == 0.5
+    assert torch.equal(short["mh_block_mean"], CHECKPOINT.u_mean)
     ll, _, _ = smc2_mh.replay(
         lds_model(), ["R"], theta, short["mh_history"], short["mh_length"], short["mh_start_mean"],
         short["mh_start_cov"],
     )  # fmt: skip
-    assert np.allclose(ll[0].numpy(), kalman_loglik(ys[20:], r, m0, p0), rtol=1e-6)
+    assert np.allclose(ll[0].numpy(), kalman_loglik(ys[20:], r, 0.3, 0.5), rtol=1e-6)
+    # the block's prior replaces the stream's: log N(u; 0.7, 0.04) with u = log R
+    lo, hi = torch.zeros(1, 1, 1, dtype=torch.float64), torch.full((1, 1, 1), math.inf, dtype=torch.float64)
+    target = smc2_mh.kalman_target(lds_model(), ["R"], {"R": ParamPrior("lognormal", 0.0, 1.0)}, lo, hi, short)
+    lp, _ = target(torch.log(theta))
+    u = np.log(r)
+    expected = kalman_loglik(ys[20:], r, 0.3, 0.5) - 0.5 * (u - 0.7) ** 2 / 0.04 - 0.5 * math.log(2 * math.pi * 0.04)
+    assert np.allclose(lp[0].numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_stream_through_many_blocks_keeps_what_the_old_ones_said(seed):
+    """400 observations in blocks of 40, the cloud moved at every step: the posterior of all 400 (a window of the
+    last 40 alone would be about √10 ≈ 3 times as wide)."""
+    ys = simulate(10 + seed, 400)
+    ref_mean, ref_sd = moments(grid_weights(ys))
+    model = lds_model()
+    updater = get_updater("smc2", kernel="mh", ess_threshold=1.0, mh_moves=2, theta_particles=256, history=40)
+    state = updater.init(GAUSS1, model, 256, seed)
+    for y in ys:
+        state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+    assert float(state.extras["mh_blocks"][0]) == 9
+    mean, sd = theta_moments(state)
+    assert abs(mean - ref_mean) < 0.5 * ref_sd, (mean, ref_mean, ref_sd)
+    assert abs(sd / ref_sd - 1) < 0.3, (sd, ref_sd)
 
 
 def test_missing_observations_are_kept_and_replayed_as_predictions():
     ys = simulate(5, 12)
     model = lds_model()
-    extras = smc2_mh.init_extras(1, 16, 1, torch.zeros(1, 1), torch.eye(1)[None])
+    extras = smc2_mh.init_extras(1, 16, 1, torch.zeros(1, 1), torch.eye(1)[None], 1)
     for i, y in enumerate(ys):
         obs = None if i in (3, 7) else torch.tensor([[y]])
-        extras = smc2_mh.append(extras, obs, model, {"R": torch.ones(1, dtype=torch.float64)})
+        extras = smc2_mh.append(extras, obs, lambda: CHECKPOINT)
     theta = torch.tensor([[[1.5]]], dtype=torch.float64)
     ll, _, _ = smc2_mh.replay(
         model, ["R"], theta, extras["mh_history"], extras["mh_length"], extras["mh_start_mean"], extras["mh_start_cov"],
@@ -157,7 +190,8 @@ def test_the_history_survives_the_state_round_trip_and_the_stream_continues_the_
         state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
         sizes.add(tuple((k, tuple(v.shape)) for k, v in sorted(state.fields().items())))
     assert len(sizes) == 1  # the state keeps its size
-    assert float(state.extras["mh_length"][0]) == 25
+    assert float(state.extras["mh_length"][0]) == 5 and float(state.extras["mh_blocks"][0]) == 1
+    assert float(state.extras["mh_kept"][0]) == 25
     back = ParticleState.from_bytes(state.to_bytes())
     for name, t in state.fields().items():
         assert torch.equal(t.nan_to_num(123.0), back.fields()[name].nan_to_num(123.0)), name
@@ -172,6 +206,48 @@ def test_the_history_survives_the_state_round_trip_and_the_stream_continues_the_
     assert "extras.mh_start_cov" in kept.covariances
 
 
+def grid_increments(ys: np.ndarray, prior: tuple[float, float]) -> np.ndarray:
+    """Each step's log-evidence increment of the local level x_m = x_{m−1} + N(0, Q), o_m = x_m + N(0, R) from
+    x_0 ~ N(0, 1), log Q and log R ~ N(prior) each, on a 240 × 240 log grid over [1e-9, 1e3]²."""
+    g = np.exp(np.linspace(math.log(1e-9), math.log(1e3), 240))
+    q, r = (a.ravel() for a in np.meshgrid(g, g, indexing="ij"))
+    lw = -0.5 * ((np.log(q) - prior[0]) / prior[1]) ** 2 - 0.5 * ((np.log(r) - prior[0]) / prior[1]) ** 2
+    lw -= np.logaddexp.reduce(lw)
+    m, P, out = np.zeros_like(q), np.ones_like(q), []
+    for y in ys:
+        P = P + q
+        S = P + r
+        a = lw - 0.5 * (np.log(2 * np.pi * S) + (y - m) ** 2 / S)
+        out.append(np.logaddexp.reduce(a))
+        lw = a - out[-1]
+        m, P = m + P / S * (y - m), (1 - P / S) * P
+    return np.array(out)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_defensive_particles_keep_the_tail_a_jump_after_identical_readings_needs(seed):
+    """Twelve identical readings, then a jump of 3: the exact posterior of (Q, R) sat at tiny values, so the jump's
+    evidence increment is π's tail — within a few nats of the grid's with the prior's draws weighted by eq. M3
+    (M = 1024, 51 of them), a hundred and more below it without them."""
+    prior = (math.log(0.01), 1.0)  # the posterior before the jump within the grid's range (R ≈ 3e-5)
+    ln = {"prior": {"type": "lognormal", "mean": prior[0], "sd": prior[1]}}
+    model = make_model("lds", {"A": [[1.0]], "B": [[1.0]], "Q": ln, "R": ln}, 1)
+    ys = np.array([0.5] * 12 + [3.5, 3.4, 3.6])
+    ref = grid_increments(ys, prior)
+    got = {}
+    for share in (0.05, 0.0):
+        updater = get_updater("smc2", kernel="mh", theta_particles=1024, defensive=share)
+        state = updater.init(GAUSS1, model, 1024, seed)
+        got[share] = []
+        for y in ys:
+            state, info = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+            got[share].append(float(info.log_evidence_increment[0]))
+    assert np.allclose(got[0.05][:12], ref[:12], atol=0.2)  # before the jump the cloud holds π
+    assert abs(got[0.05][12] - ref[12]) < 10.0, (got[0.05][12], ref[12])
+    assert abs(sum(got[0.05]) - ref.sum()) < 15.0, (sum(got[0.05]), ref.sum())
+    assert got[0.0][12] < ref[12] - 80, (got[0.0][12], ref[12])
+
+
 BAD_OPTIONS = {
     "history 0": ({"history": 0}, "options.history"),
     "history too long": ({"history": smc2_mh.MAX_HISTORY + 1}, "options.history"),
@@ -180,6 +256,8 @@ BAD_OPTIONS = {
     "moves a bool": ({"mh_moves": True}, "options.mh_moves"),
     "moves too many": ({"mh_moves": smc2_mh.MAX_MOVES + 1}, "options.mh_moves"),
     "kernel": ({"kernel": "pmmh"}, "options.kernel"),
+    "defensive above a half": ({"defensive": 0.6}, "options.defensive"),
+    "defensive a string": ({"defensive": "yes"}, "options.defensive"),
 }
 
 
@@ -190,10 +268,20 @@ def test_bad_options_are_refused_naming_the_field(case):
         get_updater("smc2", **options)
 
 
-def test_mh_needs_an_exact_filter_per_theta():
+def test_mh_needs_a_gaussian_prior_and_runs_a_particle_filter_per_theta_where_there_is_no_kalman_filter():
     sv = make_model("stochastic_volatility", {"mu": 0.0, "phi": 0.95, "sigma": LOGNORMAL}, 1)
-    with pytest.raises(ValueError, match=r"options\.kernel: mh needs an exact Kalman filter"):
-        get_updater("smc2", kernel="mh").init(GAUSS1, sv, 64, 0)
+    mixture = GaussianMixture(
+        torch.tensor([[0.5, 0.5]]), torch.tensor([[[-1.0], [1.0]]]), torch.eye(1)[None, None].expand(1, 2, 1, 1)
+    )
+    with pytest.raises(ValueError, match=r"options\.kernel: mh replays its window from the prior's Gaussian"):
+        get_updater("smc2", kernel="mh").init(mixture, sv, 64, 0)
+    updater = get_updater("smc2", kernel="mh", history=20, ess_threshold=1.0, theta_particles=16)
+    state = updater.init(GAUSS1, sv, 256, 0)
+    for y in (0.3, -1.2, 0.8, 2.5, -0.1):
+        state, info = updater.update(state, torch.tensor([[y]], dtype=torch.float32), sv)
+    sigma = state.extras["param.sigma"][0]
+    assert bool(torch.isfinite(sigma).all()) and len(torch.unique(sigma)) > 1  # moved, by particle-filter replays
+    assert state.extras["mh_history"].shape == (1, 20, 1)
 
 
 def test_the_price_holds_the_move_on_every_step_it_may_fire():
