@@ -35,8 +35,8 @@ after it, and the state's bytes (the store's ``state_bytes``) at each, in ``benc
 wider σ range (:data:`SV_FINE_GRID`) and its 200 x-points against 140 (``params-reference.json``).
 ``--mh [--seeds S] [--steps T]``: the ``mh`` kernel (issue 55) against jitter and Liu–West on the
 lds with Q and R unknown, against a 2-D grid at t = 100 and T = 1000 (:func:`mh_accuracy`; ``params-mh.json``).
-``--mh-timing [--steps T]``: ms per step amortised at t = 100, 1000, 10000 of an M = 1024 stream, jitter against
-mh (:func:`mh_timing`; ``params-mh-timing.json``).
+``--mh-timing [--steps T] [--mh-only]``: ms per step amortised at t = 10², …, 10⁶ (≤ T, default 10⁴) of an M = 1024
+stream: jitter, mh and mh with the observer, or mh alone for a long run (:func:`mh_timing`; ``params-mh-timing.json``).
 
 Issue 55's "must show" runs (the mh kernel: H = 1000, 3 moves, M = 256; ``--observer`` adds every mh row again with
 the learned parameter observer as its independence proposal, method option ``observer: "auto"``; ``--quick`` writes
@@ -666,15 +666,16 @@ def sv_well_specified(seeds: int, T: int, observer: bool = False, stem: str = "p
                   indent=1)  # fmt: skip
 
 
-def mh_timing(T: int) -> None:
-    """``--mh-timing``: ms per step, amortised (total time / t) at t = 10², 10³, 10⁴, 10⁵ (≤ T), of a default-size
-    stream (M = N = 1024) of the lds Q R case: jitter, mh without and with the observer (one process, one thread,
-    in turn); ``benchmarks/results/params-mh-timing.json``."""
+def mh_timing(T: int, mh_only: bool = False) -> None:
+    """``--mh-timing [--mh-only]``: ms per step, amortised (total time / t) at t = 10², …, 10⁶ (≤ T), of a
+    default-size stream (M = N = 1024) of the lds Q R case: jitter, mh without and with the observer (``mh_only``:
+    mh alone), one process, one thread, in turn; ``benchmarks/results/params-mh-timing.json``
+    (``params-mh-timing-<T>.json`` with ``mh_only``)."""
     torch.set_num_threads(1)
     case = lds_qr_case(0, T)
-    checkpoints = [t for t in (100, 1000, 10000, 100000) if t <= T]
+    checkpoints = [t for t in (100, 1000, 10000, 100000, 1000000) if t <= T]
     rows = {}
-    for name, kernel, options in [MH_RUNS[0], *mh_runs(True)]:
+    for name, kernel, options in mh_runs(False) if mh_only else [MH_RUNS[0], *mh_runs(True)]:
         run = run_jitter(case, 0.5, 1024, 0, kernel, **options)
         cum = np.cumsum(run["times"])
         rows[name] = {
@@ -689,7 +690,7 @@ def mh_timing(T: int) -> None:
         cells = " | ".join(f"{r['ms_per_step'][t]:.2f}" for t in checkpoints)
         print(f"| {name} | {cells} | {r['slowest_step_s']:.2f} |")
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "params-mh-timing.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"params-mh-timing-{T}.json" if mh_only else "params-mh-timing.json"), "w") as f:
         json.dump({"T": T, "rows": rows}, f, indent=1)
 
 
@@ -891,6 +892,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--conflict", action="store_true", help="a prior far from the truth: does the θ-cloud recover")
     ap.add_argument("--mh", action="store_true", help="the mh kernel on lds Q and R against a 2-D grid")
     ap.add_argument("--mh-timing", action="store_true", help="ms per step of the mh kernel, amortised")
+    ap.add_argument("--mh-only", action="store_true", help="with --mh-timing: the mh kernel alone (long runs)")
     ap.add_argument("--well-specified", action="store_true", help="issue 55: mh on lds Q R against the grid, to 10⁴")
     ap.add_argument("--real", action="store_true", help="issue 55: a series with a run of identical readings, a jump")
     ap.add_argument("--nab", metavar="PATH", help="with --real: a checkout of numenta/NAB (or the CSV itself)")
@@ -918,7 +920,7 @@ def main(argv: list[str] | None = None) -> None:
         mh_accuracy(args.seeds or 4, args.steps or 1000)
         return
     if args.mh_timing:
-        mh_timing(args.steps or 10000)
+        mh_timing(args.steps or 10000, args.mh_only)
         return
     if args.flat:
         flat(args.steps or 2000)

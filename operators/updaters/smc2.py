@@ -352,7 +352,7 @@ class SMC2Updater(Updater):
         increment = torch.where(torch.isfinite(increment), increment, torch.full_like(increment, -1e30))
         ess_theta = ess(lw)
         theta_bm = torch.stack([state.extras[PARAM + n] for n in names], -1) if names else torch.zeros(B, M, 0)
-        extras = {k: v for k, v in state.extras.items()}
+        extras = smc2_mh.upgraded(dict(state.extras), len(names))  # a state stored before blocks steps on
         if smc2_mh.HISTORY in extras:  # this step's observation joins the block (the move's target includes it)
             extras = smc2_mh.append(extras, obs, lambda: self._checkpoint(state, names))
             if obs is not None:  # the block's evidence so far: Ẑ of eq. M3

@@ -111,6 +111,24 @@ def init_extras(B: int, H: int, k: int, mean: torch.Tensor, cov: torch.Tensor, p
     }
 
 
+def upgraded(extras: dict[str, torch.Tensor], p: int) -> dict[str, torch.Tensor]:
+    """A state's history as this version keeps it: a state stored before blocks (a sliding window without
+    ``mh_kept``, ``mh_blocks``, ``mh_block_evidence``, ``mh_block_mean``, ``mh_block_cov``) reads as a first block
+    of its window (the stream's prior, no checkpoint yet, the window's evidence unknown: 0), so a stream created by
+    an earlier version steps on; a current state is returned as it is."""
+    if HISTORY not in extras or BLOCKS in extras:
+        return extras
+    B = extras[LENGTH].shape[0]
+    return {
+        **extras,
+        KEPT: extras[LENGTH].clone(),
+        BLOCKS: torch.zeros(B, dtype=torch.float64),
+        BLOCK_EVIDENCE: torch.zeros(B, dtype=torch.float64),
+        BLOCK_MEAN: torch.zeros((B, p), dtype=torch.float64),
+        BLOCK_COV: torch.eye(p, dtype=torch.float64).expand(B, p, p).clone(),
+    }
+
+
 def cloud_checkpoint(u: torch.Tensor, log_weights: torch.Tensor, means: torch.Tensor, covs: torch.Tensor) -> Checkpoint:
     """The checkpoint of θ-clouds u [B, M, p] (log-weights [B, M]) whose θ-particles carry Gaussian filters
     N(means [B, M, d], covs [B, M, d, d]): the cloud's weighted mean and covariance of u, plus

@@ -248,6 +248,26 @@ def test_defensive_particles_keep_the_tail_a_jump_after_identical_readings_needs
     assert got[0.0][12] < ref[12] - 80, (got[0.0][12], ref[12])
 
 
+def test_a_state_stored_before_blocks_steps_on():
+    """A stream created by the version with a sliding window (no ``mh_kept``, ``mh_blocks``, ``mh_block_*``) takes
+    its next step as a first block of its window, and keeps the current state's fields from then on."""
+    ys = simulate(7, 30)
+    model = lds_model()
+    updater = get_updater("smc2", kernel="mh", history=10, ess_threshold=1.0, theta_particles=64)
+    state = updater.init(GAUSS1, model, 64, 0)
+    for y in ys[:10]:
+        state, _ = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+    old = {k: v for k, v in state.extras.items() if k not in {"mh_kept", "mh_blocks", "mh_block_evidence",
+                                                               "mh_block_mean", "mh_block_cov"}}  # fmt: skip
+    state = ParticleState.from_bytes(state.replace(extras=old).to_bytes())
+    for y in ys[10:]:
+        state, info = updater.update(state, torch.tensor([[y]], dtype=torch.float32), model)
+        assert math.isfinite(float(info.log_evidence_increment[0]))
+    assert float(state.extras["mh_blocks"][0]) == 2 and float(state.extras["mh_kept"][0]) == 10
+    mean, _ = theta_moments(state)
+    assert 0.2 < mean < 20
+
+
 BAD_OPTIONS = {
     "history 0": ({"history": 0}, "options.history"),
     "history too long": ({"history": smc2_mh.MAX_HISTORY + 1}, "options.history"),
