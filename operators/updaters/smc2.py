@@ -24,10 +24,14 @@ re-run any filter from the first observation (which SMC²'s PMMH kernel does:
 :mod:`mpflow.operators.references.smc2_pmmh` is that unbounded reference, measured against this one in
 ``benchmarks/params.py``).
 
-``kernel: "mh"`` (linear-Gaussian families): SMC²'s own resample-move instead, with random-walk Metropolis–Hastings
-moves accepted by prior × the exact Kalman likelihood of the last ``history`` observations, which the state keeps
-(:mod:`mpflow.operators.updaters.smc2_mh`; exact while the stream is at most ``history`` steps old, windowed after);
-the move's cost is bounded by ``history`` and priced on every step (:meth:`SMC2Updater.step_work`).
+``kernel: "mh"`` (a Gaussian prior): SMC²'s own resample-move instead, with Metropolis–Hastings moves accepted by the
+block's prior × the likelihood of the block of at most ``history`` observations the state keeps — exact Kalman
+likelihoods, or a particle filter's estimate per θ-particle (:mod:`~mpflow.operators.updaters.smc2_particle_replay`)
+for the other families — exact while the stream is at most ``history`` steps old, under a Gaussian checkpoint of the
+older blocks after (:mod:`mpflow.operators.updaters.smc2_mh`); random walks, independence moves from a learned
+parameter observer when the stream names one (:mod:`~mpflow.operators.updaters.smc2_proposal`), and defensive draws
+from the prior weighted by importance; the move's cost is bounded by ``history`` and priced on every step
+(:meth:`SMC2Updater.step_work`).
 
 The filtered state integrates over θ: its particles are the N = M·N_x pairs (θ_j, x_{j,i}) with weights ω_j w_{j,i}
 (Kalman: N_x draws of N(m_j, P_j) per θ_j, weight ω_j / N_x), so every summary is of p(x_m | o_≤m) (eq. P6).
@@ -492,8 +496,9 @@ class SMC2Updater(Updater):
     def _mh(self, extras, model, names, theta, lw, inner, rows, gens):
         """SMC²'s resample-move for the streams ``rows`` (:mod:`mpflow.operators.updaters.smc2_mh`): resample the
         θ-particles (systematic), then ``mh_moves`` MH moves (eq. M1–M2, independence moves from the stream's
-        parameter observer when it has one) accepted by the block's prior × the exact Kalman likelihood of the
-        block; each θ-particle's filter is its replay's."""
+        parameter observer when it has one) accepted by the block's prior × the block's likelihood (exact Kalman,
+        or a particle filter's estimate), then the last ``defensive``·M θ-particles redrawn from the prior and every
+        one weighted by eq. M3; each θ-particle's filter is its replay's."""
         rs = rows.nonzero().flatten()
         sub_gens = [_rows(gens)[b] for b in rs.tolist()]
         R, M, p = len(rs), theta.shape[1], theta.shape[2]
