@@ -42,8 +42,7 @@ State (extras, besides the particles): ``param.<name>`` [B, M] θ values (float6
 (normalised), ``param_support.<name>`` [B, 3] (the support's kind — 0 ℝ, 1 (lo, ∞), 2 (lo, hi) — lo and hi, for the
 jitter's coordinate), and the Kalman filters' ``theta_mean`` [B, M, d], ``theta_cov`` [B, M, d, d]; a particle
 filter's particles and within-θ weights are the state's own, in M blocks of N_x; with ``kernel: "mh"``, the kept
-window ``mh_history``, ``mh_observed``, ``mh_length``, ``mh_start_mean`` and ``mh_start_cov``
-(:mod:`~mpflow.operators.updaters.smc2_mh`).
+block and its checkpoint, the ``mh_*`` extras (:mod:`~mpflow.operators.updaters.smc2_mh`).
 """
 
 from __future__ import annotations
@@ -260,8 +259,8 @@ class SMC2Updater(Updater):
         """Besides the base's: the θ-cloud — the θ-particles θ_j [B, M, P] (``param.<name>``) with their weights ω_j
         (``param_log_weights``: normalised, eq. P4), each θ within its prior's support and each stored support
         (``param_support.<name>``) the model's — the per-θ Kalman filters' covariances P_j (``theta_cov``) and,
-        with the ``mh`` kernel, its window's length (``mh_length`` in [0, H]) and start covariance
-        (``mh_start_cov``)."""
+        with the ``mh`` kernel, its counts (``mh_length`` and ``mh_kept`` in [0, H], ``mh_blocks`` ≥ 0), its mask in
+        [0, 1] and its covariances (``mh_start_cov``, ``mh_block_cov``)."""
         kept = super().kept(state, model)
         names = param_names(state.extras)
         lw = state.extras[PARAM_LOG_WEIGHTS]
@@ -303,12 +302,11 @@ class SMC2Updater(Updater):
                 "options.kernel: mh replays its window from the prior's Gaussian, so it needs a Gaussian prior (one "
                 "component); use jitter or liu_west with this prior"
             )
+        mean, cov = prior.moments() if exact or self.options["kernel"] == "mh" else (None, None)
         if exact:
-            mean, cov = prior.moments()
             extras["theta_mean"] = mean.to(torch.float64)[:, None].expand(B, M, d).clone()
             extras["theta_cov"] = cov.to(torch.float64)[:, None].expand(B, M, d, d).clone()
         if self.options["kernel"] == "mh":
-            mean, cov = prior.moments()
             k = model.observation_size()
             extras.update(smc2_mh.init_extras(B, self.options["history"], k, mean, cov, len(model.unknown)))
             self._observer(model, sorted(model.unknown))  # a bad observer option is refused at creation
@@ -367,7 +365,7 @@ class SMC2Updater(Updater):
             rows = rows | (ess_theta < MIN_DISTINCT) | collapsed(theta_bm)
         if bool(rows.any()):
             if smc2_mh.HISTORY in extras:
-                theta_bm, lw, inner = self._mh(extras, model, names, theta_bm, lw, inner, rows, gens)
+                theta_bm, lw, inner = self._mh(extras, model, names, theta_bm, lw, inner, rows, gens, observer)
             else:
                 theta_bm, lw, inner = self._rejuvenate(state, names, theta_bm, lw, inner, rows, gens)
         extras.update({PARAM + n: theta_bm[..., i].contiguous() for i, n in enumerate(names)})
@@ -493,12 +491,13 @@ class SMC2Updater(Updater):
         lw = lw.index_copy(0, rs, torch.full((R, M), -math.log(M), dtype=lw.dtype))
         return theta, lw, tuple(moved_inner)
 
-    def _mh(self, extras, model, names, theta, lw, inner, rows, gens):
+    def _mh(self, extras, model, names, theta, lw, inner, rows, gens, observer):
         """SMC²'s resample-move for the streams ``rows`` (:mod:`mpflow.operators.updaters.smc2_mh`): resample the
         θ-particles (systematic), then ``mh_moves`` MH moves (eq. M1–M2, independence moves from the stream's
         parameter observer when it has one) accepted by the block's prior × the block's likelihood (exact Kalman,
         or a particle filter's estimate), then the last ``defensive``·M θ-particles redrawn from the prior and every
-        one weighted by eq. M3; each θ-particle's filter is its replay's."""
+        one weighted by eq. M3; each θ-particle's filter is its replay's. ``observer``: the stream's parameter
+        observer (:meth:`_observer`), or None."""
         rs = rows.nonzero().flatten()
         sub_gens = [_rows(gens)[b] for b in rs.tolist()]
         R, M, p = len(rs), theta.shape[1], theta.shape[2]
@@ -516,9 +515,8 @@ class SMC2Updater(Updater):
             target = smc2_particle_replay.particle_target(
                 rows_model, names, priors, los, his, sub, inner[0].shape[2], sub_gens
             )
-        observer = self._observer(model, names)
         proposal = (
-            None if observer is None else smc2_proposal.observer_proposal(observer, model, rs, names, sub, los, his)
+            None if observer is None else smc2_proposal.observer_proposal(observer, rows_model, names, sub, los, his)
         )
         u = to_unconstrained(th, los, his)
         u, (th, *moved), _, log_pi = smc2_mh.mh_move(u, target, sub_gens, self.options["mh_moves"], proposal)
@@ -600,7 +598,7 @@ class SMC2Updater(Updater):
                 )
                 flops += replays * H * per_step
             else:  # a particle filter per θ-particle
-                M = theta_count(n, False, 0) if not self.options["theta_particles"] else self.options["theta_particles"]
+                M = self.options["theta_particles"]  # 0: the automatic count, as the replay's price reads it
                 flops += replays * smc2_particle_replay.particle_replay_work(model, n, H, M, k)
                 nbytes += 8.0 * 6 * n * d
             if self.options["observer"] != smc2_proposal.OBSERVER_OFF:  # its answer, and its draws and densities

@@ -104,6 +104,13 @@ def init_extras(B: int, H: int, k: int, mean: torch.Tensor, cov: torch.Tensor, p
         KEPT: torch.zeros(B, dtype=torch.float64),
         START_MEAN: mean.to(torch.float64).expand(B, -1).clone(),
         START_COV: cov.to(torch.float64).expand(B, -1, -1).clone(),
+        **_first_block(B, p),
+    }
+
+
+def _first_block(B: int, p: int) -> dict[str, torch.Tensor]:
+    """The block extras of B streams in their first block (no checkpoint yet) learning p parameters."""
+    return {
         BLOCKS: torch.zeros(B, dtype=torch.float64),
         BLOCK_EVIDENCE: torch.zeros(B, dtype=torch.float64),
         BLOCK_MEAN: torch.zeros((B, p), dtype=torch.float64),
@@ -118,15 +125,7 @@ def upgraded(extras: dict[str, torch.Tensor], p: int) -> dict[str, torch.Tensor]
     an earlier version steps on; a current state is returned as it is."""
     if HISTORY not in extras or BLOCKS in extras:
         return extras
-    B = extras[LENGTH].shape[0]
-    return {
-        **extras,
-        KEPT: extras[LENGTH].clone(),
-        BLOCKS: torch.zeros(B, dtype=torch.float64),
-        BLOCK_EVIDENCE: torch.zeros(B, dtype=torch.float64),
-        BLOCK_MEAN: torch.zeros((B, p), dtype=torch.float64),
-        BLOCK_COV: torch.eye(p, dtype=torch.float64).expand(B, p, p).clone(),
-    }
+    return {**extras, KEPT: extras[LENGTH].clone(), **_first_block(extras[LENGTH].shape[0], p)}
 
 
 def cloud_checkpoint(u: torch.Tensor, log_weights: torch.Tensor, means: torch.Tensor, covs: torch.Tensor) -> Checkpoint:
@@ -285,27 +284,35 @@ def block_log_prior(u: torch.Tensor, th: torch.Tensor, names, priors, los, his, 
     """log p_c(u) [R, M] of eq. M1 for u [R, M, p] (θ = θ(u): ``th``): the stream's prior p(θ) |dθ/du| in its
     first block, the checkpoint's Gaussian N(u; ū, C) after (module docstring)."""
     lp = stream_log_prior(u, th, names, priors, los, his)
-    if BLOCKS not in extras_rows or not bool((extras_rows[BLOCKS] > 0).any()):
+    if not bool((extras_rows[BLOCKS] > 0).any()):
         return lp
     chol = torch.linalg.cholesky(extras_rows[BLOCK_COV])
     block = gaussian.log_prob(u, extras_rows[BLOCK_MEAN], chol)
     return torch.where((extras_rows[BLOCKS] > 0)[:, None], block, lp)
 
 
-def kalman_target(model: ModelFamily, names, priors, los, his, extras_rows):
-    """π of eq. M1 for R streams with an exact Kalman filter per θ-particle: u [R, M, p] → (log π(u) [R, M],
-    (θ [R, M, p], the replay's filter mean [R, M, d], cov [R, M, d, d])). ``los``, ``his``: the supports' bounds
-    [R, 1, p]; ``extras_rows``: the streams' history extras."""
-    hist, seen, length = extras_rows[HISTORY], extras_rows[OBSERVED], extras_rows[LENGTH]
-    s, S = extras_rows[START_MEAN], extras_rows[START_COV]
+def block_target(likelihood, names, priors, los, his, extras_rows):
+    """π of eq. M1 for R streams: u [R, M, p] → (log π(u) [R, M], (θ [R, M, p], *the replay's filters)), where
+    ``likelihood`` θ → (log p(o_block | θ) [R, M], *each θ-particle's filter after the block). ``los``, ``his``: the
+    supports' bounds [R, 1, p]; ``extras_rows``: the streams' history extras."""
 
     def log_target(u):
         th = from_unconstrained(u, los, his)
         lp = block_log_prior(u, th, names, priors, los, his, extras_rows)
-        ll, m, P = replay(model, names, th, hist, length, s, S, seen)
-        return torch.nan_to_num(lp + ll, nan=-math.inf), (th, m, P)
+        ll, *filters = likelihood(th)
+        return torch.nan_to_num(lp + ll, nan=-math.inf), (th, *filters)
 
     return log_target
+
+
+def kalman_target(model: ModelFamily, names, priors, los, his, extras_rows):
+    """:func:`block_target` with an exact Kalman filter per θ-particle (:func:`replay`: the filters' mean
+    [R, M, d] and cov [R, M, d, d])."""
+    hist, seen, length = extras_rows[HISTORY], extras_rows[OBSERVED], extras_rows[LENGTH]
+    s, S = extras_rows[START_MEAN], extras_rows[START_COV]
+    return block_target(
+        lambda th: replay(model, names, th, hist, length, s, S, seen), names, priors, los, his, extras_rows
+    )
 
 
 class Proposal(NamedTuple):

@@ -168,19 +168,14 @@ def particle_target(model: ModelFamily, names, priors, los, his, extras_rows, Nx
     within-θ log-weights [R, M, Nx])). The current θ-particles' estimates are replayed afresh when a move begins
     (Monte Carlo within Metropolis, O'Neill et al. 2000: an approximation of the particle marginal move, whose
     error falls as N_x grows; each proposal's estimate is kept while it is current)."""
-    from mpflow.operators.models.param_priors import from_unconstrained
     from mpflow.operators.updaters import smc2_mh
 
     hist, seen, length = extras_rows[smc2_mh.HISTORY], extras_rows[smc2_mh.OBSERVED], extras_rows[smc2_mh.LENGTH]
     s, S = extras_rows[smc2_mh.START_MEAN], extras_rows[smc2_mh.START_COV]
-
-    def log_target(u):
-        th = from_unconstrained(u, los, his)
-        lp = smc2_mh.block_log_prior(u, th, names, priors, los, his, extras_rows)
-        ll, x, lwx = replay_particles(model, names, th, hist, length, s, S, seen, Nx, gens)
-        return torch.nan_to_num(lp + ll, nan=-math.inf), (th, x, lwx)
-
-    return log_target
+    return smc2_mh.block_target(
+        lambda th: replay_particles(model, names, th, hist, length, s, S, seen, Nx, gens),
+        names, priors, los, his, extras_rows,
+    )  # fmt: skip
 
 
 def particle_flops(model: ModelFamily, k: int | None = None) -> float:

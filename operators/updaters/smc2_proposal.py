@@ -110,11 +110,11 @@ def _named(option: str, dirs: tuple[str, ...]):
 
 
 def observer_proposal(
-    net: ParamObserver, model: ModelFamily, rows: torch.Tensor, names: list[str], extras_rows, los, his
+    net: ParamObserver, model: ModelFamily, names: list[str], extras_rows, los, his
 ) -> smc2_mh.Proposal | None:
-    """The proposal (module docstring) of the streams ``rows`` of a batch whose model is ``model`` (B streams or one
-    shared), learning ``names``, with their history extras ``extras_rows`` and supports' bounds ``los``, ``his``
-    [R, 1, p]; None when some stream has fewer than MIN_WINDOW observations kept."""
+    """The proposal (module docstring) of R streams whose model is ``model`` (R rows, or one shared), learning
+    ``names``, with their history extras ``extras_rows`` and supports' bounds ``los``, ``his`` [R, 1, p]; None when
+    some stream has fewer than MIN_WINDOW observations kept."""
     kept = extras_rows[smc2_mh.KEPT]
     if bool((kept < MIN_WINDOW).any()):
         return None
@@ -123,9 +123,8 @@ def observer_proposal(
     position = torch.arange(W, dtype=torch.float64)[None]
     mask = (seen[:, -W:] > 0) & (position >= W - kept[:, None])
     feats, log_var = window_features(hist[:, -W:], mask)
-    context = model.observer_context()
-    R = len(rows)
-    context = context.expand(R, -1) if context.shape[0] == 1 else context[rows]
+    R = hist.shape[0]
+    context = model.observer_context().expand(R, -1)
     with torch.no_grad():
         mean, L = net(feats, context, log_var)
     kinds = {name: kind for name, kind, _ in model.observer_params}
@@ -135,11 +134,11 @@ def observer_proposal(
     cov = L @ L.transpose(-1, -2)
     mu, S = mean[:, U], cov[:, U][:, :, U]
     if K:
-        params = model.params if model.batch_size == 1 else {k: v[rows] for k, v in model.params.items()}
+        given = (model.params[order[i]].to(torch.float64) for i in K)  # [1 or R, ...], a number per stream
         known = torch.stack(
-            [to_v(params[order[i]].to(torch.float64).reshape(-1).expand(R) if params[order[i]].numel() == 1
-                  else params[order[i]].to(torch.float64).reshape(R, -1)[:, 0], kinds[order[i]]) for i in K], -1
-        )  # fmt: skip
+            [to_v(v.reshape(v.shape[0], -1)[:, 0].expand(R), kinds[order[i]]) for i, v in zip(K, given, strict=True)],
+            -1,
+        )
         gain = torch.linalg.solve(cov[:, K][:, :, K], cov[:, K][:, :, U]).transpose(-1, -2)  # Σ_UK Σ_KK⁻¹
         mu = mu + (gain @ (known - mean[:, K])[..., None])[..., 0]
         S = S - gain @ cov[:, K][:, :, U]

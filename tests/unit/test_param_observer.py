@@ -64,7 +64,7 @@ def run_moves(theta: np.ndarray, ys: np.ndarray, seed: int, moves: int, net) -> 
     target = smc2_mh.kalman_target(lds_model(), ["R"], PRIORS, LO, HI, extras)
     proposal = None
     if net is not None:
-        proposal = smc2_proposal.observer_proposal(net, lds_model(), torch.tensor([0]), ["R"], extras, LO, HI)
+        proposal = smc2_proposal.observer_proposal(net, lds_model(), ["R"], extras, LO, HI)
         assert proposal is not None
     u = torch.log(torch.tensor(theta, dtype=torch.float64))[None, :, None]
     _, (th, _, _), _, _ = smc2_mh.mh_move(u, target, [generator(seed)], moves, proposal)
@@ -114,7 +114,7 @@ def test_a_known_parameter_is_conditioned_on():
     extras = extras_of(ys)
     net = shipped()
     q_known = lds_model()  # Q = 1 given as a number, R unknown
-    proposal = smc2_proposal.observer_proposal(net, q_known, torch.tensor([0]), ["R"], extras, LO, HI)
+    proposal = smc2_proposal.observer_proposal(net, q_known, ["R"], extras, LO, HI)
     u = proposal.sample([generator(0)], 4000)
     assert u.shape == (1, 4000, 1) and bool(torch.isfinite(u).all())
     r = torch.exp(u[0, :, 0])
