@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from track_target import run_example  # first: it says which Python to use where mpflow is missing
+from track_target import run_example, save_figure  # first: it says which Python to use where mpflow is missing
 
 # isort: split
 import numpy as np
@@ -69,10 +69,7 @@ def plot(level, readings, table: StepTable, alpha: float, flagged, out: Path, ti
     axes[2].set_ylabel("two-sided p-value")
     axes[2].set_xlabel("step")
     axes[2].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, out)
 
 
 def score(url: str, args: argparse.Namespace) -> None:

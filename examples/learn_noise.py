@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from track_target import run_example  # first: it says which Python to use where mpflow is missing
+from track_target import run_example, save_figure  # first: it says which Python to use where mpflow is missing
 
 # isort: split
 import numpy as np
@@ -71,10 +71,7 @@ def plot(level, readings, table: StepTable, true_r: float, out: Path, title: str
     bottom.set_ylabel("R")
     bottom.set_xlabel("step")
     bottom.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, out)
 
 
 def learn(url: str, args: argparse.Namespace) -> None:

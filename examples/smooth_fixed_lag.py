@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from track_target import run_example  # first: it says which Python to use where mpflow is missing
+from track_target import run_example, save_figure  # first: it says which Python to use where mpflow is missing
 
 # isort: split
 import numpy as np
@@ -75,10 +75,7 @@ def plot(truth, readings, filtered, smoothed, out: Path, title: str) -> None:
     axes[2].set_ylabel("posterior sd")
     axes[2].set_xlabel("step")
     axes[2].legend(fontsize=8, ncol=2)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, out)
 
 
 def smooth(url: str, args: argparse.Namespace) -> None:

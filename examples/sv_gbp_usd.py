@@ -23,7 +23,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from track_target import run_example  # first: it says which Python to use where mpflow is missing
+from track_target import run_example, save_figure  # first: it says which Python to use where mpflow is missing
 
 # isort: split
 import numpy as np
@@ -77,10 +77,7 @@ def plot(dates: list[str], returns: np.ndarray, table: StepTable, quantiles: np.
         ax.tick_params(labelsize=7)
         if i == 0:
             ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, out)
 
 
 def learn(url: str, args: argparse.Namespace) -> None:

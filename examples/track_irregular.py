@@ -25,7 +25,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from track_target import local_server  # first: it says which Python to use where mpflow is missing
+from track_target import local_server, save_figure  # first: it says which Python to use where mpflow is missing
 
 # isort: split
 import numpy as np
@@ -93,10 +93,7 @@ def plot(times, truth, obs, means, region, ahead, f_means, f_sds, out: Path, tit
         ax.set_ylabel(name)
     axes[0].legend(fontsize=8, ncol=4)
     axes[1].set_xlabel("time")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, out)
 
 
 def track(url: str, args: argparse.Namespace) -> None:

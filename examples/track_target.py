@@ -120,6 +120,13 @@ def plot(truth: np.ndarray, obs: np.ndarray, means: np.ndarray, covs: np.ndarray
             ax.set_xlabel("step")
         else:
             ax.legend(fontsize=7, ncol=4)
+    save_figure(fig, title, out)
+
+
+def save_figure(fig, title: str, out: Path) -> None:
+    """Title the examples' figure, lay it out, write it to ``out`` (110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -684,17 +684,9 @@ OBSERVATION_RESULT_EXAMPLE: dict[str, Any] = {
             "log_evidence_increment": -3.3,
             "ess": 256.0,
         },
-        {
+        {  # the last step is the stream's summary
             "step": 2,
-            "mean": [0.4, -0.1],
-            "std": [0.77, 0.71],
-            "quantiles": {
-                "0.025": [-1.11, -1.49],
-                "0.05": [-0.87, -1.27],
-                "0.5": [0.4, -0.1],
-                "0.95": [1.67, 1.07],
-                "0.975": [1.91, 1.29],
-            },
+            **{k: STREAM_DOCUMENT_EXAMPLE["summary"][k] for k in ("mean", "std", "quantiles")},
             "log_evidence_increment": -3.12,
             "ess": 256.0,
         },
