@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.installed
 
-.PHONY: setup serve test test-tools lint docs bench bench-quick clean
+.PHONY: setup serve test test-tools lint docs bench bench-quick bench-nab clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,23 @@ bench-quick: setup
 
 bench: setup
 	$(PY) -m benchmarks.engine
+
+# The Numenta Anomaly Benchmark through the service, scored by NAB's own code (benchmarks/nab.py, docs/benchmarks.md
+# "Numenta Anomaly Benchmark"): `make bench-nab NAB=path/to/a/NAB/checkout`. NAB's scorer needs Python 3.6 and
+# pandas 0.23.3: .nab-env is made from pyenv's 3.6.15 (or NAB_PYTHON) with them pinned.
+NAB_PYTHON ?= $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.6.15/bin/python
+NAB_ENV    ?= .nab-env
+NAB_STAMP   = $(NAB_ENV)/.installed
+
+$(NAB_STAMP):
+	@test -x "$(NAB_PYTHON)" || { echo "need Python 3.6 at $(NAB_PYTHON) for NAB's scorer (pyenv install 3.6.15, or NAB_PYTHON=...)"; exit 1; }
+	test -x $(NAB_ENV)/bin/python || "$(NAB_PYTHON)" -m venv $(NAB_ENV)
+	$(NAB_ENV)/bin/pip install -q pandas==0.23.3 simplejson==3.11.1
+	touch $(NAB_STAMP)
+
+bench-nab: setup $(NAB_STAMP)
+	@test -n "$(NAB)" || { echo "usage: make bench-nab NAB=path/to/a/checkout/of/numenta/NAB"; exit 1; }
+	$(PY) -m benchmarks.nab --nab "$(NAB)" --nab-python $(abspath $(NAB_ENV))/bin/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info site

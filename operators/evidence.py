@@ -20,6 +20,12 @@ Predictive p-values (PIT): for each observed entry j, u_j = P(o_j ≤ observed |
 :meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`); ``gaussian_pit`` — Φ((o_j − ŷ_j)/√S_jj) for the
 Gaussian predictive N(ŷ, S) (Kalman). Under the model u_j ~ U(0, 1) (Rosenblatt 1952; Dawid 1984), so
 |u − ½| > ½ − α/2 flags a reading at the two-sided level α.
+
+Their logarithms without saturation (u_j is exactly 1.0 in float64 beyond about 8.3 sd): the log tails
+log P(O_j ≤ o_j | o_<m) and log P(O_j ≥ o_j | o_<m) — ``gaussian_log_tails``, log Φ(z_j) and log Φ(−z_j) by
+``torch.special.log_ndtr``; ``particle_log_tails``, log Σ_i w_i F_j(o_j | x_i) as a logsumexp over the particles of
+log w_i + log F_j(o_j | x_i) (and the same of the upper tails,
+:meth:`~mpflow.operators.models.base.ModelFamily.observation_log_tails`).
 """
 
 from __future__ import annotations
@@ -103,6 +109,27 @@ def gaussian_pit(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> to
     """Φ((o_j − ŷ_j)/√S_jj) [B, k] for obs [B, k] under the Gaussian predictive N(ŷ [B, k], S [B, k, k])."""
     sd = cov.to(torch.float64).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).sqrt()
     return torch.special.ndtr((obs.to(torch.float64) - mean.to(torch.float64)) / sd)
+
+
+def particle_log_tails(
+    lower: torch.Tensor, upper: torch.Tensor, log_weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log Σ_i w_i e^{lower_i}, log Σ_i w_i e^{upper_i}) [B, k] for per-particle log tails [B, N, k] and log weights
+    [B, N] (None: uniform): the log of :func:`particle_pit` and of its complement, as a logsumexp (no saturation)."""
+    lower, upper = lower.to(torch.float64), upper.to(torch.float64)
+    if log_weights is None:
+        lw = torch.full(lower.shape[:2], -math.log(lower.shape[1]), dtype=torch.float64)
+    else:
+        lw = torch.log_softmax(log_weights.to(torch.float64), -1)
+    return torch.logsumexp(lw[..., None] + lower, 1), torch.logsumexp(lw[..., None] + upper, 1)
+
+
+def gaussian_log_tails(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log Φ(z_j), log Φ(−z_j)) [B, k], z_j = (o_j − ŷ_j)/√S_jj, under the Gaussian predictive N(ŷ, S): the log tails
+    of :func:`gaussian_pit`, without its saturation."""
+    sd = cov.to(torch.float64).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).sqrt()
+    z = (obs.to(torch.float64) - mean.to(torch.float64)) / sd
+    return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
 
 
 def importance(log_target, mean: torch.Tensor, cov: torch.Tensor, gens: Generators, n: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from mpflow.operators.models import FAMILIES
 from mpflow.operators.smoothing import MAX_LAG as MAX_SMOOTHING_LAG
 from mpflow.operators.updaters import CAPABILITIES, UPDATERS
+from mpflow.service.engine import anomaly
 from mpflow.service.engine.numerics import FALLBACK_ORDER
 from mpflow.service.engine.summary import MAX_LEVELS, QUANTILES, check_levels
 from mpflow.service.store.stream_store import NAME_PATTERN
@@ -50,6 +51,10 @@ MAX_TTL_SECONDS = 2**31 - 1
 MAX_MIXTURE_COMPONENTS = 1024
 #: the longest name of a state dimension (``state_names``)
 MAX_STATE_NAME_LENGTH = 64
+#: the creation options of the anomaly score: their bounds and default (mpflow.service.engine.anomaly)
+MAX_ANOMALY_MEMORY = anomaly.MAX_MEMORY
+MAX_ANOMALY_WARMUP = anomaly.MAX_WARMUP
+DEFAULT_ANOMALY_WARMUP = anomaly.DEFAULT_WARMUP
 _OUT_OF_RANGE = f"beyond ±{FLOAT32_MAX:.4g}, the float32 range the service computes in; rescale the values"
 
 
@@ -126,7 +131,26 @@ def _param(value: Any) -> Any:
         if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in spec.values()):
             raise ValueError("a prior's fields are its type (a string) and numbers")
         return value
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return _components(value)
     return _array(value, 2)
+
+
+#: the most components a parameter given as a list of objects may have, and the most keys of one
+MAX_PARAM_COMPONENTS, MAX_COMPONENT_KEYS = 64, 8
+
+
+def _components(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A list of components, each an object of named numbers (``structural``'s ``seasonal``: ``[{"period": 24,
+    "harmonics": 2, "sd": 0.1}]``); the names and values are the family's to check."""
+    if len(value) > MAX_PARAM_COMPONENTS:
+        raise ValueError(f"at most {MAX_PARAM_COMPONENTS} components, got {len(value)}")
+    for i, comp in enumerate(value):
+        if len(comp) > MAX_COMPONENT_KEYS or not all(isinstance(k, str) and len(k) <= 64 for k in comp):
+            raise EntryError(f"[{i}]", f"expected an object of at most {MAX_COMPONENT_KEYS} named numbers")
+        for k, v in comp.items():
+            _array(v, 0, path=f"[{i}].{k}")
+    return value
 
 
 #: the keys of an observation given as an object (docs/API.md): ``value`` and, optionally, ``dt`` and ``u``
@@ -196,14 +220,23 @@ _PARAM_PRIOR = {
     "required": ["prior"],
 }
 
+#: a list of components, each an object of named numbers (``structural``'s ``seasonal``)
+_PARAM_COMPONENTS = {
+    "type": "array",
+    "items": {"type": "object", "additionalProperties": _NUMBER, "maxProperties": MAX_COMPONENT_KEYS},
+    "minItems": 1,
+    "maxItems": MAX_PARAM_COMPONENTS,
+}
+
 #: a JSON number, array of numbers or matrix — a model parameter
 ParamValue = Annotated[
     Any,
     AfterValidator(_param),
     WithJsonSchema(
         {
-            "anyOf": [_NUMBER, _VECTOR, _MATRIX, _PARAM_PRIOR],
-            "description": "a number, vector or matrix; or a prior, for a parameter the stream learns (method smc2)",
+            "anyOf": [_NUMBER, _VECTOR, _MATRIX, _PARAM_PRIOR, _PARAM_COMPONENTS],
+            "description": "a number, vector or matrix; or a prior, for a parameter the stream learns (method smc2); "
+            "or a list of components, each an object of named numbers (structural's seasonal)",
         }
     ),
 ]
@@ -384,6 +417,20 @@ class CreateStreamRequest(_Request):
         lt=1,
         description="two-sided level α at which the summary flags a predictive p-value (pit): |pit − 0.5| > "
         "0.5 − α/2; default 0.01 (1 % of the readings of a stream that follows its model)",
+    )
+    anomaly_memory: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_ANOMALY_MEMORY,
+        description="steps of surprise history the anomaly_score ranks against: with M > 0 the history's counts "
+        "decay by exp(−1/M) a step (about the last M steps); 0 (the default) keeps the whole history",
+    )
+    anomaly_warmup: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_ANOMALY_WARMUP,
+        description="scored steps the stream takes before its anomaly_score is given (null until then); default "
+        f"{DEFAULT_ANOMALY_WARMUP}",
     )
     ttl_seconds: int | None = Field(
         default=None, ge=1, le=MAX_TTL_SECONDS, description="idle time after which the stream expires"
@@ -570,6 +617,23 @@ class Summary(ParamCloud):
         default=None, description="true when some entry of pit has |pit − 0.5| > 0.5 − pit_alert/2"
     )
     pit_flags: list[bool] | None = Field(default=None, description="per entry of pit: whether it is flagged")
+    log_tail_lower: list[float | None] | None = Field(
+        default=None, description="the latest observed step's per_step log_tail_lower (pit's step); absent before"
+    )
+    log_tail_upper: list[float | None] | None = Field(
+        default=None, description="the latest observed step's per_step log_tail_upper (pit's step); absent before"
+    )
+    surprise: float | None = Field(
+        default=None, description="the latest observed step's per_step surprise (nats; pit's step); absent before"
+    )
+    anomaly_score: float | None = Field(
+        default=None,
+        description="the latest observed step's per_step anomaly_score (pit's step); null during the warm-up",
+    )
+    change_score: float | None = Field(
+        default=None,
+        description="the latest observed step's per_step change_score (pit's step); null during the warm-up",
+    )
 
 
 class StepSummary(ParamCloud):
@@ -601,6 +665,37 @@ class StepSummary(ParamCloud):
         default=None,
         description="per entry of pit, the two-sided p-value 2 min(pit, 1 − pit) — what to threshold: below the "
         "stream's pit_alert α exactly where the summary flags the entry; null where not observed",
+    )
+    log_tail_lower: list[float | None] | None = Field(
+        default=None,
+        description="per observed entry, ln P(O_j <= o_j | o_1..o_{m-1}) under the same predictive as pit, computed "
+        "in log space so that it does not saturate where pit reaches 0 or 1 (a 40-sd reading: about −804.6); "
+        "null where not observed; absent for a family without an observation CDF",
+    )
+    log_tail_upper: list[float | None] | None = Field(
+        default=None,
+        description="per observed entry, ln P(O_j >= o_j | o_1..o_{m-1}) (as log_tail_lower, the upper tail)",
+    )
+    surprise: float | None = Field(
+        default=None,
+        description="the step's surprise in nats (>= 0): −min(0, ln k + min_j ln p_j) over the k observed entries, "
+        "ln p_j = min(0, ln 2 + min(log_tail_lower_j, log_tail_upper_j)) — minus the log of the Bonferroni-combined "
+        "two-sided p-value; null for a step with nothing observed (and for a family without an observation CDF)",
+    )
+    anomaly_score: float | None = Field(
+        default=None,
+        description="in [0, 1]: the larger of change_score and the surprise's rank — the fraction of the stream's "
+        "earlier scored steps (those of this request included) whose surprise is below this step's, ties half: the "
+        "empirical CDF of the stream's own surprise history (within its sketch's bins; decayed with the stream's "
+        "anomaly_memory); what a detector thresholds; null for a step without a surprise and until the stream has "
+        "scored anomaly_warmup steps",
+    )
+    change_score: float | None = Field(
+        default=None,
+        description="in [0, 1]: evidence of a change (a shift of the mean up or down, or a variance that grew): the "
+        "rank of Page's CUSUM log-likelihood ratios on the step's Gaussianised residual among their earlier values, "
+        "given when it rises above the highest of the change's run so far, else 0 (docs/API.md 'Surprise and "
+        "anomaly score'); null as anomaly_score is",
     )
     acceptance: float | None = Field(
         default=None,

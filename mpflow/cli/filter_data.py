@@ -13,14 +13,26 @@ each step's control inputs ``u``. An empty cell is a missing entry; a row whose 
 a step without a measurement. A cell that is not a number is refused naming its row (1-based, as a spreadsheet
 numbers the data rows) and its column; so is a missing ``dt`` or input.
 
+Times instead of durations: ``--time-column NAME`` names a column of timestamps — numbers (read as seconds, e.g.
+Unix time) or dates and times pandas parses (``2024-01-01 00:05:00``, ISO 8601 with or without a zone; naive ones
+all taken in one zone) — whose differences become each step's ``dt``, in seconds or in the ``--time-unit`` (``s``,
+``ms``, ``min``, ``h``, ``d``): ``dt_m = (t_m − t_{m−1}) / unit``; the first step, which has no previous time, gets
+the median of those differences (a typical step; one row alone gets no ``dt``). The timestamps must increase
+strictly (a row whose time is not after the previous row's is refused, naming it), no cell may be empty, and the
+file may not also have a ``dt`` column; the time column is not an observation column.
+
 Running: in-process by default — the service's own stepping (:class:`~mpflow.service.engine.stepping.Stepper` on an
 :class:`~mpflow.service.engine.update_engine.UpdateEngine`, its fall-backs included) without HTTP or a store; with
 ``--server URL``, a stream is created there and the rows sent ``--batch`` per request with ``seq`` (exactly once,
 retried safely: :meth:`mpflow.service.client.Stream.filter`). Either way the answer is the ``per_step`` entries of the
 observation answers, written one row per step by :func:`mpflow.client.frames.steps_frame` (``mean_<name>``,
 ``std_<name>``, ``q0.025_<name>``, ``q0.05_<name>``, ``q0.5_<name>``, ``q0.95_<name>``, ``q0.975_<name>``,
-``log_evidence_increment`` (empty on a row with nothing observed: such a step has no score), ``ess``, ``pit_<j>``
-per observed entry j, and any other field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix;
+``log_evidence_increment`` (empty on a row with nothing observed: such a step has no score), ``ess``, ``pit_<j>``,
+``pit_two_sided_<j>``, ``log_tail_lower_<j>`` and ``log_tail_upper_<j>`` per observed entry j, ``surprise``,
+``anomaly_score`` and ``change_score`` (the step's surprise and change evidence ranked among the earlier steps' —
+in-process as a server ranks them, the stream's ``anomaly_memory`` and ``anomaly_warmup`` from the model file; empty
+during the warm-up), and any other
+field a stream reports per step) to ``--out`` (CSV, or Parquet by its suffix;
 stdout as CSV without it), and plotted with ``--plot``: each state dimension's mean and 95 % credible band (the
 0.025 and 0.975 quantiles, the level the README, the dashboard and the examples draw) over the observations, and
 the log-evidence increments (gaps where nothing was observed).
@@ -32,6 +44,7 @@ the server applies its own limits per request (``--batch`` at most its MPFLOW_MA
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -49,6 +62,8 @@ MAX_COLUMNS = 256
 DEFAULT_BATCH = 1000
 #: the column read as each step's time since the previous one
 DT_COLUMN = "dt"
+#: ``--time-unit``: seconds per unit of the ``dt`` a ``--time-column`` gives
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "min": 60.0, "h": 3600.0, "d": 86400.0}
 #: file suffixes read as Parquet; every other file is read as CSV (``.tsv``: tab-separated)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -155,19 +170,75 @@ def _present(frame: Any, names: Sequence[str], flag: str) -> None:
         raise ValueError(f"{flag}: no column {missing[0]!r} in the data file (its columns: {list(frame.columns)})")
 
 
-def table_steps(frame: Any, columns: Sequence[str] | None, inputs: Sequence[str]) -> tuple[list[Any], list[str]]:
+def time_steps(frame: Any, column: str, unit: str = "s") -> list[float]:
+    """Each row's ``dt`` from the timestamps of ``column`` (module docstring): the differences in ``unit``
+    (:data:`TIME_UNITS`), the first row's the median difference; ValueError naming the row of an empty or
+    unreadable cell, or of a time not after the previous one."""
+    pd = _pandas()
+    if unit not in TIME_UNITS:
+        raise ValueError(f"--time-unit: one of {list(TIME_UNITS)}, got {unit!r}")
+    _present(frame, [column], "--time-column")
+    raw = frame[column]
+    blank = raw.isna() | (raw.astype(str).str.strip() == "")
+    if blank.any():
+        row = int(blank.to_numpy().argmax())
+        raise ValueError(f"--time-column: row {row + 1}, column {column!r}: empty (every step needs its time)")
+    numbers = pd.to_numeric(raw, errors="coerce")
+    if not numbers.isna().any():
+        seconds = numbers.to_numpy(dtype=float)
+    else:
+        try:
+            times = pd.to_datetime(raw, errors="coerce", utc=True, format="mixed")
+        except (TypeError, ValueError):
+            times = pd.Series([pd.NaT] * len(raw))
+        if times.isna().any():
+            row = int(times.isna().to_numpy().argmax())
+            cell = str(raw.iloc[row])[:40]
+            raise ValueError(f"--time-column: row {row + 1}, column {column!r}: {cell!r} is not a time or a number")
+        seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+    if not all(math.isfinite(v) for v in seconds):
+        raise ValueError(f"--time-column: column {column!r}: infinite times")
+    diffs = [float(b - a) / TIME_UNITS[unit] for a, b in itertools.pairwise(seconds)]
+    bad = [i for i, d in enumerate(diffs) if not d > 0]
+    if bad:
+        raise ValueError(
+            f"--time-column: row {bad[0] + 2}, column {column!r}: its time is not after the previous row's "
+            "(the times must increase)"
+        )
+    if not diffs:
+        return []
+    ordered = sorted(diffs)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return [median, *diffs]
+
+
+def table_steps(
+    frame: Any,
+    columns: Sequence[str] | None,
+    inputs: Sequence[str],
+    time_column: str | None = None,
+    time_unit: str = "s",
+) -> tuple[list[Any], list[str]]:
     """(the steps as ``POST .../observations`` items, the observation columns): a step is ``{"value": [...]}``
-    with its ``dt`` and ``u`` where the file has them, NaN cells as ``None`` (missing entries)."""
+    with its ``dt`` and ``u`` where the file has them, NaN cells as ``None`` (missing entries); with
+    ``time_column``, each step's ``dt`` from its timestamps (:func:`time_steps`)."""
     inputs = list(inputs)
     _present(frame, inputs, "--inputs")
+    if time_column is not None and DT_COLUMN in frame.columns:
+        raise ValueError(
+            f"--time-column: the data file has a {DT_COLUMN!r} column too; give the steps one or the other"
+        )
     if columns is None:
-        columns = [c for c in frame.columns if c != DT_COLUMN and c not in inputs]
+        columns = [c for c in frame.columns if c not in (DT_COLUMN, time_column) and c not in inputs]
     columns = list(columns)
     _present(frame, columns, "--columns")
     if not columns:
         raise ValueError("--columns: the data file has no observation column (every column is dt or an input)")
     values = list(zip(*(_numbers(frame, c, missing_ok=True) for c in columns), strict=True))
     dts = _numbers(frame, DT_COLUMN, missing_ok=False) if DT_COLUMN in frame.columns else None
+    if time_column is not None:
+        dts = time_steps(frame, time_column, time_unit) or None
     us = list(zip(*(_numbers(frame, c, missing_ok=False) for c in inputs), strict=True)) if inputs else None
     steps: list[Any] = []
     for i, row in enumerate(values):
@@ -205,6 +276,7 @@ def filter_in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, ti
 
 
 async def _in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, tick: Callable[[int], None]) -> Filtered:
+    from mpflow.service.engine import anomaly
     from mpflow.service.engine.catalogue import OperatorCatalogue
     from mpflow.service.engine.fallback import Fallbacks
     from mpflow.service.engine.methods import Methods
@@ -239,6 +311,7 @@ async def _in_process(body: dict[str, Any], steps: Sequence[Any], batch: int, ti
                 with engine.expect(len(parsed)) as announced:
                     applied = await stepper.apply(meta, updater, state, parsed, 0, announced)
                 state = applied.last.state
+                meta.update(anomaly.scored(meta, applied.per_step))  # as a server scores them
                 per_step += applied.per_step
                 tick(len(chunk))
         except ApiError as exc:
@@ -337,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
     frame = read_table(args.data)
     columns = args.columns.split(",") if args.columns else None
     inputs = args.inputs.split(",") if args.inputs else []
-    steps, used = table_steps(frame, columns, inputs)
+    steps, used = table_steps(frame, columns, inputs, args.time_column, args.time_unit)
     with _progress(len(steps), args.quiet) as bar:
         try:
             if args.server:
@@ -367,6 +440,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--columns", help="with --data: the observation columns, comma-separated (default: all but dt and --inputs)"
     )
     g.add_argument("--inputs", help="with --data: control-input columns, comma-separated (each step's u)")
+    g.add_argument(
+        "--time-column",
+        help="with --data: a column of timestamps (numbers in seconds, or dates and times): their differences are "
+        "the steps' dt, the first step's the median difference",
+    )
+    g.add_argument(
+        "--time-unit",
+        default="s",
+        choices=sorted(TIME_UNITS),
+        help="with --time-column: the unit of dt (default: s, seconds)",
+    )
     g.add_argument("--server", help="with --data: filter through the mpflow server at this URL (default: in-process)")
     g.add_argument("--api-key", help="with --server: the API key (default: none)")
     g.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="with --data: steps per request")
@@ -379,6 +463,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "MAX_COLUMNS",
     "MAX_ROWS",
+    "TIME_UNITS",
     "Filtered",
     "add_options",
     "filter_in_process",
@@ -387,4 +472,5 @@ __all__ = [
     "read_table",
     "run",
     "table_steps",
+    "time_steps",
 ]

@@ -9,8 +9,9 @@ Columns, in order: ``step`` (the index), then each field of the entries in the o
   ``q0.5_<name>``, ``q0.95_<name>``, ``q0.975_<name>``; ``{"params": {"R": {"mean", "sd"}}}`` →
   ``params_R_mean``, ``params_R_sd``), recursively;
 * any other list → ``<field>_0``, ``<field>_1`` … — the observation's entries' p-values (``pit``,
-  ``pit_two_sided``) so too, by their index in the observation (``pit_0``), never by a state dimension's name,
-  whatever the observation's size; a number, a bool or a string → ``<field>``.
+  ``pit_two_sided``) and log tails (``log_tail_lower``, ``log_tail_upper``) so too, by their index in the
+  observation (``pit_0``), never by a state dimension's name, whatever the observation's size; a number, a bool or
+  a string → ``<field>`` (``surprise``, ``anomaly_score``).
 
 A field that only some steps carry (``fallback``, ``acceptance``) is empty (NaN / None) on the others. Fields the
 service adds later become columns the same way, with nothing here to change. pandas is imported only here (the
@@ -40,7 +41,7 @@ def _flatten(prefix: str, value: Any, names: Sequence[str], out: dict[str, Any])
 
 #: the fields of a ``per_step`` entry about the observation's entries, not the state's dimensions: their columns are
 #: named by index (``pit_0``), never by ``state_names``
-OBSERVATION_FIELDS = frozenset({"pit", "pit_two_sided"})
+OBSERVATION_FIELDS = frozenset({"pit", "pit_two_sided", "log_tail_lower", "log_tail_upper"})
 
 
 def step_row(entry: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:

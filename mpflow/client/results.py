@@ -119,10 +119,11 @@ def _quantile_arrays(per_step: Sequence[dict[str, Any]], dim: int) -> Quantiles:
     )
 
 
-def pit_array(per_step: Sequence[dict[str, Any]]) -> np.ndarray:
-    """The steps' predictive p-values [n, k] (NaN where an entry was not observed or a step has none)."""
-    k = max((len(s.get("pit") or []) for s in per_step), default=0)
-    rows = [[np.nan if u is None else u for u in (s.get("pit") or [])] for s in per_step]
+def pit_array(per_step: Sequence[dict[str, Any]], field: str = "pit") -> np.ndarray:
+    """The steps' predictive p-values [n, k] (NaN where an entry was not observed or a step has none); ``field``:
+    another per-entry list of the steps (``log_tail_lower``, ``log_tail_upper``)."""
+    k = max((len(s.get(field) or []) for s in per_step), default=0)
+    rows = [[np.nan if u is None else u for u in (s.get(field) or [])] for s in per_step]
     return np.array([r + [np.nan] * (k - len(r)) for r in rows], dtype=np.float64).reshape(len(per_step), k)
 
 
@@ -144,6 +145,10 @@ class StepTable:
     error where the method reports one — ``mpf``'s marginal filter —, else NaN), ``pit`` [n, k] (each observed
     entry's predictive p-value, NaN where not observed; entries named by their index j in the observation, as the
     table's ``pit_<j>`` columns), ``pit_two_sided`` [n, k] (2 min(pit, 1 − pit): the p-value to threshold),
+    ``log_tail_lower`` and ``log_tail_upper`` [n, k] (ln P(O_j ≤ o_j | before) and ln P(O_j ≥ o_j | before), which do
+    not saturate where pit does), ``surprise`` [n] (nats), ``anomaly_score`` [n] (in [0, 1]: the step's surprise
+    ranked among the stream's earlier steps', or its change_score where larger; NaN during the stream's warm-up and
+    where a step has none) and ``change_score`` [n] (the rank of the change CUSUMs as they rise),
     ``quantiles`` — ``{level: [n, d]}``, keyed as in the API
     (``"0.975"``; a number finds the same entry), NaN where a step has none —, ``cov`` [n, d, d] where the answers
     carry each step's covariance (``per_step_cov``; else None), ``names`` of the d dimensions, and ``params`` —
@@ -164,6 +169,11 @@ class StepTable:
         self.params = _param_arrays(per_step)
         self.pit = pit_array(per_step)
         self.pit_two_sided = two_sided(self.pit)
+        self.log_tail_lower = pit_array(per_step, "log_tail_lower")
+        self.log_tail_upper = pit_array(per_step, "log_tail_upper")
+        self.surprise = np.array([_number(s.get("surprise")) for s in per_step], dtype=np.float64)
+        self.anomaly_score = np.array([_number(s.get("anomaly_score")) for s in per_step], dtype=np.float64)
+        self.change_score = np.array([_number(s.get("change_score")) for s in per_step], dtype=np.float64)
         self.quantiles = _quantile_arrays(per_step, dim)
         covs = [s.get("cov") for s in per_step]
         self.cov = (
@@ -191,7 +201,8 @@ class StepTable:
     def to_pandas(self) -> Any:
         """A ``DataFrame`` indexed by step: ``mean_<name>`` and ``std_<name>`` per dimension, ``ess``,
         ``log_evidence_increment`` and ``log_evidence_sd``, ``pit_<j>`` and ``pit_two_sided_<j>`` per observed
-        entry j (its index in the observation, whatever the state's names), and
+        entry j (its index in the observation, whatever the state's names), ``log_tail_lower_<j>`` and
+        ``log_tail_upper_<j>`` likewise, ``surprise``, ``anomaly_score`` and ``change_score``, and
         ``param_<name>_<stat>`` per learned parameter (needs pandas)."""
         pd = _pandas()
         columns: dict[str, Any] = {}
@@ -207,6 +218,12 @@ class StepTable:
             columns[f"pit_{j}"] = self.pit[:, j]
         for j in range(self.pit.shape[1]):
             columns[f"pit_two_sided_{j}"] = self.pit_two_sided[:, j]
+        for field in ("log_tail_lower", "log_tail_upper"):
+            tails = getattr(self, field)
+            columns |= {f"{field}_{j}": tails[:, j] for j in range(tails.shape[1])}
+        columns["surprise"] = self.surprise
+        columns["anomaly_score"] = self.anomaly_score
+        columns["change_score"] = self.change_score
         return pd.DataFrame(columns, index=pd.Index(self.step, name="step"))
 
 
@@ -387,6 +404,26 @@ class Posterior(dict):
     def pit_flagged(self) -> bool:
         """Whether the latest p-values are beyond the stream's ``pit_alert`` (two-sided)."""
         return bool(self["summary"].get("pit_flagged", False))
+
+    @property
+    def log_tail_lower(self) -> np.ndarray:
+        """The latest observed step's ln P(O_j ≤ o_j | before) [k] (NaN where not observed; empty before any)."""
+        return np.array([_number(v) for v in self["summary"].get("log_tail_lower") or []], dtype=np.float64)
+
+    @property
+    def log_tail_upper(self) -> np.ndarray:
+        """The latest observed step's ln P(O_j ≥ o_j | before) [k] (NaN where not observed; empty before any)."""
+        return np.array([_number(v) for v in self["summary"].get("log_tail_upper") or []], dtype=np.float64)
+
+    @property
+    def surprise(self) -> float:
+        """The latest observed step's surprise in nats (NaN before any)."""
+        return _number(self["summary"].get("surprise"))
+
+    @property
+    def anomaly_score(self) -> float:
+        """The latest observed step's anomaly score in [0, 1] (NaN before any, and during the stream's warm-up)."""
+        return _number(self["summary"].get("anomaly_score"))
 
     @property
     def samples(self) -> np.ndarray | None:

@@ -442,6 +442,28 @@ class ModelFamily:
         sd = self.observation_noise().to(torch.float64).diagonal(dim1=-2, dim2=-1).sqrt()
         return torch.special.ndtr(resid / sd[:, None])
 
+    def observation_log_tails(
+        self, obs: torch.Tensor, x: torch.Tensor, gens: Generators, cdf: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(log P(O_j ≤ o_j | x_i), log P(O_j ≥ o_j | x_i)) for each entry j of obs [B, *obs_shape] and state x
+        [B, N, d] → two [B, N, k] (float64): the conditional log tails that the non-saturating log tails of a step
+        (:func:`mpflow.operators.evidence.particle_log_tails`) log-sum-exp over the predicted cloud. The default, for
+        o = h(x) + N(0, R) with the default :meth:`observation_cdf`: log Φ(±(o − h(x))_j / √R_jj) by
+        ``torch.special.log_ndtr``, exact far in the tails. A family with only an :meth:`observation_cdf` of its own
+        falls back to log F and log(1 − F) of it (``cdf``, when the caller has it already: the same randomisation
+        for a discrete family), clamped at the smallest normal float64 — these saturate as F does (beyond about
+        8.3 sd for a Gaussian), so such a family should override this method; None without either."""
+        if self.gaussian_observation and type(self).observation_cdf is ModelFamily.observation_cdf:
+            resid = self.observation_residual(obs.to(torch.float64), self.observation_function(x.to(torch.float64)))
+            sd = self.observation_noise().to(torch.float64).diagonal(dim1=-2, dim2=-1).sqrt()
+            z = resid / sd[:, None]
+            return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
+        if cdf is None:
+            cdf = self.observation_cdf(obs, x, gens)
+        if cdf is None:
+            return None
+        return saturating_log_tails(cdf)
+
     def localisation_distances(self) -> torch.Tensor | None:
         """[B, d, k]: the distance between each state variable and each observed entry, for families where
         covariance localisation has a meaning (lorenz96: the distance around the ring); None (the default)."""
@@ -543,6 +565,18 @@ class ModelFamily:
         vx, vy); ``None`` where it does not (a state is any d-vector, e.g. ``lds``): readers then call them
         x[0] … x[d-1]. The stream document's ``state_names``."""
         return None
+
+
+#: the smallest normal float64: where the fall-back log tails (:func:`saturating_log_tails`) are clamped
+TINY = float(torch.finfo(torch.float64).tiny)
+
+
+def saturating_log_tails(cdf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log F, log(1 − F)) of conditional CDFs F, clamped at log :data:`TINY` (about −708): the log tails of a family
+    that has only its :meth:`ModelFamily.observation_cdf` — they saturate where F does."""
+    cdf = cdf.to(torch.float64)
+    floor = math.log(TINY)
+    return cdf.clamp_min(TINY).log(), torch.log1p(-cdf.clamp(max=1.0)).clamp_min(floor)
 
 
 def _with_noise(fx: torch.Tensor, gens: Generators, Q: torch.Tensor) -> torch.Tensor:

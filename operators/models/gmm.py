@@ -63,6 +63,18 @@ class GMM(ModelFamily):
         m1, m2 = x[..., 0], x[..., 0] + x[..., 1]
         return (0.5 * torch.special.ndtr((o - m1) / s) + 0.5 * torch.special.ndtr((o - m2) / s))[..., None]
 
+    def observation_log_tails(
+        self, obs: torch.Tensor, x: torch.Tensor, gens: Generators, cdf: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log(½ Φ(±(o − x₁)/s) + ½ Φ(±(o − x₁ − x₂)/s)) by ``log_ndtr`` and logaddexp (no saturation)."""
+        s = self.params["s"].to(torch.float64)[:, None]
+        o, x = obs[:, :1].to(torch.float64), x.to(torch.float64)
+        z1, z2 = (o - x[..., 0]) / s, (o - x[..., 0] - x[..., 1]) / s
+        log_ndtr, half = torch.special.log_ndtr, math.log(0.5)
+        lower = torch.logaddexp(log_ndtr(z1), log_ndtr(z2)) + half
+        upper = torch.logaddexp(log_ndtr(-z1), log_ndtr(-z2)) + half
+        return lower[..., None], upper[..., None]
+
     def log_likelihood(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         s = self.params["s"][:, None]  # [B, 1]
         o = obs[:, :1]  # [B, 1]

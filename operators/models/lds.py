@@ -23,6 +23,9 @@ from mpflow.operators.models.spec import FamilySpec, absent, identity, parse_cov
 
 #: the spectral radius of the demonstration and benchmark transitions A (``example_params``, ``benchmark_params``)
 EXAMPLE_A_SCALE = 0.9
+#: the step durations whose exact transition a continuous-time model without inputs keeps (:meth:`LDS.at_step`):
+#: a regularly sampled stream has one, so its matrix exponentials are computed once, not at every step
+STEP_CACHE = 64
 
 
 class LDS(LinearObservationFamily):
@@ -162,6 +165,17 @@ class LDS(LinearObservationFamily):
         """The step of duration ``dt`` with inputs ``u``: A, Q (and the input offset c = C u, or Γ C u in continuous
         time) of that step; the model itself for dt = 1 without inputs in discrete time."""
         dt = check_dt(dt, field)
+        if self.continuous and u is None and "C" not in self.params:  # the step depends on dt alone: kept
+            cache = self.__dict__.setdefault("_steps", {})
+            if dt not in cache:
+                if len(cache) >= STEP_CACHE:
+                    cache.pop(next(iter(cache)))  # the oldest duration
+                cache[dt] = self._step(dt, None, field)
+            return cache[dt]
+        return self._step(dt, u, field)
+
+    def _step(self, dt: float, u: torch.Tensor | None, field: str) -> ModelFamily:
+        """:meth:`at_step` computed."""
         C = self.params.get("C")
         dt_field, u_field = subfield(field, "dt"), subfield(field, "u")
         if u is not None:

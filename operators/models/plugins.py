@@ -43,7 +43,16 @@ OWN_DISTRIBUTION = "mpflow"
 #: benchmarks), by name only: where each one lives is its entry point in pyproject.toml, the one registration (read
 #: from the package's metadata, or from pyproject.toml itself in a source tree without an install); a built-in not
 #: named here follows these, by name
-CATALOGUE_ORDER = ("linear_gaussian", "lds", "gmm", "logistic", "stochastic_volatility", "range_bearing", "lorenz96")
+CATALOGUE_ORDER = (
+    "linear_gaussian",
+    "lds",
+    "gmm",
+    "logistic",
+    "stochastic_volatility",
+    "range_bearing",
+    "lorenz96",
+    "structural",
+)
 #: pyproject.toml of a source tree (operators/models/plugins.py → the repository root)
 SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 #: what every family must implement itself (the base class only raises)

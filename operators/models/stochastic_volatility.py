@@ -183,6 +183,13 @@ class StochasticVolatility(ModelFamily):
         """P(O_j ≤ o_j | x) = Φ(o_j e^{−x_j/2}) (o_j ~ N(0, e^{x_j}))."""
         return torch.special.ndtr(obs.to(torch.float64)[:, None, :] * torch.exp(-0.5 * x.to(torch.float64)))
 
+    def observation_log_tails(
+        self, obs: torch.Tensor, x: torch.Tensor, gens: Generators, cdf: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log Φ(±o_j e^{−x_j/2}) (no saturation)."""
+        z = obs.to(torch.float64)[:, None, :] * torch.exp(-0.5 * x.to(torch.float64))
+        return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
+
     def observation_draws(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """o_{b,i} = e^{x_{b,i} / 2} ⊙ ξ_{b,i} (no parameter enters it)."""
         return torch.exp(0.5 * x) * torch.randn(x.shape, generator=gen, dtype=x.dtype)

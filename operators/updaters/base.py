@@ -15,7 +15,8 @@ predictive (:mod:`mpflow.operators.updaters.predictive`) without changing the st
 Subclasses implement ``_update``; the base class restores each stream's generator, checks shapes and
 finiteness, advances ``step``, accumulates ``log_evidence`` and saves the generators back, so every
 method is reproducible per stream whatever the batch it ran in.
-Each observed step also reports its predictive p-values (:meth:`pit`); a method that declares
+Each observed step also reports its predictive p-values and their non-saturating log tails (:meth:`predictive`,
+:data:`PREDICTIVE_KEYS`); a method that declares
 :attr:`Updater.shares_prediction` (``smc``, ``mpf``, the assumed-density flows) takes ``prediction`` in its
 ``_update``: the step's one transition draw (:meth:`Updater._prediction`), which the p-values read too, so a step
 predicts once.
@@ -66,7 +67,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from mpflow.operators import evidence, gaussian, smoothing
 from mpflow.operators.kept import Kept
-from mpflow.operators.models.base import ModelFamily
+from mpflow.operators.models.base import ModelFamily, saturating_log_tails
 from mpflow.operators.models.priors import GaussianMixture, ParticlePrior, Prior
 from mpflow.operators.rng import Generators, StreamRNG, copied, generators_from_state, generators_state
 from mpflow.operators.smoothing.rts import GaussianRTS
@@ -98,6 +99,9 @@ class Prediction(NamedTuple):
 #: the cost of one normal draw from a stream's generator in floating-point operations (measured: torch's
 #: per-stream ``randn`` of n × d costs about as much as 30 n d multiply-adds)
 RANDN_FLOPS = 30.0
+#: the ``info.extras`` keys of a step's predictive tails (:meth:`Updater.predictive`), each [B, k] float64: the
+#: p-values and the natural-log lower and upper tails, NaN where an entry was not observed
+PREDICTIVE_KEYS = ("pit", "log_tail_lower", "log_tail_upper")
 #: The constants below are measured, not counted: the work they price is memory-bound, so it is priced at the time
 #: it takes in an ``smc`` step's operations (the reference step of ``benchmarks/smoothing_price.py``: ``lds``
 #: d = 64, N = 16384). ``benchmarks/price_audit.py`` fits each from one row — the CPU time of the work at the
@@ -403,7 +407,7 @@ class Updater:
         gens = generators_from_state(state.rng)
         obs = obs.to(self.model_dtype)
         absent = torch.isnan(obs).flatten(1).all(1)  # [B]: no measurement at this step
-        pit = None if bool(absent.all()) or self.predicts_once() else self.pit(state, obs, model)
+        tails = None if bool(absent.all()) or self.predicts_once() else self.predictive(state, obs, model)
         if not bool(absent.any()):
             new, info = self._observed_step(state, obs, model, gens)
         elif bool(absent.all()):
@@ -430,10 +434,12 @@ class Updater:
         )
         if not bool(finite):
             raise NonFiniteError(f"{self.name} produced non-finite particles, weights or evidence")
-        if pit is not None:
-            info.extras["pit"] = pit
-        elif "pit" in info.extras:  # from the observed rows' shared predict: none on a row without a measurement
-            info.extras["pit"] = info.extras["pit"].masked_fill(absent[:, None], math.nan)
+        if tails is not None:
+            info.extras.update(tails)
+        else:  # from the observed rows' shared predict: none on a row without a measurement
+            for key in PREDICTIVE_KEYS:
+                if key in info.extras:
+                    info.extras[key] = info.extras[key].masked_fill(absent[:, None], math.nan)
         new = new.replace(
             step=state.step + 1,
             log_evidence=state.log_evidence + info.log_evidence_increment.to(torch.float64),
@@ -442,58 +448,78 @@ class Updater:
         return new, info
 
     def pit(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor | None:
-        """The step's predictive p-values [B, k] (:mod:`mpflow.operators.evidence`): for each entry j of the
+        """The ``"pit"`` of :meth:`predictive`: the step's predictive p-values [B, k]; None for a family without an
+        observation CDF."""
+        tails = self.predictive(state, obs, model)
+        return None if tails is None else tails["pit"]
+
+    def predictive(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> dict[str, torch.Tensor] | None:
+        """The step's predictive tails, each [B, k] float64 (:data:`PREDICTIVE_KEYS`, :meth:`_predictive_of`):
+        ``pit``, its predictive p-values (:mod:`mpflow.operators.evidence`): for each entry j of the
         observation, P(O_j ≤ o_j | o_<m) under this method's own predictive — the predicted cloud of
         :meth:`_predict` drawn with a copy of each stream's generator, so the very draws the update itself makes
         (for ``smc`` and ``mpf`` the cloud its evidence averages over) and the stream's generator is not advanced
         (a method that :meth:`predicts_once` takes them from its one predict, :meth:`_observed_step`):
         Σ_i w_i F_j(o_j | x_i) with the family's conditional CDF F_j
         (:meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`); for an exact Gaussian belief of a
-        linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj). NaN where o_j was not observed;
-        None for a family without an observation CDF."""
+        linear-Gaussian family (``kalman``), Φ((o_j − (H m)_j) / √(H P Hᵀ + R)_jj); ``log_tail_lower`` and
+        ``log_tail_upper``, log P(O_j ≤ o_j | o_<m) and log P(O_j ≥ o_j | o_<m) from the same cloud without
+        saturation. NaN where o_j was not observed; None for a family without an observation CDF."""
         gens = generators_from_state(state.rng)
         if _takes_prediction(type(self)._predict):  # the step's own predict (smc's quasi-random one, where it runs)
             predicted, _ = self._predict(state, model, gens, self._prediction(state, model, gens))
         else:
             predicted, _ = self._predict(state, model, gens)
-        return self._pit_of(predicted, obs, model, gens)
+        return self._predictive_of(predicted, obs, model, gens)
 
-    def _pit_of(
+    def _predictive_of(
         self, predicted: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
-    ) -> torch.Tensor | None:
-        """:meth:`pit` from the predicted state (``gens``: for a discrete family's randomisation, a copy)."""
+    ) -> dict[str, torch.Tensor] | None:
+        """:meth:`predictive` from the predicted state (``gens``: for a discrete family's randomisation, a copy):
+        the p-values and the log tails read the same predictive — for a particle cloud the family's CDF once
+        (:meth:`~mpflow.operators.models.base.ModelFamily.observation_cdf`, the only call that may draw from
+        ``gens``, as before the log tails) and its log tails
+        (:meth:`~mpflow.operators.models.base.ModelFamily.observation_log_tails`, handed that CDF), log-sum-exped
+        over the weighted particles (:func:`~mpflow.operators.evidence.particle_log_tails`)."""
         missing = torch.isnan(obs).flatten(1)
         filled_obs = obs.nan_to_num(0.0)
         if model.linear_gaussian and "mean" in predicted.extras and "cov" in predicted.extras:
             H, R = (t.to(torch.float64) for t in model.observation_affine())
             m, P = predicted.extras["mean"].to(torch.float64), predicted.extras["cov"].to(torch.float64)
             S = H @ P @ H.transpose(-1, -2) + R
-            pit = evidence.gaussian_pit(filled_obs, torch.einsum("bkd,bd->bk", H, m), S)
+            y = torch.einsum("bkd,bd->bk", H, m)
+            pit = evidence.gaussian_pit(filled_obs, y, S)
+            lower, upper = evidence.gaussian_log_tails(filled_obs, y, S)
         else:
             cdf = model.observation_cdf(filled_obs, predicted.particles, gens)
             if cdf is None:
                 return None
             pit = evidence.particle_pit(cdf, predicted.log_weights)
+            per_particle = model.observation_log_tails(filled_obs, predicted.particles, gens, cdf=cdf)
+            if per_particle is None:  # a family whose log tails answer nothing: those of its p-value (saturating)
+                lower, upper = saturating_log_tails(pit)
+            else:
+                lower, upper = evidence.particle_log_tails(*per_particle, predicted.log_weights)
         # an entry not observed has no p-value (a family whose entries are not its observation's, as logistic's
         # labels, only knows whether the whole step was observed)
         unseen = missing if missing.shape == pit.shape else missing.all(1, keepdim=True).expand_as(pit)
-        return pit.masked_fill(unseen, math.nan)
+        return {k: t.masked_fill(unseen, math.nan) for k, t in zip(PREDICTIVE_KEYS, (pit, lower, upper), strict=True)}
 
     def _observed_step(
         self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators
     ) -> tuple[ParticleState, StepInfo]:
         """:meth:`_observed_update`; for a method that :attr:`shares_prediction`, the step's one predict
-        (:meth:`_prediction`, with the streams' own generators) feeds both the p-values (``info.extras["pit"]``,
-        their randomisation drawn from a copy of the generators, so the update's draws are the same as without
-        them) and the update."""
+        (:meth:`_prediction`, with the streams' own generators) feeds both the p-values and log tails
+        (:data:`PREDICTIVE_KEYS` in ``info.extras``, their randomisation drawn from a copy of the generators, so the
+        update's draws are the same as without them) and the update."""
         if not self.predicts_once():
             return self._observed_update(state, obs, model, gens)
         prediction = self._prediction(state, model, gens)
         predicted, _ = self._predict(state, model, gens, prediction)
-        pit = self._pit_of(predicted, obs, model, copied(gens))
+        tails = self._predictive_of(predicted, obs, model, copied(gens))
         new, info = self._observed_update(state, obs, model, gens, prediction=prediction)
-        if pit is not None:
-            info.extras["pit"] = pit
+        if tails is not None:
+            info.extras.update(tails)
         return new, info
 
     @classmethod

@@ -180,9 +180,9 @@ class IEnKFUpdater(Updater):
         info = StepInfo(log_pred, n, iterations=iters)
         state, xa = self._relocked(state, xa, first, (obs, sub_obs), (model, sub_model), gens, info)
         predicted = model.to(torch.float64).perturbed(first, pit_gens) if model.dynamic else first
-        pit = self._pit_of(state.replace(particles=predicted, extras={}), obs, model, pit_gens)
-        if pit is not None:
-            info.extras["pit"] = pit
+        tails = self._predictive_of(state.replace(particles=predicted, extras={}), obs, model, pit_gens)
+        if tails is not None:
+            info.extras.update(tails)
         return state.replace(particles=xa.to(state.particles.dtype)), info
 
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):

@@ -7,6 +7,19 @@ start), not a cloud: the summaries read the Gaussian itself and report no ESS. l
 log N(o; H m⁻, H P⁻ Hᵀ + R). A step without a
 measurement is the predict alone (increment 0); a partial one conditions on the observed entries o_S only — H_S,
 R_SS — exactly (:meth:`~mpflow.operators.models.linear_observation.LinearObservationFamily.observed_part`).
+
+**Outlier clipping** (option ``outlier_clip`` c, in sd; off by default). Real sensors spike: one reading 20 sd out
+drags an exact Kalman filter's state with it, and the readings after it look anomalous too. With c set, a reading
+whose Mahalanobis distance from its predictive, d² = vᵀ S⁻¹ v (v = o − H m⁻, S = H P⁻ Hᵀ + R), exceeds c is
+conditioned on as if its noise were inflated so that it sits at c sd:
+
+    R_eff = R + (d²/c² − 1) S,   so that   S_eff = H P⁻ Hᵀ + R_eff = (d²/c²) S,
+
+which shrinks the gain by c²/d² — the update of a heavy-tailed observation noise, the scale of whose noise is
+inferred from the reading itself (one fixed-point step of the variational Student-t filter, Särkkä & Nummenmaa
+2009 eq. 9; Piché, Särkkä & Hartikainen 2012 §III: the noise is scaled by (ν + d²)/(ν + k), here clipped at c so
+that readings within c sd are conditioned on exactly). The step's evidence, p-values and log tails stay the model's
+(N(H m⁻, S)): the clip changes what the filter believes after a spike, not how surprising the spike was.
 """
 
 from __future__ import annotations
@@ -37,6 +50,17 @@ class KalmanUpdater(Updater):
     exact = True
     gaussian_state = True
     model_dtype = torch.float64
+    defaults = {"outlier_clip": None}
+    stream_options = frozenset({"outlier_clip"})
+    #: the bounds of ``outlier_clip`` (sd)
+    CLIP_RANGE = (1.0, 100.0)
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        clip = self.options.get("outlier_clip")
+        lo, hi = self.CLIP_RANGE
+        if clip is not None and not (isinstance(clip, int | float) and not isinstance(clip, bool) and lo <= clip <= hi):
+            raise ValueError(f"options.outlier_clip: null (off) or a number of sd from {lo:g} to {hi:g}, got {clip!r}")
 
     def check_compatible(self, model: ModelFamily, prior: Prior | None = None) -> None:
         super().check_compatible(model, prior)
@@ -67,7 +91,12 @@ class KalmanUpdater(Updater):
     def _update(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily, gens: Generators):
         H, R = model.observation_affine()
         m, P = kalman_predict(state.extras["mean"], state.extras["cov"], model)
-        m, P, log_pred = conjugate_update(m, P, H, R, obs)
+        clip = self.options.get("outlier_clip")
+        if clip is None:
+            m, P, log_pred = conjugate_update(m, P, H, R, obs)
+        else:  # the model's evidence; the belief of the clipped update (module docstring)
+            log_pred = conjugate_update(m, P, H, R, obs)[2]
+            m, P, _ = conjugate_update(m, P, H, clipped_noise(m, P, H, R, obs, clip), obs)
         # a partial observation's model carries the constant that makes log N(o; H m, S) that of the observed entries
         log_pred = log_pred + model.observation_log_offset().to(torch.float64)
         n = torch.full((state.batch_size,), float(state.num_particles), dtype=torch.float64)
@@ -121,3 +150,16 @@ class KalmanUpdater(Updater):
         xi = randn(gens, [state.num_particles, state.dim], torch.float64)
         particles = (m[:, None] + xi @ L.transpose(-1, -2)).to(state.particles.dtype)
         return state.replace(particles=particles, extras={"mean": m, "cov": P})
+
+
+def clipped_noise(
+    m: torch.Tensor, P: torch.Tensor, H: torch.Tensor, R: torch.Tensor, obs: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """R_eff = R + max(0, d²/c² − 1) S [B, k, k] (module docstring, "Outlier clipping") for the predicted m [B, d],
+    P [B, d, d] and the reading obs [B, k], in float64."""
+    m, P, H, R, obs = (t.to(torch.float64) for t in (m, P, H, R, obs))
+    S = H @ P @ H.transpose(-1, -2) + R
+    v = obs - torch.einsum("bkd,bd->bk", H, m)
+    d2 = torch.einsum("bk,bk->b", v, torch.linalg.solve(S, v[..., None])[..., 0])
+    excess = (d2 / clip**2 - 1.0).clamp_min(0.0)
+    return R + excess[:, None, None] * S

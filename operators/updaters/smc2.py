@@ -387,7 +387,7 @@ class SMC2Updater(Updater):
         return new.replace(extras=extras), info
 
     # ------------------------------------------------------------------ predictive p-values
-    def pit(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> torch.Tensor | None:
+    def predictive(self, state: ParticleState, obs: torch.Tensor, model: ModelFamily) -> dict[str, torch.Tensor] | None:
         """The step's predictive p-values [B, k] under the θ-mixture of the predictives of eq. P2–P3 (eq. P7):
 
             u_j = Σ_θ ω̄_θ P(O_j ≤ o_j | o_<m, θ),
@@ -397,7 +397,9 @@ class SMC2Updater(Updater):
         Φ((o_j − (H m_θ⁻)_j) / √(H P_θ⁻ Hᵀ + R(θ))_jj), for a particle filter Σ_i w_{θ,i} F_j(o_j | x_{θ,i}, θ) over
         its predicted particles — drawn with a copy of each stream's generator, so the very draws the update makes.
         The rows of the model at every θ (:meth:`_at_thetas`) are read by the base's p-value
-        (:meth:`Updater._pit_of`), then mixed; NaN where o_j was not observed, None for a family without a CDF."""
+        (:meth:`Updater._predictive_of`), then mixed; NaN where o_j was not observed, None for a family without a CDF.
+        The log tails mix the same way, in log space: log Σ_θ ω̄_θ P(O_j ≤ o_j | o_<m, θ) as a logsumexp over θ of
+        log ω̄_θ plus each θ's log tail (and the upper tail alike), so they do not saturate either."""
         B, N, d = state.particles.shape
         M = state.extras[PARAM_LOG_WEIGHTS].shape[1]
         gens = generators_from_state(state.rng)  # a copy of the stream's generators: they are not advanced
@@ -409,11 +411,15 @@ class SMC2Updater(Updater):
         else:
             x, lwx = self._particles_predicted(state, per_theta, gens, B, M, N // M, d)
             predicted = state.replace(particles=x, log_weights=lwx, extras={})
-        pit = self._pit_of(predicted, obs.repeat_interleave(M, 0), per_theta, _theta_rows(gens, M))
-        if pit is None:
+        tails = self._predictive_of(predicted, obs.repeat_interleave(M, 0), per_theta, _theta_rows(gens, M))
+        if tails is None:
             return None
         w = torch.softmax(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64), -1)
-        return torch.einsum("bm,bmk->bk", w, pit.reshape(B, M, -1))
+        log_w = torch.log_softmax(state.extras[PARAM_LOG_WEIGHTS].to(torch.float64), -1)[..., None]
+        mixed = {"pit": torch.einsum("bm,bmk->bk", w, tails["pit"].reshape(B, M, -1))}
+        for key in ("log_tail_lower", "log_tail_upper"):
+            mixed[key] = torch.logsumexp(log_w + tails[key].reshape(B, M, -1), 1)
+        return mixed
 
     @staticmethod
     def _at_thetas(state: ParticleState, model: ModelFamily) -> ModelFamily:

@@ -108,12 +108,14 @@ def observed(obs: torch.Tensor) -> bool:
 def unscored(entry: dict[str, Any]) -> None:
     """A ``per_step`` entry of a step with nothing observed, made to say so: it has no score — a null
     ``log_evidence_increment`` (the updaters' 0, log 1, would read as the least surprising reading there is), no
-    ``log_evidence_sd``, and null p-values (docs/API.md "Missing observations")."""
+    ``log_evidence_sd``, and null p-values, log tails and surprise (docs/API.md "Missing observations")."""
     entry["log_evidence_increment"] = None
     entry.pop("log_evidence_sd", None)
-    for key in ("pit", "pit_two_sided"):
+    for key in ("pit", "pit_two_sided", "log_tail_lower", "log_tail_upper"):
         if key in entry:
             entry[key] = [None] * len(entry[key])
+    if "surprise" in entry:
+        entry["surprise"] = None
 
 
 def checked_summary(method: str, res: StepResult) -> dict[str, Any]:

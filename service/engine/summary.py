@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ from mpflow.operators.samplers import GaussianFlowResampler
 from mpflow.operators.state import ParticleState, StepInfo
 from mpflow.operators.updaters import smc2_mh
 from mpflow.operators.updaters.smc2 import PARAM, PARAM_LOG_WEIGHTS, cloud_health, param_names
+from mpflow.service.engine import anomaly
 
 #: the default quantile levels of every summary, ``per_step`` entry and forecast: the bounds of the 95 % central
 #: interval (the credible region the docs, the CLI's ``--plot`` and the dashboard draw), of the 90 % one, and the median
@@ -263,9 +265,12 @@ def step_summary(
     has them, or at ``view.levels`` when the request asked for its own), ``cov`` when the request asked
     (``view.cov``), log_evidence_increment, ess (null for a Gaussian state: :func:`summaries`), ``pit`` (the step's
     predictive p-value of each observed entry, null where not observed; absent for a family without an observation
-    CDF) and ``pit_two_sided`` (:func:`two_sided` of it), ``log_evidence_sd`` where the method estimates the
-    increment's standard error (mpf's marginal filter, and mpf with ``evidence: "mixture"``; absent where that step
-    has none),
+    CDF) and ``pit_two_sided`` (:func:`two_sided` of it), ``log_tail_lower`` and ``log_tail_upper`` (the step's
+    non-saturating natural-log tails, :func:`log_tails`; absent with ``pit``) and ``surprise``
+    (:func:`mpflow.service.engine.anomaly.surprise` of them: null where the step has none — nothing observed, or
+    a family without an observation CDF; the stream adds ``anomaly_score``), ``log_evidence_sd`` where the method
+    estimates the increment's standard error (mpf's marginal filter, and mpf with ``evidence: "mixture"``; absent
+    where that step has none),
     ``acceptance`` when the step ran posterior moves (``info.extras["acceptance"]``, mpf on a static family), and
     ``flow_fraction`` and ``rescued`` when the step chose its flow's share (mpf with ``flow_fraction: "auto"``),
     ``relocked`` when the stream re-locks (``ienkf`` with ``relock``: whether this step re-seeded the ensemble),
@@ -295,6 +300,11 @@ def step_summary(
     if pit is not None:
         entry["pit"] = [None if math.isnan(u) else u for u in pit[row].tolist()]
         entry["pit_two_sided"] = two_sided(entry["pit"])
+    lower, upper = info.extras.get("log_tail_lower"), info.extras.get("log_tail_upper")
+    if lower is not None and upper is not None:
+        entry["log_tail_lower"] = log_tails(lower[row])
+        entry["log_tail_upper"] = log_tails(upper[row])
+    entry["surprise"] = anomaly.surprise(entry.get("log_tail_lower"), entry.get("log_tail_upper"))
     evidence_sd = info.extras.get("log_evidence_sd")
     evidence_sd = None if evidence_sd is None else float(evidence_sd[row])
     if evidence_sd is not None and math.isfinite(evidence_sd):
@@ -310,6 +320,12 @@ def step_summary(
     if relocked is not None:
         entry["relocked"] = bool(relocked[row])
     return entry
+
+
+def log_tails(t: torch.Tensor) -> list[float | None]:
+    """One row of log tails as JSON numbers: null where not observed (NaN), and a reading of probability 0 under
+    the predictive (−inf: a degenerate predictive) at the most negative float, so the answer stays JSON."""
+    return [None if math.isnan(v) else max(v, -sys.float_info.max) for v in t.tolist()]
 
 
 def two_sided(pit: list[float | None]) -> list[float | None]:

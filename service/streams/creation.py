@@ -18,6 +18,7 @@ from mpflow.operators.models.priors import Prior, prior_from_spec
 from mpflow.operators.state import ParticleState
 from mpflow.operators.trained_operators import operator_domain, outside_domain
 from mpflow.operators.updaters import UPDATERS, Updater
+from mpflow.service.engine import anomaly
 from mpflow.service.engine import summary as summaries
 from mpflow.service.engine.methods import Choice, Methods
 from mpflow.service.engine.numerics import finite_state, within_float32
@@ -209,6 +210,8 @@ def prepare(
         "seed": seed,
         "smoothing_lag": req.smoothing_lag,
         "pit_alert": req.pit_alert if req.pit_alert is not None else pit.DEFAULT_PIT_ALERT,
+        "anomaly_memory": req.anomaly_memory or 0,
+        "anomaly_warmup": req.anomaly_warmup if req.anomaly_warmup is not None else anomaly.DEFAULT_WARMUP,
         "ttl_seconds": req.ttl_seconds or settings.default_ttl_seconds,
         "step": 0,
         "log_evidence": 0.0,

@@ -20,7 +20,7 @@ from typing import Any
 
 from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.updaters import Updater
-from mpflow.service.engine import views
+from mpflow.service.engine import anomaly, views
 from mpflow.service.engine.sequencing import KeyedLocks, Seq, check_seq, until_written
 from mpflow.service.engine.stepping import Applied, parse
 from mpflow.service.engine.summary import QUANTILES, StepView
@@ -138,11 +138,13 @@ class Observations(StreamPart):
             state = await self.work.decode(meta, data)
             view = step_view(req)
             applied = await self.stepper.apply(meta, updater, state, parsed, req.return_samples, announced, price, view)
+        scored = anomaly.scored(meta, applied.per_step)  # each step's anomaly_score, and the sketch they leave
         new_meta = {
             "step": step + n,
             "log_evidence": float(applied.last.state.log_evidence[0]),
             "updated_at": now(),
             **pit.latest(applied.per_step),
+            **scored,
             SUMMARY: applied.summary,  # kept beside the state: GET /v1/streams/{id} reads it (.state_reads)
         }
         # the stored summary keeps the default levels; the answer's has the request's (its last step's quantiles)

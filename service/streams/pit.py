@@ -7,7 +7,9 @@ when |u_j − ½| > ½ − α/2, i.e. u_j < α/2 or u_j > 1 − α/2: a fraction
 model are flagged, for each entry — exactly the entries whose two-sided p-value ``pit_two_sided``,
 2 min(u_j, 1 − u_j) (beside ``pit`` in every ``per_step`` entry and in the summary), is below α. The latest observed
 step's values are kept in the stream's metadata (a step without a measurement leaves them) and shown in the stream
-document's ``summary`` (``pit``, ``pit_two_sided``, ``pit_step``, ``pit_alert``, ``pit_flagged``).
+document's ``summary`` (``pit``, ``pit_two_sided``, ``pit_step``, ``pit_alert``, ``pit_flagged``), with the same
+step's non-saturating log tails (``log_tail_lower``, ``log_tail_upper``), ``surprise`` and ``anomaly_score``
+(:mod:`mpflow.service.engine.anomaly`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 #: the two-sided level α of a stream that sets none: 1 % of a well-specified stream's readings are flagged
 DEFAULT_PIT_ALERT = 0.01
+#: the fields of the latest observed step's ``per_step`` entry kept beside ``pit`` (null where the step had none)
+LATEST_FIELDS = ("log_tail_lower", "log_tail_upper", "surprise", "anomaly_score", "change_score")
 
 
 def flagged(pit: list[float | None], alert: float) -> list[bool]:
@@ -29,7 +33,7 @@ def latest(per_step: list[dict[str, Any]]) -> dict[str, Any]:
     observed (the stream keeps those of an earlier request)."""
     for entry in reversed(per_step):
         if any(u is not None for u in entry.get("pit") or ()):
-            return {"pit": entry["pit"], "pit_step": entry["step"]}
+            return {"pit": entry["pit"], "pit_step": entry["step"], **{k: entry.get(k) for k in LATEST_FIELDS}}
     return {}
 
 
@@ -48,4 +52,5 @@ def view(meta: dict[str, Any]) -> dict[str, Any]:
         "pit_alert": alert,
         "pit_flagged": any(marks),
         "pit_flags": marks,
+        **{k: meta[k] for k in LATEST_FIELDS if k in meta},
     }

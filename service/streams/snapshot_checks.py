@@ -32,6 +32,12 @@ Stream description (each refusal is a 422 ``snapshot: stream.<field>: …`` nami
   ``logistic``'s M labels, at least one: bounded by the snapshot's body limit, as the step that made it was by its
   request's), each null (not observed) or a probability Σᵢ wᵢ F(o | xᵢ) in [0, 1] — within the normalised weights'
   tolerance :data:`LOG_WEIGHT_TOLERANCE` above 1, as a sum of float weights may land.
+* ``anomaly_memory`` and ``anomaly_warmup``: null (the defaults) or integers within the creation bounds;
+  ``anomaly_state``: null (a new one) or the detector's stored form (:func:`~mpflow.service.engine.anomaly.check`:
+  four sketches of at most :data:`~mpflow.service.engine.anomaly.BINS` bins and three CUSUMs); ``log_tail_lower``,
+  ``log_tail_upper``, ``surprise``, ``anomaly_score`` and ``change_score``, the latest observed step's
+  (:func:`check_anomaly`): null, or as many log tails as ``pit`` has entries (each null or ≤ 0), a surprise ≥ 0 and
+  scores in [0, 1].
 
 State (422 ``snapshot: state.<field>: …``): the core tensors with this stream's shapes and dtypes (particles
 [1, N, d] float32, log-weights [1, N] float32, step [1] int64 equal to the description's, log-evidence [1]
@@ -63,6 +69,7 @@ from mpflow.operators.registry import NAME_RE
 from mpflow.operators.smoothing import check_lag
 from mpflow.operators.state import ParticleState
 from mpflow.operators.updaters import UPDATERS
+from mpflow.service.engine import anomaly
 from mpflow.service.engine.methods import Methods, check_stream_options
 from mpflow.service.engine.numerics import finite_state
 from mpflow.service.errors import ApiError, invalid
@@ -162,6 +169,36 @@ def check_pit(stream: dict[str, Any], model: ModelFamily) -> None:
         raise refuse(f"stream.pit: null with pit_step, else a list of {size} entries (one per observed entry)")
     if not all(u is None or _probability(u) for u in pit):
         raise refuse("stream.pit: each entry null (not observed) or a probability in [0, 1]")
+
+
+def check_anomaly(stream: dict[str, Any]) -> None:
+    """The anomaly score's fields (module docstring): the options as at creation, the sketch as
+    :func:`mpflow.service.engine.anomaly.check` reads it, the latest step's log tails (as many as ``pit``'s
+    entries, each null or a number ≤ 0), surprise (null or a number ≥ 0) and anomaly score (null or in [0, 1])."""
+    memory, warmup = stream["anomaly_memory"], stream["anomaly_warmup"]
+    if memory is not None and not (_whole(memory) and 0 <= memory <= anomaly.MAX_MEMORY):
+        raise refuse(f"stream.anomaly_memory: null or an integer from 0 to {anomaly.MAX_MEMORY}")
+    if warmup is not None and not (_whole(warmup) and 0 <= warmup <= anomaly.MAX_WARMUP):
+        raise refuse(f"stream.anomaly_warmup: null or an integer from 0 to {anomaly.MAX_WARMUP}")
+    if stream["anomaly_state"] is not None:
+        try:
+            anomaly.check(stream["anomaly_state"])
+        except ValueError as exc:
+            raise refuse(f"stream.anomaly_state: null or {exc}") from None
+    size = len(stream["pit"]) if isinstance(stream["pit"], list) else 0
+    for key in ("log_tail_lower", "log_tail_upper"):
+        tails = stream[key]
+        if tails is not None and not (
+            isinstance(tails, list) and len(tails) == size and all(v is None or (_number(v) and v <= 0) for v in tails)
+        ):
+            raise refuse(f"stream.{key}: null, or a list of as many entries as pit, each null or a number ≤ 0")
+    s = stream["surprise"]
+    if s is not None and not (_number(s) and s >= 0):
+        raise refuse("stream.surprise: null or a number ≥ 0")
+    for key in ("anomaly_score", "change_score"):
+        score = stream[key]
+        if score is not None and not (_number(score) and 0 <= score <= 1):
+            raise refuse(f"stream.{key}: null or a number in [0, 1]")
 
 
 def check_method(stream: dict[str, Any]) -> None:
@@ -303,7 +340,21 @@ def check_fields(state: ParticleState, expected: Expected) -> None:
             raise refuse(f"state.{name}: {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
 
 
+#: the anomaly score's fields of a stream description (:func:`check_anomaly`)
+ANOMALY_FIELDS = (
+    "log_tail_lower",
+    "log_tail_upper",
+    "surprise",
+    "anomaly_score",
+    "change_score",
+    "anomaly_memory",
+    "anomaly_warmup",
+    "anomaly_state",
+)
+
+
 __all__ = [
+    "ANOMALY_FIELDS",
     "CORE_DTYPES",
     "LOG_WEIGHT_TOLERANCE",
     "MAX_DOMAIN_PHRASES",
@@ -312,6 +363,7 @@ __all__ = [
     "MAX_STEP",
     "REFERENCE_PARTICLES",
     "Expected",
+    "check_anomaly",
     "check_core",
     "check_domain",
     "check_fields",

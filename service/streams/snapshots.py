@@ -6,8 +6,11 @@ the method's extras) and, in the header's metadata, ``format`` (:data:`FORMAT`, 
 stream's description as canonical JSON: model, prior, method, its options, the trained operator and that
 operator's content hash, N, d, seed, TTL, step, log-evidence, the state's names (``state_names``), the smoothing
 window's lag (``smoothing_lag``; the window itself is among the state tensors), the level α at which the stream flags
-predictive p-values (``pit_alert``) and the latest observed step's p-values (``pit``, ``pit_step``) — a snapshot of
-an older server lacks some of these: read as null, a lag as 0 and α as the default —, ``sha256``, the SHA-256 of
+predictive p-values (``pit_alert``), the latest observed step's p-values (``pit``, ``pit_step``), its log tails,
+surprise and anomaly score, and the anomaly score's options and sketch of the stream's surprise history
+(``anomaly_memory``, ``anomaly_warmup``, ``anomaly_state``: :mod:`mpflow.service.engine.anomaly`) — a snapshot of
+an older server lacks some of these: read as null, a lag as 0, α as the default, the sketch as an empty one —,
+``sha256``, the SHA-256 of
 ``format ‖ 0x00 ‖ stream ‖ 0x00 ‖ state bytes`` (a truncated or damaged snapshot is recognised), and ``hmac`` and
 ``key_id``: the same bytes signed under the deployment's snapshot key
 (:mod:`mpflow.service.streams.snapshot_signing`), so that a snapshot this deployment did not write — forged, or
@@ -39,6 +42,7 @@ from mpflow.operators.models.base import ModelFamily
 from mpflow.operators.state import ParticleState, read_metadata
 from mpflow.operators.updaters import Updater
 from mpflow.service.engine import summary as summaries
+from mpflow.service.engine.anomaly import DEFAULT_WARMUP
 from mpflow.service.engine.numerics import within_float32
 from mpflow.service.errors import ApiError
 from mpflow.service.stream_errors import OperatorUnavailableError
@@ -49,6 +53,7 @@ from mpflow.service.streams.creation import check_smoothing, state_size
 from mpflow.service.streams.deps import StreamDeps, StreamPart
 from mpflow.service.streams.documents import document, now
 from mpflow.service.streams.pit import DEFAULT_PIT_ALERT
+from mpflow.service.streams.snapshot_checks import ANOMALY_FIELDS
 from mpflow.service.streams.snapshot_signing import SnapshotKey, key_id, signature, verifies
 from mpflow.service.streams.state_reads import SUMMARY, reading, snapshot_cost
 
@@ -75,10 +80,12 @@ STREAM_FIELDS = (
     "pit_alert",
     "pit",
     "pit_step",
+    *ANOMALY_FIELDS,
 )
 #: fields a snapshot's description may lack (written by an older server): read as null (a smoothing_lag as 0, a
-#: pit_alert as the default level)
-OPTIONAL_STREAM_FIELDS = frozenset({"state_names", "smoothing_lag", "pit_alert", "pit", "pit_step"})
+#: pit_alert as the default level, an anomaly_state as an empty one, anomaly_memory and anomaly_warmup as their
+#: defaults)
+OPTIONAL_STREAM_FIELDS = frozenset({"state_names", "smoothing_lag", "pit_alert", "pit", "pit_step", *ANOMALY_FIELDS})
 #: how far an import trusts a snapshot's origin: ``signed`` — signed under this deployment's key (the default);
 #: ``foreign`` — any intact snapshot (another deployment's, or written before snapshots were signed)
 Trust = Literal["signed", "foreign"]
@@ -245,6 +252,12 @@ class Snapshots(StreamPart):
         checks.check_core(stream, state)
         checks.check_pit(stream, model)
         stream["pit_alert"] = stream["pit_alert"] or DEFAULT_PIT_ALERT
+        checks.check_anomaly(stream)
+        stream["anomaly_memory"] = stream["anomaly_memory"] or 0
+        if stream["anomaly_warmup"] is None:
+            stream["anomaly_warmup"] = DEFAULT_WARMUP
+        if stream["anomaly_state"] is None:
+            del stream["anomaly_state"]
         updater = self.methods.updater(stream["method"], stream["operator"], stream["method_options"] or None)
 
         lag = stream["smoothing_lag"] = stream.get("smoothing_lag") or 0

@@ -36,6 +36,7 @@ FAMILY_CASES: dict[str, tuple[int, dict]] = {
     "stochastic_volatility": (2, {}),
     "range_bearing": (4, {"sensor": [1.0, -0.5], "range_sd": 0.5, "bearing_sd": 0.1}),
     "lorenz96": (6, {"obs_every": 2, "R": 0.5, "arctan": True}),
+    "structural": (4, {"trend_sd": 0.1, "seasonal": [{"period": 24.0, "harmonics": 1, "sd": 0.2}], "R": 0.5}),
 }
 
 #: the API's JSON form of one observation for the FAMILY_CASES models
@@ -47,6 +48,7 @@ JSON_OBS: dict[str, object] = {
     "stochastic_volatility": [0.5, -0.25],
     "range_bearing": [3.0, -3.1],
     "lorenz96": [0.1, 0.5, -0.2],
+    "structural": [0.3],
 }
 
 
@@ -132,6 +134,8 @@ def _closed_form_loglik(name: str, model: ModelFamily, obs: np.ndarray, x: np.nd
         ).logpdf(bearing_residual)
     if name == "lorenz96":
         return stats.norm(np.arctan(x[:, ::2]), math.sqrt(p["R"])).logpdf(obs[None]).sum(-1)
+    if name == "structural":  # o = level + the first coordinate of each harmonic pair + N(0, R)
+        return stats.norm(x[:, 0] + x[:, 2::2].sum(-1), 0.5**0.5).logpdf(obs[0])  # the case has a trend
     raise AssertionError(name)
 
 
@@ -196,7 +200,11 @@ DYNAMIC_CASES = {
 
 
 #: dynamic families whose transitions are tested in a file of their own
-OWN_TRANSITION_TESTS = {"range_bearing": "test_range_bearing.py", "lorenz96": "test_lorenz96.py"}
+OWN_TRANSITION_TESTS = {
+    "range_bearing": "test_range_bearing.py",
+    "lorenz96": "test_lorenz96.py",
+    "structural": "test_structural.py",
+}
 
 
 def test_dynamic_cases_cover_every_dynamic_family():

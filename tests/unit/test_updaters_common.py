@@ -56,6 +56,8 @@ def model_for(family: str, informative: bool = True) -> ModelFamily:
         return make_model(family, {"sensor": [-5.0, 0.0], **sd}, DIMS[family])
     if family == "lorenz96":
         return make_model(family, {"R": noise, "obs_every": 2}, DIMS[family])
+    if family == "structural":  # a local linear trend in continuous time (d = 2)
+        return make_model(family, {"level_sd": 0.5, "trend_sd": 0.2, "R": noise}, 2)
     raise AssertionError(f"no test case for family {family}")
 
 

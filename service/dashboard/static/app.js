@@ -301,6 +301,10 @@ function showPit(summary) {
   cell.textContent = pit.length ? pit.map((u, j) => (u === null ? "–" : u.toFixed(3) + (flags[j] ? " ⚠" : ""))).join(", ") : "–";
   cell.classList.toggle("flagged", Boolean(summary.pit_flagged));
   cell.title = `P(reading ≤ observed | before), per observed entry; flagged beyond the two-sided level ${summary.pit_alert}`;
+  const s = summary.surprise;
+  $("surprise").textContent = s === undefined || s === null ? "–" : s.toFixed(2) + " nats";
+  const a = summary.anomaly_score;
+  $("anomaly").textContent = a === undefined || a === null ? (s === undefined || s === null ? "–" : "warming up") : a.toFixed(4);
 }
 
 function onStep(doc) {
