@@ -53,7 +53,6 @@ import argparse
 import csv
 import datetime as dt
 import fnmatch
-import itertools
 import json
 import math
 import os
@@ -74,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import report
+from mpflow.client.observations import step_lengths
 
 NAME = "nab"
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,10 +194,10 @@ def parse_time(text: str) -> dt.datetime:
 def dt_steps(timestamps: Sequence[dt.datetime], unit: str = "hours") -> np.ndarray:
     """Each step's time since the previous one in ``unit``: the first step's is the median spacing; a spacing
     that is not positive becomes :data:`MIN_DT_SECONDS`."""
-    secs = np.array([(b - a).total_seconds() for a, b in itertools.pairwise(timestamps)], dtype=float)
-    first = float(np.median(secs)) if len(secs) else 3600.0
-    out = np.concatenate([[first], secs]) if len(timestamps) else np.zeros(0)
-    return np.maximum(out, MIN_DT_SECONDS) / DT_UNITS[unit]
+    steps = step_lengths([(t - timestamps[0]).total_seconds() for t in timestamps])
+    if len(timestamps) == 1:  # a lone reading: a step of an hour
+        steps = [3600.0]
+    return np.maximum(np.array(steps, dtype=float), MIN_DT_SECONDS) / DT_UNITS[unit]
 
 
 def standardise(values: np.ndarray, train: int) -> tuple[np.ndarray, float, float]:

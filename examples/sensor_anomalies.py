@@ -36,6 +36,7 @@ from track_target import run_example, save_figure  # first: it says which Python
 import numpy as np
 
 from mpflow import Client
+from mpflow.client.observations import step_lengths
 from mpflow.client.results import StepTable
 
 #: the daily seasonal component (periods in hours: the unit of the steps' dt)
@@ -52,10 +53,9 @@ def read_series(path: Path, time_column: str, value_column: str) -> tuple[list[s
         rows = list(csv.DictReader(f))
     stamps = [r[time_column] for r in rows]
     values = np.array([float(r[value_column]) for r in rows])
-    hours = np.array([dt.datetime.fromisoformat(s.strip()).timestamp() / 3600.0 for s in stamps])
-    gaps = np.diff(hours)
-    dts = np.concatenate([[np.median(gaps) if len(gaps) else 1.0], gaps])
-    return stamps, values, np.maximum(dts, 1.0 / 3600.0)
+    times = [dt.datetime.fromisoformat(s.strip()) for s in stamps]
+    hours = step_lengths([(t - times[0]).total_seconds() / 3600.0 for t in times]) or [1.0]
+    return stamps, values, np.maximum(hours, 1.0 / 3600.0)
 
 
 def stream_body(level_sd: float, r: float) -> dict:

@@ -105,10 +105,16 @@ def particle_pit(cdf: torch.Tensor, log_weights: torch.Tensor | None = None) -> 
     return torch.einsum("bn,bnk->bk", w, cdf)
 
 
-def gaussian_pit(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
-    """Φ((o_j − ŷ_j)/√S_jj) [B, k] for obs [B, k] under the Gaussian predictive N(ŷ [B, k], S [B, k, k])."""
+def standardised(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """z_j = (o_j − ŷ_j)/√S_jj [B, k] (float64) for obs [B, k] under the Gaussian predictive N(ŷ [B, k], S [B, k, k])
+    (its entries one at a time)."""
     sd = cov.to(torch.float64).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).sqrt()
-    return torch.special.ndtr((obs.to(torch.float64) - mean.to(torch.float64)) / sd)
+    return (obs.to(torch.float64) - mean.to(torch.float64)) / sd
+
+
+def gaussian_pit(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """Φ(z_j) [B, k], z the :func:`standardised` reading under the Gaussian predictive N(ŷ, S)."""
+    return torch.special.ndtr(standardised(obs, mean, cov))
 
 
 def particle_log_tails(
@@ -127,8 +133,7 @@ def particle_log_tails(
 def gaussian_log_tails(obs: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log Φ(z_j), log Φ(−z_j)) [B, k], z_j = (o_j − ŷ_j)/√S_jj, under the Gaussian predictive N(ŷ, S): the log tails
     of :func:`gaussian_pit`, without its saturation."""
-    sd = cov.to(torch.float64).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).sqrt()
-    z = (obs.to(torch.float64) - mean.to(torch.float64)) / sd
+    z = standardised(obs, mean, cov)
     return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
 
 

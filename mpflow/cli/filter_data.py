@@ -44,7 +44,6 @@ the server applies its own limits per request (``--batch`` at most its MPFLOW_MA
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -174,6 +173,8 @@ def time_steps(frame: Any, column: str, unit: str = "s") -> list[float]:
     """Each row's ``dt`` from the timestamps of ``column`` (module docstring): the differences in ``unit``
     (:data:`TIME_UNITS`), the first row's the median difference; ValueError naming the row of an empty or
     unreadable cell, or of a time not after the previous one."""
+    from mpflow.client.observations import step_lengths
+
     pd = _pandas()
     if unit not in TIME_UNITS:
         raise ValueError(f"--time-unit: one of {list(TIME_UNITS)}, got {unit!r}")
@@ -198,19 +199,14 @@ def time_steps(frame: Any, column: str, unit: str = "s") -> list[float]:
         seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
     if not all(math.isfinite(v) for v in seconds):
         raise ValueError(f"--time-column: column {column!r}: infinite times")
-    diffs = [float(b - a) / TIME_UNITS[unit] for a, b in itertools.pairwise(seconds)]
-    bad = [i for i, d in enumerate(diffs) if not d > 0]
+    steps = [d / TIME_UNITS[unit] for d in step_lengths(seconds)]
+    bad = [i for i, d in enumerate(steps[1:]) if not d > 0]
     if bad:
         raise ValueError(
             f"--time-column: row {bad[0] + 2}, column {column!r}: its time is not after the previous row's "
             "(the times must increase)"
         )
-    if not diffs:
-        return []
-    ordered = sorted(diffs)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-    return [median, *diffs]
+    return steps
 
 
 def table_steps(

@@ -15,7 +15,9 @@ turned into JSON values before anything is sent (docs/API.md, ``POST .../observa
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any
@@ -28,6 +30,14 @@ from mpflow.client.errors import MpflowError
 DT_COLUMN = "dt"
 #: the keys of a step given as an object (any other dict is a value, e.g. ``logistic``'s ``{"x", "y"}``)
 STEP_KEYS = frozenset({"value", "dt", "u"})
+
+
+def step_lengths(times: Sequence[float]) -> list[float]:
+    """Each step's ``dt`` from the times of its readings (one number per reading, in any unit): the differences
+    t_m − t_{m−1}, the first step's the median difference (a typical step); [] for fewer than two readings. It
+    checks nothing: a caller refuses or clamps a difference that is not positive."""
+    diffs = [float(b - a) for a, b in itertools.pairwise(times)]
+    return [statistics.median(diffs), *diffs] if diffs else []
 
 
 def refuse(field: str, what: str) -> MpflowError:

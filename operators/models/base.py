@@ -438,9 +438,14 @@ class ModelFamily:
         :meth:`observation_residual` forms it); None for a family without either (no p-value)."""
         if not self.gaussian_observation:
             return None
+        return torch.special.ndtr(self._standardised_residual(obs, x))
+
+    def _standardised_residual(self, obs: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """(o − h(x))_j / √R_jj [B, N, k] (float64) for o = h(x) + N(0, R): what the default conditional CDF and
+        log tails (:meth:`observation_cdf`, :meth:`observation_log_tails`) read."""
         resid = self.observation_residual(obs.to(torch.float64), self.observation_function(x.to(torch.float64)))
         sd = self.observation_noise().to(torch.float64).diagonal(dim1=-2, dim2=-1).sqrt()
-        return torch.special.ndtr(resid / sd[:, None])
+        return resid / sd[:, None]
 
     def observation_log_tails(
         self, obs: torch.Tensor, x: torch.Tensor, gens: Generators, cdf: torch.Tensor | None = None
@@ -454,9 +459,7 @@ class ModelFamily:
         for a discrete family), clamped at the smallest normal float64 — these saturate as F does (beyond about
         8.3 sd for a Gaussian), so such a family should override this method; None without either."""
         if self.gaussian_observation and type(self).observation_cdf is ModelFamily.observation_cdf:
-            resid = self.observation_residual(obs.to(torch.float64), self.observation_function(x.to(torch.float64)))
-            sd = self.observation_noise().to(torch.float64).diagonal(dim1=-2, dim2=-1).sqrt()
-            z = resid / sd[:, None]
+            z = self._standardised_residual(obs, x)
             return torch.special.log_ndtr(z), torch.special.log_ndtr(-z)
         if cdf is None:
             cdf = self.observation_cdf(obs, x, gens)

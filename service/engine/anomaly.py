@@ -43,6 +43,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 #: linear bins of width :data:`LINEAR_WIDTH` nats from 0 to :data:`LINEAR_TOP` (200 bins: ≤ 1 % of the surprise
@@ -214,9 +215,11 @@ def signed_z(lower: Sequence[float | None], upper: Sequence[float | None], surpr
 
 
 def _ndtri(p: float) -> float:
-    from statistics import NormalDist  # the standard library's inverse normal CDF (Wichura's AS241)
+    """Φ⁻¹(p): the standard library's inverse normal CDF (Wichura's AS241)."""
+    return _STANDARD_NORMAL.inv_cdf(p)
 
-    return NormalDist().inv_cdf(p)
+
+_STANDARD_NORMAL = NormalDist()
 
 
 #: Φ(−Z_CAP): a half p-value at or below it is a residual at the clip
